@@ -1,0 +1,62 @@
+"""sgl_core: device-agnostic protocols, pools and MoE combine for LLM serving.
+
+Start with :func:`get_backend`, then build pools from it::
+
+    import sgl_core
+    backend = sgl_core.get_backend()
+    dev = backend.create_device_pool(size=4096, page_size=64, dtype=torch.bfloat16,
+                                     kv_lora_rank=512, qk_rope_head_dim=64, layer_num=61)
+    host = backend.create_host_pool(dev, layout="page_first_direct")
+"""
+
+from __future__ import annotations
+
+from sgl_core import errors
+from sgl_core._device_pool import PerLayerMLADevicePool
+from sgl_core._discovery import (
+    ENTRY_POINT_GROUP,
+    available_backends,
+    clear_backend_cache,
+    get_backend,
+)
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._host_pool import MLAHostPoolBase
+from sgl_core._moe import (
+    MoEWeights,
+    TorchMoEMethod,
+    folds_routed_scale,
+    maybe_fuse_routed_scale_and_shared_add,
+    silu_and_mul,
+)
+from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool, MoEExperts, MoEMethod
+from sgl_core._shapes import MLAShape
+from sgl_core._token_host_pool import TokenRowHostPool
+from sgl_core._torch_backend import TorchBackend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "ENTRY_POINT_GROUP",
+    "HostLayout",
+    "IOBackend",
+    "MLADevicePool",
+    "MLAHostPool",
+    "MLAHostPoolBase",
+    "MLAShape",
+    "MoEExperts",
+    "MoEMethod",
+    "MoEWeights",
+    "PerLayerMLADevicePool",
+    "TokenRowHostPool",
+    "TorchBackend",
+    "TorchMoEMethod",
+    "__version__",
+    "available_backends",
+    "clear_backend_cache",
+    "errors",
+    "folds_routed_scale",
+    "get_backend",
+    "maybe_fuse_routed_scale_and_shared_add",
+    "silu_and_mul",
+]

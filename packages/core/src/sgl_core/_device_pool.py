@@ -1,0 +1,124 @@
+"""Per-layer MLA device pool: the layout of the torch and CUDA backends."""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_core._shapes import MLAShape
+from sgl_core._validation import check_index_bounds, check_index_tensor, check_layer_id
+from sgl_core.errors import PoolMismatchError, PoolSizeError
+
+__all__ = ["PerLayerMLADevicePool", "check_pool_geometry"]
+
+
+def check_pool_geometry(size: int, page_size: int) -> None:
+    """Positive ints, ``size`` a whole number of pages."""
+    for name, value in (("size", size), ("page_size", page_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise PoolSizeError(f"{name} must be a positive int, got {value!r}")
+    if size % page_size:
+        raise PoolSizeError(f"size={size} is not a multiple of page_size={page_size}")
+
+
+class PerLayerMLADevicePool:
+    """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor.
+
+    Each layer is its own allocation, as in the serving engines; slot 0 (the
+    first page) is the engine's padding page, valid to address but never
+    handed out by an allocator.
+    """
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+    ) -> None:
+        check_pool_geometry(size, page_size)
+        self.shape = MLAShape(layer_num, kv_lora_rank, qk_rope_head_dim, dtype)
+        self._size = size
+        self._page_size = page_size
+        self._device = torch.device(device if device is not None else "cpu")
+        rows = size + page_size
+        self.kv_buffer: list[torch.Tensor] = [
+            torch.zeros((rows, 1, self.shape.kv_cache_dim), dtype=dtype, device=self._device)
+            for _ in range(layer_num)
+        ]
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def layer_num(self) -> int:
+        return self.shape.layer_num
+
+    @property
+    def kv_lora_rank(self) -> int:
+        return self.shape.kv_lora_rank
+
+    @property
+    def qk_rope_head_dim(self) -> int:
+        return self.shape.qk_rope_head_dim
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return self.shape.kv_cache_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shape.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv_buffer[0].device
+
+    @property
+    def slot_count(self) -> int:
+        """Addressable token slots, padding page included."""
+        return self._size + self._page_size
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv_buffer[check_layer_id(layer_id, self.layer_num)]
+
+    def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        check_layer_id(layer_id, self.layer_num)
+        check_index_tensor(loc, "loc")
+        check_index_bounds(loc, self.slot_count, "loc")
+        return loc.to(self.device)
+
+    def set_mla_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+    ) -> None:
+        loc = self._check_loc(layer_id, loc)
+        n = loc.numel()
+        for name, tensor, dim in (
+            ("cache_k_nope", cache_k_nope, self.kv_lora_rank),
+            ("cache_k_rope", cache_k_rope, self.qk_rope_head_dim),
+        ):
+            if tuple(tensor.shape) != (n, 1, dim):
+                raise PoolMismatchError(
+                    f"{name} must have shape {(n, 1, dim)}, got {tuple(tensor.shape)}"
+                )
+        rows = torch.cat([cache_k_nope, cache_k_rope], dim=-1).to(self.device, self.dtype)
+        self.kv_buffer[layer_id].index_copy_(0, loc, rows)
+
+    def get_mla_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        loc = self._check_loc(layer_id, loc)
+        rows = self.kv_buffer[layer_id].index_select(0, loc)
+        return rows[..., : self.kv_lora_rank], rows[..., self.kv_lora_rank :]

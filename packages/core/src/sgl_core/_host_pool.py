@@ -1,0 +1,361 @@
+"""Host-pool base shared by every backend: sizing, accounting, validation.
+
+Backend authors subclass :class:`MLAHostPoolBase` and implement the
+``_allocate_buffers``/``_backup``/``_load`` hooks and the L3 page helpers. The
+public transfer methods here validate *everything* first and only then call
+the hooks, so a hook may assume well-formed, in-range, duplicate-free
+arguments and never has to undo a partial copy.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+import torch
+
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._memory import available_host_bytes, should_pin
+from sgl_core._protocols import MLADevicePool
+from sgl_core._shapes import MLAShape
+from sgl_core._validation import (
+    check_index_bounds,
+    check_index_pair,
+    check_index_tensor,
+    check_layer_id,
+    check_page_runs,
+    check_unique,
+)
+from sgl_core.errors import (
+    FreeError,
+    IndexOutOfRangeError,
+    PageAlignmentError,
+    PoolMismatchError,
+    PoolSizeError,
+    UnsupportedLayoutError,
+)
+
+__all__ = ["MLAHostPoolBase", "describe_pairs"]
+
+# Leave this much host memory to the rest of the process when sizing pools.
+_MEMORY_HEADROOM = 1 << 30
+
+
+def describe_pairs(pairs: Mapping[HostLayout, frozenset[IOBackend]]) -> str:
+    return "; ".join(
+        f"{layout.value}: {', '.join(sorted(io.value for io in ios))}"
+        for layout, ios in pairs.items()
+    )
+
+
+class MLAHostPoolBase(abc.ABC):
+    """Common behaviour of MLA host pools (see ``sgl_core.MLAHostPool``)."""
+
+    #: Host layouts this class builds, each with the io backends it runs.
+    supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
+
+    def __init__(
+        self,
+        device_pool: MLADevicePool,
+        *,
+        layout: HostLayout | str,
+        host_to_device_ratio: float = 2.0,
+        host_size_gb: float = 0.0,
+        pin_memory: bool | None = None,
+        io_backend: IOBackend | str | None = None,
+    ) -> None:
+        self._layout = self._check_layout(layout, io_backend)
+        self.shape = MLAShape(
+            device_pool.layer_num,
+            device_pool.kv_lora_rank,
+            device_pool.qk_rope_head_dim,
+            device_pool.dtype,
+        )
+        self._page_size = device_pool.page_size
+        self._size = self._compute_size(device_pool, host_to_device_ratio, host_size_gb)
+        self.pin_memory = should_pin(pin_memory, device_pool.device)
+        self._lock = threading.RLock()
+        self._allocated = torch.zeros(self._size, dtype=torch.bool)
+        self._free_slots = torch.arange(self._size, dtype=torch.int64)
+        self._allocate_buffers(device_pool)
+
+    # ----------------------------------------------------------------- hooks
+    @abc.abstractmethod
+    def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
+        """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
+
+    @abc.abstractmethod
+    def _backup(
+        self,
+        device_pool: MLADevicePool,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: IOBackend,
+    ) -> None:
+        """Device -> host, every layer; arguments are already validated."""
+
+    @abc.abstractmethod
+    def _load(
+        self,
+        device_pool: MLADevicePool,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: IOBackend,
+    ) -> None:
+        """Host -> device, one layer; arguments are already validated."""
+
+    def _bytes_per_token(self, device_pool: MLADevicePool) -> int:
+        """Host bytes one token costs across layers and components."""
+        return self.shape.layout_dim
+
+    def _is_page_granular(self, io_backend: IOBackend) -> bool:
+        """True when ``io_backend`` on this layout moves whole pages only."""
+        return False
+
+    def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
+        """Reject device pools whose storage this host pool cannot address."""
+
+    # ------------------------------------------------------------ properties
+    @property
+    def layout(self) -> HostLayout:
+        return self._layout
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def page_num(self) -> int:
+        return self._size // self._page_size
+
+    @property
+    def layer_num(self) -> int:
+        return self.shape.layer_num
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shape.dtype
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return self.shape.kv_cache_dim
+
+    # ---------------------------------------------------------------- sizing
+    def _check_layout(
+        self, layout: HostLayout | str, io_backend: IOBackend | str | None
+    ) -> HostLayout:
+        pairs = type(self).supported_pairs
+        try:
+            parsed = HostLayout.parse(layout, argument="layout")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(
+                f"{exc}; supported pairs: {describe_pairs(pairs)}"
+            ) from None
+        if parsed not in pairs:
+            raise UnsupportedLayoutError(
+                f"layout={parsed.value!r} is not supported by {type(self).__name__}; "
+                f"supported pairs: {describe_pairs(pairs)}"
+            )
+        if io_backend is not None:
+            self._check_io_backend(parsed, io_backend)
+        return parsed
+
+    def _check_io_backend(self, layout: HostLayout, io_backend: IOBackend | str) -> IOBackend:
+        pairs = type(self).supported_pairs
+        try:
+            parsed = IOBackend.parse(io_backend, argument="io_backend")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(
+                f"{exc}; supported pairs: {describe_pairs(pairs)}"
+            ) from None
+        if parsed not in pairs[layout]:
+            raise UnsupportedLayoutError(
+                f"io_backend={parsed.value!r} does not run layout={layout.value!r}; "
+                f"supported pairs: {describe_pairs(pairs)}"
+            )
+        return parsed
+
+    def _compute_size(
+        self, device_pool: MLADevicePool, host_to_device_ratio: float, host_size_gb: float
+    ) -> int:
+        per_token = self._bytes_per_token(device_pool)
+        if host_size_gb < 0 or host_to_device_ratio < 0:
+            raise PoolSizeError("host_size_gb and host_to_device_ratio must not be negative")
+        if host_size_gb > 0:
+            tokens = int(host_size_gb * 1e9) // per_token
+        else:
+            tokens = int(device_pool.size * host_to_device_ratio)
+        size = tokens // self._page_size * self._page_size
+        if size <= 0:
+            raise PoolSizeError(
+                f"host pool would hold no whole page of {self._page_size} tokens "
+                f"(host_size_gb={host_size_gb}, host_to_device_ratio={host_to_device_ratio})"
+            )
+        needed = size * per_token
+        available = available_host_bytes()
+        if available is not None and needed > available - _MEMORY_HEADROOM:
+            raise PoolSizeError(
+                f"host pool needs {needed / 1e9:.2f} GB but only {available / 1e9:.2f} GB "
+                "of host memory is available (keeping 1 GiB headroom); "
+                "lower host_size_gb or host_to_device_ratio"
+            )
+        return size
+
+    # ------------------------------------------------------------ accounting
+    def available_size(self) -> int:
+        with self._lock:
+            return int(self._free_slots.numel())
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
+            raise PoolSizeError(f"need_size must be a non-negative int, got {need_size!r}")
+        if need_size % self._page_size:
+            raise PageAlignmentError(
+                f"need_size={need_size} is not a multiple of page_size={self._page_size}"
+            )
+        with self._lock:
+            if need_size > self._free_slots.numel():
+                return None
+            taken = self._free_slots[:need_size].clone()
+            self._free_slots = self._free_slots[need_size:]
+            self._allocated[taken] = True
+            return taken
+
+    def free(self, indices: torch.Tensor) -> int:
+        indices = check_index_tensor(indices, "indices").to("cpu")
+        with self._lock:
+            try:
+                check_index_bounds(indices, self._size, "indices")
+            except IndexOutOfRangeError as exc:
+                raise FreeError(str(exc)) from None
+            if torch.unique(indices).numel() != indices.numel():
+                raise FreeError("indices frees the same slot twice")
+            if indices.numel() and not bool(self._allocated[indices].all()):
+                bad = int(indices[~self._allocated[indices]][0])
+                raise FreeError(f"indices holds slot {bad}, which is not allocated (double free?)")
+            self._allocated[indices] = False
+            self._free_slots = torch.cat([self._free_slots, indices])
+            return int(indices.numel())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._allocated.zero_()
+            self._free_slots = torch.arange(self._size, dtype=torch.int64)
+
+    # ------------------------------------------------------------- transfers
+    def backup_from_device_all_layer(
+        self,
+        device_pool: MLADevicePool,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: IOBackend | str,
+    ) -> None:
+        io = self._check_transfer(
+            device_pool, host_indices, device_indices, io_backend, "host_indices"
+        )
+        if host_indices.numel():
+            self._backup(device_pool, host_indices, device_indices, io)
+
+    def load_to_device_per_layer(
+        self,
+        device_pool: MLADevicePool,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: IOBackend | str,
+    ) -> None:
+        check_layer_id(layer_id, self.layer_num)
+        io = self._check_transfer(
+            device_pool, host_indices, device_indices, io_backend, "device_indices"
+        )
+        if host_indices.numel():
+            self._load(device_pool, host_indices, device_indices, layer_id, io)
+
+    def _check_transfer(
+        self,
+        device_pool: MLADevicePool,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: IOBackend | str,
+        destination: str,
+    ) -> IOBackend:
+        io = self._check_io_backend(self._layout, io_backend)
+        self.check_device_pool(device_pool)
+        host_indices, device_indices = check_index_pair(
+            host_indices, "host_indices", device_indices, "device_indices"
+        )
+        check_index_bounds(host_indices, self._size, "host_indices")
+        check_index_bounds(
+            device_indices, device_pool.size + device_pool.page_size, "device_indices"
+        )
+        check_unique(host_indices if destination == "host_indices" else device_indices, destination)
+        if self._is_page_granular(io):
+            check_page_runs(host_indices, self._page_size, "host_indices")
+            check_page_runs(device_indices, self._page_size, "device_indices")
+        return io
+
+    def check_device_pool(self, device_pool: MLADevicePool) -> None:
+        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
+        mine = (
+            self.layer_num,
+            self.shape.kv_lora_rank,
+            self.shape.qk_rope_head_dim,
+            self.dtype,
+            self._page_size,
+        )
+        try:
+            theirs = (
+                device_pool.layer_num,
+                device_pool.kv_lora_rank,
+                device_pool.qk_rope_head_dim,
+                device_pool.dtype,
+                device_pool.page_size,
+            )
+        except AttributeError as exc:
+            raise PoolMismatchError(f"device_pool is not an MLA device pool: {exc}") from None
+        if mine != theirs:
+            raise PoolMismatchError(
+                "device_pool does not match the host pool: (layer_num, kv_lora_rank, "
+                f"qk_rope_head_dim, dtype, page_size) = {theirs}, expected {mine}"
+            )
+        self._check_device_pool_kind(device_pool)
+
+    # -------------------------------------------------------------- L3 pages
+    def _check_page_start(self, index: int) -> int:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise IndexOutOfRangeError(f"index must be an int, got {type(index).__name__}")
+        if not 0 <= index < self._size:
+            raise IndexOutOfRangeError(f"index={index} is outside [0, {self._size})")
+        if index % self._page_size:
+            raise PageAlignmentError(
+                f"index={index} is not a page start (page_size={self._page_size})"
+            )
+        return index
+
+    def _page_starts(self, indices: torch.Tensor | Sequence[int]) -> list[int]:
+        tensor = (
+            indices
+            if isinstance(indices, torch.Tensor)
+            else torch.tensor(list(indices), dtype=torch.int64)
+        )
+        tensor = check_index_tensor(tensor, "indices").to("cpu")
+        check_index_bounds(tensor, self._size, "indices")
+        check_page_runs(tensor, self._page_size, "indices")
+        starts: list[int] = tensor[:: self._page_size].tolist()
+        return starts
+
+    def _check_flat_page(self, data_page: torch.Tensor, expected_numel: int) -> None:
+        if not isinstance(data_page, torch.Tensor):
+            raise TypeError(f"data_page must be a torch.Tensor, got {type(data_page).__name__}")
+        if data_page.dtype != self.dtype or data_page.numel() != expected_numel:
+            raise PoolMismatchError(
+                f"data_page must hold {expected_numel} elements of {self.dtype}, "
+                f"got {data_page.numel()} of {data_page.dtype}"
+            )

@@ -1,0 +1,216 @@
+"""Structural contracts between serving engines, sgl_core and backends.
+
+Backend authors: implement these Protocols (no inheritance needed) and add a
+static conformance line to your module, e.g.::
+
+    if TYPE_CHECKING:
+        _pool: MLAHostPool = MyHostPool(...)
+
+then run ``sgl_core.testing`` against your backend. Engines type their code
+against these Protocols only, never against a backend's concrete classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from sgl_core._enums import HostLayout, IOBackend
+
+__all__ = ["Backend", "MLADevicePool", "MLAHostPool", "MoEExperts", "MoEMethod"]
+
+
+@runtime_checkable
+class MLADevicePool(Protocol):
+    """An accelerator-side MLA KV cache: one ``kv_cache_dim`` row per token per layer.
+
+    Token slots are ``[0, size + page_size)``: the pool keeps one padding page
+    beyond ``size`` (slot 0 is the engine's padding slot). ``loc`` arguments
+    are 1-D ``torch.int64`` token indices.
+    """
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def layer_num(self) -> int: ...
+    @property
+    def kv_lora_rank(self) -> int: ...
+    @property
+    def qk_rope_head_dim(self) -> int: ...
+    @property
+    def kv_cache_dim(self) -> int: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def device(self) -> torch.device: ...
+
+    def set_mla_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+    ) -> None:
+        """Write ``(n, 1, kv_lora_rank)`` and ``(n, 1, qk_rope_head_dim)`` rows at ``loc``."""
+        ...
+
+    def get_mla_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return copies of the ``(k_nope, k_rope)`` rows at ``loc``."""
+        ...
+
+
+@runtime_checkable
+class MLAHostPool(Protocol):
+    """A host-memory backup of MLA KV pages (HiCache L2), see DESIGN §4.
+
+    Host token indices are ``[0, size)``; ``size`` is whole pages. Transfers
+    validate every argument first: a rejected call raises a
+    ``sgl_core.errors`` exception and changes no byte of either pool.
+    """
+
+    @property
+    def layout(self) -> HostLayout: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def layer_num(self) -> int: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def backup_from_device_all_layer(
+        self,
+        device_pool: MLADevicePool,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: IOBackend | str,
+    ) -> None:
+        """Copy every layer of ``device_indices`` rows to ``host_indices`` rows."""
+        ...
+
+    def load_to_device_per_layer(
+        self,
+        device_pool: MLADevicePool,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: IOBackend | str,
+    ) -> None:
+        """Copy layer ``layer_id`` of ``host_indices`` rows back to the device."""
+        ...
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """Reserve ``need_size`` slots (whole pages); ``None`` when not enough are free."""
+        ...
+
+    def free(self, indices: torch.Tensor) -> int:
+        """Release slots; freeing a free or out-of-range slot raises ``FreeError``."""
+        ...
+
+    def available_size(self) -> int: ...
+    def clear(self) -> None:
+        """Mark every slot free (contents are left as they are)."""
+        ...
+
+    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
+        """A copy of the page starting at token ``index`` (flat: 1-D, layout byte order)."""
+        ...
+
+    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
+        """Write a flat page (as returned by ``get_data_page``) at token ``index``."""
+        ...
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        """A zeroed flat page of the right dtype and length."""
+        ...
+
+    def get_page_buffer_meta(
+        self, indices: torch.Tensor | Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        """Addresses and byte sizes of the memory objects of whole pages.
+
+        ``indices`` are token indices of whole, aligned pages. The objects of
+        one page, concatenated in order, are exactly ``get_data_page(start)``.
+        """
+        ...
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """``(base_ptrs, total_bytes, object_bytes)`` of each host buffer, for registration."""
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A device backend, registered under entry-point group ``sgl.backends``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def supported_pairs(self) -> Mapping[HostLayout, frozenset[IOBackend]]:
+        """Host layouts this backend builds, each with its io backends."""
+        ...
+
+    def is_available(self) -> bool:
+        """True when this backend's device and runtime are usable here."""
+        ...
+
+    def create_device_pool(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+    ) -> MLADevicePool: ...
+
+    def create_host_pool(
+        self,
+        device_pool: MLADevicePool,
+        *,
+        layout: HostLayout | str,
+        host_to_device_ratio: float = 2.0,
+        host_size_gb: float = 0.0,
+        pin_memory: bool | None = None,
+        io_backend: IOBackend | str | None = None,
+    ) -> MLAHostPool:
+        """Build a host pool; an unsupported layout (or pair) is rejected here."""
+        ...
+
+
+class MoEMethod(Protocol):
+    """A routed-experts compute method (a quant method of a fused MoE layer).
+
+    ``fuses_routed_scale_and_shared_add`` is True when ``apply`` does *not*
+    multiply its output by ``routed_scaling_factor``: the combine then folds
+    the scale into the shared-expert add. Declare it on the class.
+    """
+
+    fuses_routed_scale_and_shared_add: ClassVar[bool]
+
+    def apply(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """Routed-experts output ``(tokens, hidden)`` for ``x (tokens, hidden)``."""
+        ...
+
+
+class MoEExperts(Protocol):
+    """The experts module the combine receives: it holds a ``quant_method``."""
+
+    @property
+    def quant_method(self) -> object: ...

@@ -1,0 +1,95 @@
+"""Argument checks shared by every backend; all run before any byte moves."""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_core.errors import (
+    DuplicateIndexError,
+    IndexDTypeError,
+    IndexOutOfRangeError,
+    IndexShapeError,
+    LayerIndexError,
+    PageAlignmentError,
+)
+
+__all__ = [
+    "check_index_bounds",
+    "check_index_pair",
+    "check_index_tensor",
+    "check_layer_id",
+    "check_page_runs",
+    "check_unique",
+]
+
+
+def check_index_tensor(indices: object, argument: str) -> torch.Tensor:
+    """A 1-D ``torch.int64`` tensor, or an error naming ``argument``."""
+    if not isinstance(indices, torch.Tensor):
+        raise IndexDTypeError(f"{argument} must be a torch.Tensor, got {type(indices).__name__}")
+    if indices.dtype != torch.int64:
+        raise IndexDTypeError(f"{argument} must have dtype torch.int64, got {indices.dtype}")
+    if indices.dim() != 1:
+        raise IndexShapeError(f"{argument} must be 1-D, got shape {tuple(indices.shape)}")
+    return indices
+
+
+def check_index_pair(
+    first: object, first_name: str, second: object, second_name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two valid index tensors of equal length."""
+    a = check_index_tensor(first, first_name)
+    b = check_index_tensor(second, second_name)
+    if a.numel() != b.numel():
+        raise IndexShapeError(
+            f"{first_name} and {second_name} must have equal length, "
+            f"got {a.numel()} and {b.numel()}"
+        )
+    return a, b
+
+
+def check_index_bounds(indices: torch.Tensor, limit: int, argument: str) -> None:
+    """Every index in ``[0, limit)``."""
+    if indices.numel() == 0:
+        return
+    low, high = (int(v) for v in torch.aminmax(indices))
+    if low < 0 or high >= limit:
+        bad = low if low < 0 else high
+        raise IndexOutOfRangeError(f"{argument} holds {bad}, outside the valid range [0, {limit})")
+
+
+def check_unique(indices: torch.Tensor, argument: str) -> None:
+    """No index appears twice (a destination written twice loses data)."""
+    if indices.numel() < 2:
+        return
+    if torch.unique(indices).numel() != indices.numel():
+        raise DuplicateIndexError(f"{argument} contains duplicate indices")
+
+
+def check_page_runs(indices: torch.Tensor, page_size: int, argument: str) -> None:
+    """Whole pages: runs of ``page_size`` consecutive tokens starting on a page boundary."""
+    n = indices.numel()
+    if n % page_size:
+        raise PageAlignmentError(
+            f"{argument} has {n} indices, not a whole number of pages of {page_size}"
+        )
+    if n == 0 or page_size == 1:
+        return
+    pages = indices.view(-1, page_size)
+    starts = pages[:, :1]
+    offsets = torch.arange(page_size, dtype=indices.dtype, device=indices.device)
+    if bool((starts % page_size != 0).any()) or not bool(
+        torch.equal(pages - starts, offsets.expand_as(pages))
+    ):
+        raise PageAlignmentError(
+            f"{argument} must be whole pages: runs p*{page_size} .. p*{page_size}+{page_size - 1}"
+        )
+
+
+def check_layer_id(layer_id: object, layer_num: int) -> int:
+    """An int in ``[0, layer_num)``."""
+    if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+        raise LayerIndexError(f"layer_id must be an int, got {type(layer_id).__name__}")
+    if not 0 <= layer_id < layer_num:
+        raise LayerIndexError(f"layer_id={layer_id} is outside [0, {layer_num})")
+    return layer_id

@@ -1,0 +1,93 @@
+"""Every exception raised by the sgl packages for bad input or configuration.
+
+Each class also subclasses the built-in exception a caller would naturally
+catch (``ValueError``, ``IndexError``, ``TypeError``, ``LookupError``,
+``RuntimeError``), so integrations that already catch those keep working.
+Messages name the offending argument. Backends raise these classes rather
+than defining their own, so callers have one module to import.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AmbiguousBackendError",
+    "BackendNotFoundError",
+    "BackendUnavailableError",
+    "DuplicateIndexError",
+    "FreeError",
+    "IndexDTypeError",
+    "IndexOutOfRangeError",
+    "IndexShapeError",
+    "LayerIndexError",
+    "PageAlignmentError",
+    "PoolMismatchError",
+    "PoolSizeError",
+    "QuantTypeError",
+    "SGLError",
+    "ShapeMismatchError",
+    "UnsupportedLayoutError",
+]
+
+
+class SGLError(Exception):
+    """Base class of every error raised by the sgl packages."""
+
+
+class IndexDTypeError(SGLError, TypeError):
+    """An index argument is not a tensor, or not ``torch.int64``."""
+
+
+class IndexShapeError(SGLError, ValueError):
+    """Index tensors are not 1-D, or paired index tensors differ in length."""
+
+
+class IndexOutOfRangeError(SGLError, IndexError):
+    """An index lies outside the pool it addresses."""
+
+
+class DuplicateIndexError(SGLError, ValueError):
+    """A destination index appears more than once in one transfer."""
+
+
+class PageAlignmentError(SGLError, ValueError):
+    """A page-granular backend got indices that are not whole, aligned pages."""
+
+
+class LayerIndexError(SGLError, IndexError):
+    """A layer id is not in ``[0, layer_num)``."""
+
+
+class PoolMismatchError(SGLError, ValueError):
+    """Two pools (or a pool and tensors) disagree on dims, dtype or kind."""
+
+
+class UnsupportedLayoutError(SGLError, ValueError):
+    """A host layout / io backend pair that the backend does not support."""
+
+
+class PoolSizeError(SGLError, ValueError):
+    """A requested pool size is zero, not whole pages, or exceeds memory."""
+
+
+class FreeError(SGLError, ValueError):
+    """Freeing a slot that is out of range or not currently allocated."""
+
+
+class QuantTypeError(SGLError, ValueError):
+    """A quantization type id that the kernel does not implement."""
+
+
+class ShapeMismatchError(SGLError, ValueError):
+    """Tensors passed together disagree on shape or dtype."""
+
+
+class AmbiguousBackendError(SGLError, LookupError):
+    """Several device backends are available and ``SGL_BACKEND`` is not set."""
+
+
+class BackendNotFoundError(SGLError, LookupError):
+    """No backend of the requested name is installed."""
+
+
+class BackendUnavailableError(SGLError, RuntimeError):
+    """A backend is installed but cannot run here (no device, no runtime)."""

@@ -1,0 +1,30 @@
+"""Conformance suite and helpers for sgl backends (needs pytest and hypothesis).
+
+Install with ``pip install sgl-core[testing]``; see :class:`BackendConformanceSuite`.
+"""
+
+from __future__ import annotations
+
+from sgl_core.testing._helpers import (
+    device_rows,
+    fill_device_random,
+    host_bytes,
+    page_indices,
+    random_bits,
+    read_memory,
+    same_bytes,
+    snapshot,
+)
+from sgl_core.testing._suite import BackendConformanceSuite
+
+__all__ = [
+    "BackendConformanceSuite",
+    "device_rows",
+    "fill_device_random",
+    "host_bytes",
+    "page_indices",
+    "random_bits",
+    "read_memory",
+    "same_bytes",
+    "snapshot",
+]

@@ -1,0 +1,392 @@
+"""The backend conformance suite: one behaviour contract for every backend.
+
+A backend package runs it against itself by subclassing::
+
+    from sgl_core.testing import BackendConformanceSuite
+
+    class TestMyBackend(BackendConformanceSuite):
+        backend_name = "mine"
+
+Override :meth:`make_device_pool` to pass backend-specific options. The
+portable ``torch`` backend passes this suite and is its oracle: every check
+compares raw bytes read back through the public pool API.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import ClassVar
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sgl_core._discovery import get_backend
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
+from sgl_core.errors import (
+    FreeError,
+    PageAlignmentError,
+    SGLError,
+    UnsupportedLayoutError,
+)
+from sgl_core.testing._helpers import (
+    device_rows,
+    fill_device_random,
+    host_bytes,
+    page_indices,
+    read_memory,
+    same_bytes,
+    snapshot,
+)
+
+__all__ = ["BackendConformanceSuite"]
+
+Pair = tuple[HostLayout, IOBackend]
+
+# DESIGN §3: these pairs move whole pages and must reject anything else.
+PAGE_GRANULAR_PAIRS = frozenset(
+    {
+        (HostLayout.PAGE_FIRST_DIRECT, IOBackend.DIRECT),
+        (HostLayout.PAGE_FIRST_KV_SPLIT, IOBackend.KERNEL_ASCEND),
+    }
+)
+
+
+class BackendConformanceSuite:
+    """Subclass with ``backend_name`` set; pytest collects the ``test_*`` methods."""
+
+    backend_name: ClassVar[str] = "torch"
+    dtype: ClassVar[torch.dtype] = torch.bfloat16
+    layer_num: ClassVar[int] = 3
+    kv_lora_rank: ClassVar[int] = 16
+    qk_rope_head_dim: ClassVar[int] = 8
+    device_pages: ClassVar[int] = 6
+    page_sizes: ClassVar[tuple[int, ...]] = (1, 16, 64)
+
+    # ----------------------------------------------------------------- hooks
+    @pytest.fixture
+    def backend(self) -> Backend:
+        return get_backend(self.backend_name)
+
+    def make_device_pool(self, backend: Backend, *, page_size: int, pages: int) -> MLADevicePool:
+        """Build a small device pool; override to pass backend-specific options."""
+        return backend.create_device_pool(
+            size=pages * page_size,
+            page_size=page_size,
+            dtype=self.dtype,
+            kv_lora_rank=self.kv_lora_rank,
+            qk_rope_head_dim=self.qk_rope_head_dim,
+            layer_num=self.layer_num,
+        )
+
+    # --------------------------------------------------------------- helpers
+    def pairs(self, backend: Backend) -> Iterator[Pair]:
+        for layout, ios in backend.supported_pairs.items():
+            for io in sorted(ios, key=lambda member: member.value):
+                yield layout, io
+
+    def build(
+        self, backend: Backend, layout: HostLayout, page_size: int, seed: int = 0
+    ) -> tuple[MLADevicePool, MLAHostPool]:
+        dev = self.make_device_pool(backend, page_size=page_size, pages=self.device_pages)
+        fill_device_random(dev, seed)
+        host = backend.create_host_pool(dev, layout=layout, host_to_device_ratio=2.0)
+        return dev, host
+
+    def round_trip(
+        self,
+        backend: Backend,
+        layout: HostLayout,
+        io: IOBackend,
+        page_size: int,
+        dev_pages: list[int],
+        host_pages: list[int],
+    ) -> None:
+        """Backup pages, reload them per layer into a second pool, compare bytes."""
+        src, host = self.build(backend, layout, page_size, seed=1)
+        dst = self.make_device_pool(backend, page_size=page_size, pages=self.device_pages)
+        fill_device_random(dst, 2)
+        d_idx = page_indices(dev_pages, page_size)
+        h_idx = page_indices(host_pages, page_size)
+        before_host = host_bytes(host)
+        host.backup_from_device_all_layer(src, h_idx, d_idx, io)
+        after_host = host_bytes(host)
+        for page in range(host.size // page_size):
+            if page not in host_pages:
+                assert torch.equal(before_host[page], after_host[page]), f"host page {page} touched"
+        all_slots = torch.arange(dst.size + dst.page_size, dtype=torch.int64)
+        untouched = torch.ones(all_slots.numel(), dtype=torch.bool)
+        untouched[d_idx] = False
+        dst_before = [device_rows(dst, layer, all_slots) for layer in range(self.layer_num)]
+        for layer in range(self.layer_num):
+            host.load_to_device_per_layer(dst, h_idx, d_idx, layer, io)
+        for layer in range(self.layer_num):
+            expected = device_rows(src, layer, d_idx)
+            got = device_rows(dst, layer, d_idx)
+            assert torch.equal(expected, got), (
+                f"{layout.value}/{io.value} page_size={page_size}: layer {layer} differs"
+            )
+            now = device_rows(dst, layer, all_slots)
+            assert torch.equal(now[untouched], dst_before[layer][untouched]), "device slot touched"
+
+    # ----------------------------------------------------------------- tests
+    def test_supported_pairs_are_typed(self, backend: Backend) -> None:
+        pairs = list(self.pairs(backend))
+        assert pairs, "a backend must support at least one (layout, io backend) pair"
+        for layout, io in pairs:
+            assert isinstance(layout, HostLayout)
+            assert isinstance(io, IOBackend)
+        assert isinstance(backend.name, str)
+        assert isinstance(backend.is_available(), bool)
+
+    @pytest.mark.parametrize("page_size", [1, 16, 64])
+    def test_round_trip_shuffled_pages(self, backend: Backend, page_size: int) -> None:
+        if page_size not in self.page_sizes:
+            pytest.skip(f"page_size {page_size} not used by this backend")
+        gen = torch.Generator().manual_seed(page_size)
+        total = self.device_pages + 1
+        for layout, io in self.pairs(backend):
+            dev_pages = torch.randperm(total, generator=gen)[:4].tolist()
+            host_pages = sorted(torch.randperm(2 * self.device_pages, generator=gen)[:4].tolist())
+            host_pages.reverse()
+            self.round_trip(backend, layout, io, page_size, dev_pages, host_pages)
+
+    def test_round_trip_contiguous_runs(self, backend: Backend) -> None:
+        for layout, io in self.pairs(backend):
+            self.round_trip(backend, layout, io, 16, [1, 2, 3, 5], [4, 5, 6, 0])
+
+    def test_empty_transfer_is_a_no_op(self, backend: Backend) -> None:
+        empty = torch.empty(0, dtype=torch.int64)
+        for layout, io in self.pairs(backend):
+            dev, host = self.build(backend, layout, 16)
+            before = snapshot(dev, host)
+            host.backup_from_device_all_layer(dev, empty, empty, io)
+            host.load_to_device_per_layer(dev, empty, empty, 0, io)
+            assert same_bytes(before, snapshot(dev, host))
+
+    def test_load_touches_only_that_layer(self, backend: Backend) -> None:
+        for layout, io in self.pairs(backend):
+            src, host = self.build(backend, layout, 16, seed=3)
+            idx = page_indices([2, 4], 16)
+            host.backup_from_device_all_layer(src, idx, idx, io)
+            dst = self.make_device_pool(backend, page_size=16, pages=self.device_pages)
+            fill_device_random(dst, 4)
+            all_slots = torch.arange(dst.size + dst.page_size, dtype=torch.int64)
+            before = [device_rows(dst, layer, all_slots) for layer in range(self.layer_num)]
+            target = self.layer_num - 1
+            host.load_to_device_per_layer(dst, idx, idx, target, io)
+            for layer in range(self.layer_num):
+                now = device_rows(dst, layer, all_slots)
+                if layer != target:
+                    assert torch.equal(now, before[layer]), f"{layout.value}: layer {layer} touched"
+            assert torch.equal(device_rows(dst, target, idx), device_rows(src, target, idx))
+
+    def bad_calls(
+        self, backend: Backend, dev: MLADevicePool, host: MLAHostPool, io: IOBackend
+    ) -> list[tuple[str, type[Exception], Callable[[], None]]]:
+        ps = host.page_size
+        good_h = page_indices([1, 3], ps)
+        good_d = page_indices([2, 4], ps)
+        other = self.make_device_pool(backend, page_size=ps, pages=self.device_pages)
+        backup = host.backup_from_device_all_layer
+        load = host.load_to_device_per_layer
+        dup = torch.cat([good_h[:ps], good_h[:ps]])
+        cases: list[tuple[str, type[Exception], Callable[[], None]]] = [
+            ("int32 indices", TypeError, lambda: backup(dev, good_h.int(), good_d, io)),
+            ("list indices", TypeError, lambda: backup(dev, good_h.tolist(), good_d, io)),  # type: ignore[arg-type]
+            (
+                "2-D indices",
+                ValueError,
+                lambda: backup(dev, good_h.view(1, -1), good_d.view(1, -1), io),
+            ),
+            ("length mismatch", ValueError, lambda: backup(dev, good_h, good_d[:ps], io)),
+            ("host out of range", IndexError, lambda: backup(dev, good_h + host.size, good_d, io)),
+            ("negative host", IndexError, lambda: backup(dev, good_h - 2 * ps, good_d, io)),
+            (
+                "device out of range",
+                IndexError,
+                lambda: load(dev, good_h, good_d + dev.size + dev.page_size, 0, io),
+            ),
+            ("duplicate host dst", ValueError, lambda: backup(dev, dup, good_d, io)),
+            (
+                "duplicate device dst",
+                ValueError,
+                lambda: load(dev, good_h, torch.cat([good_d[:ps]] * 2), 0, io),
+            ),
+            ("layer -1", IndexError, lambda: load(dev, good_h, good_d, -1, io)),
+            ("layer too big", IndexError, lambda: load(dev, good_h, good_d, self.layer_num, io)),
+            ("unknown io backend", ValueError, lambda: backup(dev, good_h, good_d, "warp_drive")),
+        ]
+        if other.layer_num == dev.layer_num:
+            mismatched = backend.create_device_pool(
+                size=dev.size,
+                page_size=ps,
+                dtype=self.dtype,
+                kv_lora_rank=self.kv_lora_rank,
+                qk_rope_head_dim=self.qk_rope_head_dim,
+                layer_num=self.layer_num + 1,
+            )
+            cases.append(
+                ("mismatched pool", ValueError, lambda: backup(mismatched, good_h, good_d, io))
+            )
+        unsupported = [b for b in IOBackend if b not in backend.supported_pairs[host.layout]]
+        if unsupported:
+            cases.append(
+                ("unsupported io", ValueError, lambda: backup(dev, good_h, good_d, unsupported[0]))
+            )
+        if ps > 1 and (host.layout, io) in PAGE_GRANULAR_PAIRS:
+            shifted = good_h + 1
+            cases.append(("misaligned", ValueError, lambda: backup(dev, shifted, good_d, io)))
+        return cases
+
+    def test_bad_input_rejected_and_pools_unchanged(self, backend: Backend) -> None:
+        for layout, io in self.pairs(backend):
+            for ps in (1, 16):
+                dev, host = self.build(backend, layout, ps, seed=5)
+                # Put known bytes in the host pool so "unchanged" means something.
+                idx = page_indices(list(range(self.device_pages)), ps)
+                host.backup_from_device_all_layer(dev, idx, idx, io)
+                fill_device_random(dev, 6)
+                for name, builtin, call in self.bad_calls(backend, dev, host, io):
+                    before = snapshot(dev, host)
+                    with pytest.raises(SGLError) as info:
+                        call()
+                        pytest.fail(f"{layout.value}/{io.value} ps={ps}: {name} was accepted")
+                    assert isinstance(info.value, builtin), f"{name}: {info.value!r}"
+                    if name == "misaligned" and isinstance(info.value, PageAlignmentError):
+                        assert "host_indices" in str(info.value)
+                    assert same_bytes(before, snapshot(dev, host)), f"{layout}/{io}: {name} mutated"
+
+    def test_unsupported_layout_rejected_at_build(self, backend: Backend) -> None:
+        dev = self.make_device_pool(backend, page_size=16, pages=2)
+        for layout in HostLayout:
+            if layout not in backend.supported_pairs:
+                with pytest.raises(UnsupportedLayoutError, match="supported pairs"):
+                    backend.create_host_pool(dev, layout=layout)
+        with pytest.raises(UnsupportedLayoutError):
+            backend.create_host_pool(dev, layout="no_such_layout")
+        for layout, ios in backend.supported_pairs.items():
+            for io in IOBackend:
+                if io not in ios:
+                    with pytest.raises(UnsupportedLayoutError, match="supported pairs"):
+                        backend.create_host_pool(dev, layout=layout, io_backend=io)
+            # The engine's plain strings are accepted.
+            pool = backend.create_host_pool(
+                dev, layout=layout.value, io_backend=next(iter(ios)).value
+            )
+            assert pool.layout is layout
+
+    def test_l3_page_helpers(self, backend: Backend) -> None:
+        for layout, io in self.pairs(backend):
+            dev, host = self.build(backend, layout, 16, seed=7)
+            idx = page_indices([0, 1, 2], 16)
+            host.backup_from_device_all_layer(dev, page_indices([3, 1, 2], 16), idx, io)
+            page = host.get_data_page(16)
+            assert page.dim() == 1
+            dummy = host.get_dummy_flat_data_page()
+            assert dummy.shape == page.shape and dummy.dtype == page.dtype
+            assert not bool(dummy.view(torch.uint8).any())
+            host.set_from_flat_data_page(5 * 16, page)
+            assert torch.equal(host.get_data_page(5 * 16).view(torch.uint8), page.view(torch.uint8))
+            ptrs, sizes = host.get_page_buffer_meta(page_indices([1, 3], 16))
+            per_page = len(ptrs) // 2
+            assert len(ptrs) == len(sizes) == 2 * per_page > 0
+            for k, start in enumerate((16, 48)):
+                raw = b"".join(
+                    read_memory(p, s)
+                    for p, s in zip(
+                        ptrs[k * per_page : (k + 1) * per_page],
+                        sizes[k * per_page : (k + 1) * per_page],
+                        strict=True,
+                    )
+                )
+                assert (
+                    raw
+                    == host.get_data_page(start).contiguous().view(torch.uint8).numpy().tobytes()
+                )
+            bases, totals, objects = host.get_contiguous_buf_infos()
+            assert len(bases) == len(totals) == len(objects) > 0
+            for p, s in zip(ptrs, sizes, strict=True):
+                assert any(b <= p and p + s <= b + t for b, t in zip(bases, totals, strict=True))
+            with pytest.raises(IndexError):
+                host.get_data_page(host.size)
+            with pytest.raises(ValueError):
+                host.get_data_page(1)
+            with pytest.raises(ValueError):
+                host.set_from_flat_data_page(0, page[:-1])
+            with pytest.raises(ValueError):
+                host.get_page_buffer_meta([1, 2])
+
+    def test_alloc_free_accounting(self, backend: Backend) -> None:
+        layout = next(iter(backend.supported_pairs))
+        _, host = self.build(backend, layout, 16)
+        total = host.size
+        assert host.available_size() == total
+        first = host.alloc(32)
+        assert first is not None and first.numel() == 32
+        assert host.available_size() == total - 32
+        assert host.alloc(total) is None
+        with pytest.raises(ValueError):
+            host.alloc(5)
+        assert host.free(first) == 32
+        with pytest.raises(FreeError):
+            host.free(first)
+        with pytest.raises(FreeError):
+            host.free(torch.tensor([total], dtype=torch.int64))
+        assert host.available_size() == total
+        taken = host.alloc(total)
+        assert taken is not None and torch.unique(taken).numel() == total
+        host.clear()
+        assert host.available_size() == total
+
+    def test_alloc_free_threads(self, backend: Backend) -> None:
+        layout = next(iter(backend.supported_pairs))
+        _, host = self.build(backend, layout, 16)
+        owners: dict[int, int] = {}
+        owners_lock = threading.Lock()
+        errors: list[str] = []
+
+        def worker(me: int) -> None:
+            for _ in range(50):
+                got = host.alloc(16)
+                if got is None:
+                    continue
+                with owners_lock:
+                    for slot in got.tolist():
+                        if slot in owners:
+                            errors.append(f"slot {slot} handed out twice")
+                        owners[slot] = me
+                with owners_lock:
+                    for slot in got.tolist():
+                        del owners[slot]
+                host.free(got)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert host.available_size() == host.size
+
+    @settings(
+        max_examples=12,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(data=st.data())
+    def test_random_round_trips(self, backend: Backend, data: st.DataObject) -> None:
+        pairs = list(self.pairs(backend))
+        layout, io = data.draw(st.sampled_from(pairs), label="pair")
+        page_size = data.draw(st.sampled_from([p for p in self.page_sizes if p <= 16]), label="ps")
+        count = data.draw(st.integers(1, self.device_pages), label="pages")
+        dev_pages = data.draw(
+            st.permutations(range(self.device_pages + 1)).map(lambda p: list(p[:count]))
+        )
+        host_pages = data.draw(
+            st.permutations(range(2 * self.device_pages)).map(lambda p: list(p[:count]))
+        )
+        self.round_trip(backend, layout, io, page_size, dev_pages, host_pages)

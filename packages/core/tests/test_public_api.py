@@ -1,0 +1,55 @@
+"""Public modules export an explicit, sorted ``__all__`` that matches their names."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+import sgl_core
+
+PUBLIC_MODULES = ["sgl_core", "sgl_core.errors", "sgl_core.testing"]
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_all_is_sorted_and_resolvable(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = list(module.__all__)
+    assert exported == sorted(exported), f"{name}.__all__ is not sorted"
+    assert len(set(exported)) == len(exported)
+    for attr in exported:
+        assert hasattr(module, attr), f"{name}.__all__ names missing {attr}"
+
+
+def test_private_modules_declare_all() -> None:
+    for info in pkgutil.walk_packages(sgl_core.__path__, "sgl_core."):
+        if info.name.startswith(("sgl_core._cli", "sgl_core.l3._mooncake_lib")):
+            continue
+        module = importlib.import_module(info.name)
+        assert hasattr(module, "__all__"), f"{info.name} has no __all__"
+        assert list(module.__all__) == sorted(module.__all__), f"{info.name}.__all__ unsorted"
+
+
+def test_public_names_cover_the_issue_api() -> None:
+    for name in (
+        "get_backend",
+        "HostLayout",
+        "IOBackend",
+        "MLADevicePool",
+        "MLAHostPool",
+        "Backend",
+        "MoEMethod",
+        "maybe_fuse_routed_scale_and_shared_add",
+    ):
+        assert name in sgl_core.__all__
+
+
+def test_errors_subclass_builtin_families() -> None:
+    from sgl_core import errors
+
+    for attr in errors.__all__:
+        cls = getattr(errors, attr)
+        assert issubclass(cls, errors.SGLError)
+        if cls is not errors.SGLError:
+            assert issubclass(cls, (ValueError, IndexError, TypeError, LookupError, RuntimeError))
