@@ -115,8 +115,13 @@ class MLAHostPoolBase(abc.ABC):
         """True when ``io_backend`` on this layout moves whole pages only."""
         return False
 
-    def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
+    def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:  # noqa: B027
         """Reject device pools whose storage this host pool cannot address."""
+
+    def _check_io_support(  # noqa: B027
+        self, device_pool: MLADevicePool, io_backend: IOBackend
+    ) -> None:
+        """Reject an io backend that cannot run with this device pool (e.g. unpinned memory)."""
 
     # ------------------------------------------------------------ properties
     @property
@@ -299,6 +304,7 @@ class MLAHostPoolBase(abc.ABC):
         if self._is_page_granular(io):
             check_page_runs(host_indices, self._page_size, "host_indices")
             check_page_runs(device_indices, self._page_size, "device_indices")
+        self._check_io_support(device_pool, io)
         return io
 
     def check_device_pool(self, device_pool: MLADevicePool) -> None:

@@ -15,7 +15,8 @@ Flat L3 pages are in the layout's own byte order: ``(layer, token)`` for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -45,7 +46,7 @@ def device_layers(device_pool: MLADevicePool) -> list[torch.Tensor]:
 class TokenRowHostPool(MLAHostPoolBase):
     """``layer_first`` / ``page_first`` / ``page_first_direct`` host pool."""
 
-    supported_pairs = {
+    supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]] = {
         HostLayout.LAYER_FIRST: frozenset({IOBackend.DIRECT}),
         HostLayout.PAGE_FIRST: frozenset({IOBackend.DIRECT}),
         HostLayout.PAGE_FIRST_DIRECT: frozenset({IOBackend.DIRECT}),
@@ -68,7 +69,13 @@ class TokenRowHostPool(MLAHostPoolBase):
         return self.layout is HostLayout.PAGE_FIRST_DIRECT
 
     def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
-        device_layers(device_pool)
+        expected = (device_pool.size + device_pool.page_size, 1, self.kv_cache_dim)
+        for i, layer in enumerate(device_layers(device_pool)):
+            if tuple(layer.shape) != expected or layer.dtype != self.dtype:
+                raise PoolMismatchError(
+                    f"device_pool.kv_buffer[{i}] has shape {tuple(layer.shape)} "
+                    f"{layer.dtype}, expected {expected} {self.dtype}"
+                )
 
     # ------------------------------------------------------------ host views
     def host_rows(self, layer_id: int) -> torch.Tensor | None:

@@ -1,0 +1,233 @@
+"""``sgl-bench hicache``: host-pool backup/load bandwidth vs the copy limit and baselines."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import Callable
+
+import torch
+
+from sgl_core._cli._baselines import BASELINES, Transfer, contiguous_copy
+from sgl_core._cli._report import Progress, Record
+from sgl_core._cli._timing import median, time_interleaved
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
+
+__all__ = ["Case", "HicacheConfig", "list_cases", "run_case"]
+
+DIRECTIONS = ("backup", "load")
+
+
+@dataclasses.dataclass(frozen=True)
+class HicacheConfig:
+    """Model shape and run size (defaults: DeepSeek-V3 MLA cache in bf16)."""
+
+    layers: int = 61
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    dtype: torch.dtype = torch.bfloat16
+    tokens: int = 4096  # tokens moved per call, unless ``pages`` is given
+    pages: int | None = None  # pages moved per call
+    warmup: int = 1
+    repeats: int = 5
+    budget_s: float = 4.0  # per op: slow baselines stop repeating after this
+    baselines: tuple[str, ...] = ("per_token", "per_page")
+    shuffle_host: bool = False  # random host pages instead of host.alloc() slots
+    seed: int = 0
+    device: str | None = None
+
+    def batch_tokens(self, page_size: int) -> int:
+        if self.pages is not None:
+            return self.pages * page_size
+        return max(page_size, self.tokens // page_size * page_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    backend: Backend
+    layout: HostLayout
+    io_backend: IOBackend
+    page_size: int
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.backend.name} {self.layout.value}/{self.io_backend.value} page {self.page_size}"
+        )
+
+
+def list_cases(
+    backends: list[Backend], layouts: set[HostLayout] | None, page_sizes: list[int]
+) -> list[Case]:
+    cases: list[Case] = []
+    for backend in backends:
+        for page_size in page_sizes:
+            for layout, ios in backend.supported_pairs.items():
+                if layouts is not None and layout not in layouts:
+                    continue
+                cases.extend(
+                    Case(backend, layout, io, page_size)
+                    for io in sorted(ios, key=lambda i: i.value)
+                )
+    return cases
+
+
+def _fill_random(dev: MLADevicePool, t: Transfer, seed: int) -> None:
+    gen = torch.Generator(device=dev.device).manual_seed(seed)
+    for comps in t.layers:
+        for rows, _ in comps:
+            rows.view(torch.int16).random_(0, 1 << 15, generator=gen)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # compare bit patterns: random fill holds NaN patterns, and equal() on them is False
+    return bool(torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16)))
+
+
+class _Bench:
+    """Pools, indices and op closures of one case."""
+
+    def __init__(self, case: Case, cfg: HicacheConfig) -> None:
+        ps = case.page_size
+        n = cfg.batch_tokens(ps)
+        self.case = case
+        self.tokens = n
+        self.dev = case.backend.create_device_pool(
+            size=2 * n,
+            page_size=ps,
+            dtype=cfg.dtype,
+            kv_lora_rank=cfg.kv_lora_rank,
+            qk_rope_head_dim=cfg.qk_rope_head_dim,
+            layer_num=cfg.layers,
+            device=cfg.device,
+        )
+        self.host = case.backend.create_host_pool(
+            self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
+        )
+        gen = torch.Generator().manual_seed(cfg.seed + ps)
+        # device pages 1..2n/ps (page 0 is the padding page): half backed up, half loaded into
+        pages = torch.randperm(2 * n // ps, generator=gen) + 1
+        offsets = torch.arange(ps)
+        self.d_src = (pages[: n // ps, None] * ps + offsets).flatten()
+        self.d_dst = (pages[n // ps :, None] * ps + offsets).flatten()
+        if cfg.shuffle_host:
+            host_pages = torch.randperm(self.host.size // ps, generator=gen)[: n // ps]
+            self.h_idx = (host_pages[:, None] * ps + offsets).flatten()
+        else:
+            got = self.host.alloc(n)
+            assert got is not None
+            self.h_idx = got
+        device = self.dev.device
+        self.d_src, self.d_dst = self.d_src.to(device), self.d_dst.to(device)
+        self.backup_t = Transfer(self.dev, self.host, self.h_idx, self.d_src)
+        self.load_t = Transfer(self.dev, self.host, self.h_idx, self.d_dst)
+        _fill_random(self.dev, self.backup_t, cfg.seed)
+        self.nbytes = n * sum(
+            rows.shape[1] * rows.element_size()
+            for comps in self.backup_t.layers
+            for rows, _ in comps
+        )
+        pin = bool(getattr(self.host, "pin_memory", False))
+        self.copy_dev, self.copy_host = contiguous_copy(self.nbytes, device, pin=pin)
+
+    # ------------------------------------------------------------------ ops
+    def sgl_backup(self) -> None:
+        self.host.backup_from_device_all_layer(
+            self.dev, self.h_idx, self.d_src, self.case.io_backend
+        )
+
+    def sgl_load(self) -> None:
+        for layer in range(self.dev.layer_num):
+            self.host.load_to_device_per_layer(
+                self.dev, self.h_idx, self.d_dst, layer, self.case.io_backend
+            )
+
+    def copy_backup(self) -> None:
+        self.copy_host.copy_(self.copy_dev, non_blocking=True)
+
+    def copy_load(self) -> None:
+        self.copy_dev.copy_(self.copy_host, non_blocking=True)
+
+    def ops(self, baselines: tuple[str, ...]) -> dict[tuple[str, str], Callable[[], None]]:
+        ops: dict[tuple[str, str], Callable[[], None]] = {
+            ("copy", "backup"): self.copy_backup,
+            ("sgl", "backup"): self.sgl_backup,
+            ("copy", "load"): self.copy_load,
+            ("sgl", "load"): self.sgl_load,
+        }
+        for name in baselines:
+            fn = BASELINES[name]
+            ops[(name, "backup")] = lambda fn=fn: fn(self.backup_t, to_host=True)
+            ops[(name, "load")] = lambda fn=fn: fn(self.load_t, to_host=False)
+        return ops
+
+    # --------------------------------------------------------- verification
+    def _clear_targets(self) -> None:
+        t = self.backup_t
+        for b_comps, l_comps in zip(self.backup_t.layers, self.load_t.layers, strict=True):
+            for (_, pages), (rows, _) in zip(b_comps, l_comps, strict=True):
+                pages[t.host_page, t.host_offset] = 0
+                rows.index_fill_(0, self.d_dst, 0)
+
+    def verify(self, backup: Callable[[], None], load: Callable[[], None]) -> tuple[bool, bool]:
+        """Round trip through ``backup`` then ``load``; (host bit-exact, device bit-exact)."""
+        self._clear_targets()
+        backup()
+        t = self.backup_t
+        host_ok = all(
+            _same_bits(pages[t.host_page, t.host_offset].to(rows.device), rows[self.d_src])
+            for comps in t.layers
+            for rows, pages in comps
+        )
+        load()
+        dev_ok = all(
+            _same_bits(rows[self.d_dst], rows[self.d_src])
+            for comps in t.layers
+            for rows, _ in comps
+        )
+        return host_ok, dev_ok
+
+
+def run_case(case: Case, cfg: HicacheConfig, progress: Progress) -> list[Record]:
+    """Measure one (backend, layout, io, page size) case; one record per impl and direction."""
+    bench = _Bench(case, cfg)
+    ops = bench.ops(cfg.baselines)
+    checks: dict[str, tuple[bool, bool]] = {}
+    for impl in ("sgl", *cfg.baselines):
+        checks[impl] = bench.verify(ops[(impl, "backup")], ops[(impl, "load")])
+    samples = time_interleaved(
+        ops,
+        warmup=cfg.warmup,
+        repeats=cfg.repeats,
+        budget_s=cfg.budget_s,
+        device=bench.dev.device,
+        on_step=progress.advance,
+    )
+    copy_s = {d: median(samples[("copy", d)]) for d in DIRECTIONS}
+    records: list[Record] = []
+    for (impl, direction), times in samples.items():
+        seconds = median(times)
+        host_ok, dev_ok = checks.get(impl, (True, True))
+        records.append(
+            Record(
+                impl=impl,
+                backend=case.backend.name,
+                layout=case.layout.value,
+                io_backend=case.io_backend.value,
+                page_size=case.page_size,
+                direction=direction,
+                bytes=bench.nbytes,
+                seconds=seconds,
+                gbps=bench.nbytes / seconds / 1e9,
+                copy_gbps=bench.nbytes / copy_s[direction] / 1e9,
+                ratio=copy_s[direction] / seconds,
+                samples=len(times),
+                bit_exact=host_ok if direction == "backup" else dev_ok,
+                tokens=bench.tokens,
+                layers=cfg.layers,
+            )
+        )
+    del bench, ops
+    gc.collect()
+    return records

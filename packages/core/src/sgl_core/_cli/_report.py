@@ -1,0 +1,143 @@
+"""Records, machine facts, progress and summary tables (``rich`` when installed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+__all__ = ["Progress", "Record", "machine_info", "print_table", "write_json"]
+
+
+@dataclasses.dataclass
+class Record:
+    """One measured (implementation, case, direction)."""
+
+    impl: str
+    backend: str
+    layout: str
+    io_backend: str
+    page_size: int
+    direction: str
+    bytes: int
+    seconds: float
+    gbps: float
+    copy_gbps: float
+    ratio: float
+    samples: int
+    bit_exact: bool | None
+    tokens: int = 0
+    layers: int = 0
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        extra = data.pop("extra")
+        data.update(extra)
+        return data
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _mem_total_gb() -> float | None:
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return round(pages / 1e9, 1)
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "mem_total_gb": _mem_total_gb(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    try:
+        info["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return info
+
+
+def write_json(path: str, machine: dict[str, Any], records: Sequence[Record], **extra: Any) -> None:
+    doc = {"machine": machine, "records": [r.to_json() for r in records], **extra}
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+class Progress:
+    """A rich progress bar when ``rich`` is installed and stderr is a terminal; else silent."""
+
+    def __init__(self, total: int, description: str, *, enabled: bool = True) -> None:
+        self._bar: Any = None
+        self._task: Any = None
+        if not enabled or not sys.stderr.isatty():
+            return
+        try:
+            from rich.progress import Progress as RichProgress
+        except ImportError:
+            return
+        self._bar = RichProgress(transient=True)
+        self._task = self._bar.add_task(description, total=total)
+        self._bar.start()
+
+    def describe(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=text)
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def print_table(
+    title: str, header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO | None = None
+) -> None:
+    """A summary table: rich when installed and writing to a terminal, else aligned text."""
+    stream = out if out is not None else sys.stdout
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        Console = None  # type: ignore[assignment,misc]  # noqa: N806
+    if Console is not None and stream.isatty():
+        table = Table(title=title)
+        for i, name in enumerate(header):
+            table.add_column(name, justify="left" if i < 3 else "right")
+        for row in rows:
+            table.add_row(*row)
+        Console(file=stream).print(table)
+        return
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
+    print(title, file=stream)
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), file=stream)
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)), file=stream)

@@ -1,0 +1,44 @@
+"""``sgl-bench``: the project's main job (see ``sgl-bench --help``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sgl_core._cli import _hicache_cmd, _moe_cmd
+from sgl_core.errors import SGLError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sgl-bench",
+        description="Benchmarks of the sgl device packages: host KV-cache transfers and MoE.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{hicache,moe}")
+    _hicache_cmd.add_parser(sub)
+    _moe_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``sgl-bench``; returns 0, 1 (a verification failed) or 2 (bad usage)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse reports usage errors by exiting
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        code: int = args.run(args)
+    except SGLError as exc:
+        print(f"sgl-bench: error: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""L3 page stores: host-pool pages in a third tier beyond one machine's memory.
+
+* :func:`page_keys` — chained SHA-256 keys, one per full page of tokens.
+* :class:`PageStore` — the contract (``register_host_pool``, ``batch_exists``,
+  ``batch_set``, ``batch_get``, ``clear``, ``stats``); see
+  :mod:`sgl_core.l3._protocol` for the semantics every store keeps.
+* :class:`FilePageStore` — the embedded default, a local directory.
+* :class:`MooncakePageStore` — the Mooncake distributed store (extra
+  ``sgl-core[mooncake]``; ``mooncake`` is imported only when one is built).
+
+Typical use::
+
+    store = FilePageStore("/var/cache/sgl-l3", capacity_bytes=64 << 30)
+    store.register_host_pool(host)
+    keys = page_keys(token_ids, host.page_size, namespace="deepseek-v3/")
+    hit = store.batch_exists(keys)
+    store.batch_get(keys[:hit], host_indices)     # whole pages, one per key
+"""
+
+from __future__ import annotations
+
+from sgl_core.l3._errors import (
+    MooncakeSetupError,
+    MooncakeUnavailableError,
+    PageStoreArgumentError,
+    PageStoreError,
+    PageStoreNotReadyError,
+)
+from sgl_core.l3._file_store import FilePageStore
+from sgl_core.l3._keys import page_keys
+from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore
+from sgl_core.l3._protocol import PageStore, PageStoreStats
+
+__all__ = [
+    "FilePageStore",
+    "MooncakeConfig",
+    "MooncakePageStore",
+    "MooncakeSetupError",
+    "MooncakeUnavailableError",
+    "PageStore",
+    "PageStoreArgumentError",
+    "PageStoreError",
+    "PageStoreNotReadyError",
+    "PageStoreStats",
+    "page_keys",
+]

@@ -1,0 +1,234 @@
+"""The only module that imports ``mooncake``: a typed wrapper of its store client.
+
+Facts relied on (``mooncake-transfer-engine-non-cuda`` 0.3.13.post1, read from
+the installed package's docstrings and ``mooncake_master --help`` and checked
+against a live master on loopback):
+
+* Native modules link against ``libibverbs.so.1`` even for TCP: on Debian,
+  ``apt-get install -y libibverbs1``. The wheel ships ``mooncake_master``
+  (console script, also ``mooncake/mooncake_master`` in the package).
+* Master: ``mooncake_master --rpc_address=127.0.0.1 --rpc_port=P
+  --metrics_host=127.0.0.1 --metrics_port=M`` binds both to loopback.
+  ``--enable_http_metadata_server`` exists, but its server binds 0.0.0.0
+  whatever ``--http_metadata_server_host`` says, so we use the P2P handshake
+  (``metadata_server="P2PHANDSHAKE"``), which needs no metadata server.
+  ``--default_kv_lease_ttl`` (ms) is how long a read pins an object against
+  ``remove``/eviction (default 10000); ``--eviction_high_watermark_ratio``
+  (0.9) and ``--eviction_ratio`` (0.05) drive eviction when segments fill.
+* ``MooncakeDistributedStore().setup(local_hostname, metadata_server,
+  global_segment_size, local_buffer_size, protocol, rdma_devices,
+  master_server_addr) -> int`` (0 = ok). ``global_segment_size`` bytes of this
+  process join the distributed pool (0: a pure client; another process must
+  mount a segment); ``local_buffer_size`` is the client's staging buffer,
+  unused by the zero-copy ``*_from``/``*_into`` calls (0 works).
+* ``register_buffer(ptr, size) -> int`` (0 = ok), ``unregister_buffer(ptr)``.
+* ``batch_put_from(keys, ptrs, sizes) -> list[int]``: 0 per stored key; a key
+  that already exists also answers 0 and keeps the first object.
+* ``batch_get_into(keys, ptrs, sizes) -> list[int]``: bytes read per key (the
+  object's size), or a negative error code; a buffer smaller than the object
+  gives ``INVALID_PARAMS``.
+* ``batch_is_exist(keys) -> list[int]``: 1, 0, or negative on error.
+* ``remove(key, force=False) -> int``, ``remove_all(force=False) -> int``
+  (``force`` skips lease checks), ``close() -> int``.
+* Error codes (``mooncake-store/include/types.h``): see :data:`ERROR_NAMES`.
+  With the master down, calls answer ``RPC_FAIL`` (-900) after the client's
+  reconnect attempt (about 4 s per call); once a master listens again at the
+  same address, clients remount their segments and calls succeed (the new
+  master starts empty).
+* The client's transfer-engine listeners (P2P handshake RPC, TCP transport)
+  bind 0.0.0.0/[::] on ephemeral ports; ``MC_TCP_BIND_ADDRESS`` does not
+  change that in this version. Tests confine them to a private network
+  namespace where one exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sgl_core.l3._errors import MooncakeUnavailableError
+
+__all__ = [
+    "ERROR_NAMES",
+    "NO_AVAILABLE_HANDLE",
+    "OBJECT_ALREADY_EXISTS",
+    "OBJECT_NOT_FOUND",
+    "RPC_FAIL",
+    "StoreClient",
+    "error_name",
+    "master_binary",
+    "mooncake_version",
+]
+
+OBJECT_NOT_FOUND = -704
+OBJECT_ALREADY_EXISTS = -705
+NO_AVAILABLE_HANDLE = -200
+RPC_FAIL = -900
+
+#: Mooncake store ``ErrorCode`` values and their names.
+ERROR_NAMES: dict[int, str] = {
+    0: "OK",
+    -1: "INTERNAL_ERROR",
+    -10: "BUFFER_OVERFLOW",
+    -100: "SHARD_INDEX_OUT_OF_RANGE",
+    -101: "SEGMENT_NOT_FOUND",
+    -102: "SEGMENT_ALREADY_EXISTS",
+    -200: "NO_AVAILABLE_HANDLE",
+    -300: "INVALID_VERSION",
+    -400: "INVALID_KEY",
+    -500: "WRITE_FAIL",
+    -600: "INVALID_PARAMS",
+    -601: "ILLEGAL_CLIENT",
+    -700: "INVALID_WRITE",
+    -701: "INVALID_READ",
+    -702: "INVALID_REPLICA",
+    -703: "REPLICA_IS_NOT_READY",
+    -704: "OBJECT_NOT_FOUND",
+    -705: "OBJECT_ALREADY_EXISTS",
+    -706: "OBJECT_HAS_LEASE",
+    -707: "LEASE_EXPIRED",
+    -708: "OBJECT_HAS_REPLICATION_TASK",
+    -709: "OBJECT_NO_REPLICATION_TASK",
+    -710: "REPLICA_NOT_FOUND",
+    -711: "REPLICA_ALREADY_EXISTS",
+    -712: "REPLICA_IS_GONE",
+    -713: "REPLICA_NOT_IN_LOCAL_MEMORY",
+    -800: "TRANSFER_FAIL",
+    -900: "RPC_FAIL",
+    -1000: "ETCD_OPERATION_ERROR",
+    -1001: "ETCD_KEY_NOT_EXIST",
+    -1002: "ETCD_TRANSACTION_FAIL",
+    -1003: "ETCD_CTX_CANCELLED",
+    -1010: "UNAVAILABLE_IN_CURRENT_STATUS",
+    -1011: "UNAVAILABLE_IN_CURRENT_MODE",
+    -1100: "FILE_NOT_FOUND",
+    -1101: "FILE_OPEN_FAIL",
+}
+
+
+def error_name(code: int) -> str:
+    """``ERROR_NAMES[code]``, or ``"ERROR_<code>"`` for a code this table lacks."""
+    return ERROR_NAMES.get(code, f"ERROR_{code}")
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        hint = (
+            "install libibverbs1 (apt-get install -y libibverbs1)"
+            if "libibverbs" in str(exc)
+            else "pip install 'sgl-core[mooncake]'"
+        )
+        raise MooncakeUnavailableError(f"cannot import {name}: {exc}; {hint}") from exc
+
+
+def mooncake_version() -> str | None:
+    """Installed version of ``mooncake-transfer-engine-non-cuda`` (or another Mooncake wheel)."""
+    from importlib import metadata
+
+    for dist in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def master_binary() -> str:
+    """Path of the ``mooncake_master`` executable shipped with the wheel."""
+    spec = importlib.util.find_spec("mooncake")
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            cand = Path(loc) / "mooncake_master"
+            if cand.is_file() and os.access(cand, os.X_OK):
+                return str(cand)
+    found = shutil.which("mooncake_master")
+    if found is None:
+        raise MooncakeUnavailableError(
+            "mooncake_master not found; pip install 'sgl-core[mooncake]'"
+        )
+    return found
+
+
+def _ints(values: Any, n: int, what: str) -> list[int]:
+    out = [int(v) for v in values]
+    if len(out) != n:
+        raise MooncakeUnavailableError(f"{what} answered {len(out)} results for {n} keys")
+    return out
+
+
+class StoreClient:
+    """Typed, thin wrapper of ``mooncake.store.MooncakeDistributedStore``.
+
+    Every method returns Mooncake's integer codes unchanged; the page store
+    maps them to results. Only :func:`_import` touches the ``mooncake`` module.
+    """
+
+    def __init__(self) -> None:
+        module = _import("mooncake.store")
+        self._store: Any = module.MooncakeDistributedStore()
+
+    def setup(
+        self,
+        *,
+        local_hostname: str,
+        metadata_server: str,
+        global_segment_size: int,
+        local_buffer_size: int,
+        protocol: str,
+        rdma_devices: str,
+        master_server_addr: str,
+    ) -> int:
+        return int(
+            self._store.setup(
+                local_hostname,
+                metadata_server,
+                global_segment_size,
+                local_buffer_size,
+                protocol,
+                rdma_devices,
+                master_server_addr,
+            )
+        )
+
+    def register_buffer(self, ptr: int, size: int) -> int:
+        return int(self._store.register_buffer(ptr, size))
+
+    def unregister_buffer(self, ptr: int) -> int:
+        return int(self._store.unregister_buffer(ptr))
+
+    def batch_put_from(
+        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
+    ) -> list[int]:
+        return _ints(
+            self._store.batch_put_from(list(keys), list(ptrs), list(sizes)),
+            len(keys),
+            "batch_put_from",
+        )
+
+    def batch_get_into(
+        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
+    ) -> list[int]:
+        return _ints(
+            self._store.batch_get_into(list(keys), list(ptrs), list(sizes)),
+            len(keys),
+            "batch_get_into",
+        )
+
+    def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
+        return _ints(self._store.batch_is_exist(list(keys)), len(keys), "batch_is_exist")
+
+    def remove(self, key: str, force: bool = False) -> int:
+        return int(self._store.remove(key, force))
+
+    def remove_all(self, force: bool = False) -> int:
+        return int(self._store.remove_all(force))
+
+    def close(self) -> int:
+        return int(self._store.close())

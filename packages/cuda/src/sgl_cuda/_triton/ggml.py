@@ -1,0 +1,291 @@
+"""Triton kernels of the GGML (GGUF) MoE method: Q8_1 activation quantization
+and the blocked ``ggml_moe_a8_vec`` dot-product kernel.
+
+Validation lives in :mod:`sgl_cuda.quantization._ops`; the launchers here
+assume well-formed, validated arguments.
+
+Block layouts (byte offsets inside one block, ``i`` the weight's index in the
+block, little-endian f16 scales) follow ggml's ``block_q*`` structs:
+
+* Q4_0 (32 w, 18 B): d@0, nibbles@2: ``qs[i%16] >> 4*(i//16)``, w = d*(q-8)
+* Q4_1 (32 w, 20 B): d@0, m@2, nibbles@4, w = d*q + m
+* Q5_0 (32 w, 22 B): d@0, qh u32@2 (bit i), nibbles@6, w = d*(q-16)
+* Q5_1 (32 w, 24 B): d@0, m@2, qh@4, nibbles@8, w = d*q + m
+* Q8_0 (32 w, 34 B): d@0, int8@2, w = d*q
+* Q2_K (256 w, 84 B): scales[16]@0 (lo nibble scale, hi nibble min, per 16 w),
+  2-bit qs@16, d@80, dmin@82
+* Q3_K (256 w, 110 B): hmask@0, 2-bit qs@32, 6-bit signed scales@96 (12 B), d@108
+* Q4_K (256 w, 144 B): d@0, dmin@2, 6-bit scales/mins@4 (12 B, per 32 w), nibbles@16
+* Q5_K (256 w, 176 B): as Q4_K plus qh@16, nibbles@48
+* Q6_K (256 w, 210 B): low nibbles@0, 2-bit highs@128, int8 scales@192 (per 16 w), d@208
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Tile sizes. The interpreter runs a program's tile ops as numpy calls, so it
+# wants few, large programs; a GPU wants tiles that stay in registers.
+_GPU_BLOCK_N = 16
+_INTERP_BLOCK_N = 128
+_GPU_QBLOCK = 256
+_INTERP_QBLOCK = 1024
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _u8(p, m):
+    return tl.load(p, mask=m, other=0).to(tl.int32)
+
+
+@triton.jit
+def _i8(p, m):
+    return tl.load(p, mask=m, other=0).to(tl.int8, bitcast=True).to(tl.int32)
+
+
+@triton.jit
+def _f16(p, m):
+    lo = tl.load(p, mask=m, other=0).to(tl.uint16)
+    hi = tl.load(p + 1, mask=m, other=0).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _decode_q(p, i, m, QTYPE: tl.constexpr):
+    """Signed integer quant value of weight ``i`` of the block at ``p``."""
+    if QTYPE == 2:  # Q4_0
+        q = ((_u8(p + 2 + i % 16, m) >> ((i // 16) * 4)) & 15) - 8
+    elif QTYPE == 3:  # Q4_1
+        q = (_u8(p + 4 + i % 16, m) >> ((i // 16) * 4)) & 15
+    elif QTYPE == 6:  # Q5_0
+        lo = (_u8(p + 6 + i % 16, m) >> ((i // 16) * 4)) & 15
+        hb = (_u8(p + 2 + i // 8, m) >> (i % 8)) & 1
+        q = (lo | (hb << 4)) - 16
+    elif QTYPE == 7:  # Q5_1
+        lo = (_u8(p + 8 + i % 16, m) >> ((i // 16) * 4)) & 15
+        hb = (_u8(p + 4 + i // 8, m) >> (i % 8)) & 1
+        q = lo | (hb << 4)
+    elif QTYPE == 8:  # Q8_0
+        q = _i8(p + 2 + i, m)
+    elif QTYPE == 10:  # Q2_K
+        q = (_u8(p + 16 + (i // 128) * 32 + i % 32, m) >> (((i % 128) // 32) * 2)) & 3
+    elif QTYPE == 11:  # Q3_K: 2 low bits, minus 4 when the hmask bit is clear
+        lo = (_u8(p + 32 + (i // 128) * 32 + i % 32, m) >> (((i % 128) // 32) * 2)) & 3
+        hb = (_u8(p + i % 32, m) >> (i // 32)) & 1
+        q = lo - 4 + 4 * hb
+    elif QTYPE == 12:  # Q4_K
+        q = (_u8(p + 16 + (i // 64) * 32 + i % 32, m) >> (((i // 32) % 2) * 4)) & 15
+    elif QTYPE == 13:  # Q5_K
+        lo = (_u8(p + 48 + (i // 64) * 32 + i % 32, m) >> (((i // 32) % 2) * 4)) & 15
+        hb = (_u8(p + 16 + i % 32, m) >> (i // 32)) & 1
+        q = lo | (hb << 4)
+    else:  # Q6_K (14)
+        lo = (_u8(p + (i // 128) * 64 + i % 64, m) >> (((i % 128) // 64) * 4)) & 15
+        hi = (_u8(p + 128 + (i // 128) * 32 + i % 32, m) >> (((i % 128) // 32) * 2)) & 3
+        q = (lo | (hi << 4)) - 32
+    return q
+
+
+@triton.jit
+def _group_scale_min(p, i, m, QTYPE: tl.constexpr):
+    """``(scale, min)`` of the group starting at weight ``i`` of the block at ``p``.
+
+    A group's weights are ``scale * q + min``.
+    """
+    # `in` is not a Triton-compilable comparison, hence the chained ==
+    if QTYPE == 2 or QTYPE == 6 or QTYPE == 8:  # noqa: PLR1714  (Q4_0, Q5_0, Q8_0)
+        scale = _f16(p, m)
+        mn = scale * 0.0
+    elif QTYPE == 3 or QTYPE == 7:  # noqa: PLR1714  (Q4_1, Q5_1)
+        scale = _f16(p, m)
+        mn = _f16(p + 2, m)
+    elif QTYPE == 10:  # Q2_K
+        sc = _u8(p + i // 16, m)
+        scale = _f16(p + 80, m) * (sc & 15).to(tl.float32)
+        mn = -(_f16(p + 82, m) * (sc >> 4).to(tl.float32))
+    elif QTYPE == 11:  # Q3_K
+        j = i // 16
+        lo = (_u8(p + 96 + j % 8, m) >> ((j // 8) * 4)) & 15
+        hi = (_u8(p + 104 + j % 4, m) >> ((j // 4) * 2)) & 3
+        scale = _f16(p + 108, m) * ((lo | (hi << 4)) - 32).to(tl.float32)
+        mn = scale * 0.0
+    elif QTYPE == 12 or QTYPE == 13:  # noqa: PLR1714  (Q4_K, Q5_K: 6-bit scales, mins)
+        j = i // 32
+        a = _u8(p + 4 + j, m)
+        b = _u8(p + 8 + j, m)
+        c = _u8(p + 4 + j % 4, m)
+        sc = tl.where(j < 4, a & 63, (b & 15) | ((c >> 6) << 4))
+        mv = tl.where(j < 4, b & 63, (b >> 4) | ((a >> 6) << 4))
+        scale = _f16(p, m) * sc.to(tl.float32)
+        mn = -(_f16(p + 2, m) * mv.to(tl.float32))
+    else:  # Q6_K
+        scale = _f16(p + 208, m) * _i8(p + 192 + i // 16, m).to(tl.float32)
+        mn = scale * 0.0
+    return scale, mn
+
+
+@triton.jit
+def _quantize_q8_1_kernel(  # noqa: PLR0917
+    x_ptr, q_ptr, d_ptr, K, stride_x, stride_q, stride_d, BLOCK: tl.constexpr
+):
+    t = tl.program_id(0).to(tl.int64)
+    kb = tl.program_id(1)
+    offs = kb * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < K
+    x = tl.load(x_ptr + t * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    xb = tl.reshape(x, (BLOCK // 32, 32))
+    d = tl.max(tl.abs(xb), axis=1) / 127.0
+    v = xb / tl.where(d > 0.0, d, 1.0)[:, None]
+    # roundf (half away from zero), computed exactly: floor(a) + floor(2 * frac(a))
+    a = tl.abs(v)
+    fl = tl.floor(a)
+    r = tl.minimum(fl + tl.floor(2.0 * (a - fl)), 127.0)
+    q = tl.where(v < 0.0, -r, r).to(tl.int8)
+    tl.store(q_ptr + t * stride_q + offs, tl.reshape(q, (BLOCK,)), mask=mask)
+    boffs = kb * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
+    tl.store(d_ptr + t * stride_d + boffs, d, mask=boffs < K // 32)
+
+
+@triton.jit
+def _moe_a8_vec_kernel(  # noqa: PLR0917
+    xq_ptr,
+    xd_ptr,
+    w_ptr,
+    ids_ptr,
+    out_ptr,
+    K,
+    N,
+    top_k,
+    stride_xq,
+    stride_xd,
+    stride_we,
+    stride_wn,
+    stride_out,
+    QTYPE: tl.constexpr,
+    QK: tl.constexpr,
+    BB: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    tok = (pair // top_k).to(tl.int64)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    row_base = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn  # (BLOCK_N,)
+    xq_row = xq_ptr + tok * stride_xq
+    xd_row = xd_ptr + tok * stride_xd
+
+    acc = tl.zeros((BLOCK_N, BLOCK_K // G), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        # activations: BLOCK_K int8 values, one Q8_1 scale per 32
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = kk < K
+        qa = tl.load(xq_row + kk, mask=k_mask, other=0).to(tl.int32)
+        kg = k0 + tl.arange(0, BLOCK_K // G) * G
+        g_mask = kg < K
+        da = tl.load(xd_row + kg // 32, mask=g_mask, other=0.0)
+        asum = tl.sum(tl.reshape(qa, (BLOCK_K // G, G)), axis=1)
+
+        # weights: decode the quant ints of a (BLOCK_N, BLOCK_K) tile straight from
+        # the block bytes and reduce q_w * q_a per scale group in integers
+        i = kk % QK
+        p = row_base[:, None] + ((kk // QK) * BB)[None, :]
+        q = _decode_q(p, i[None, :], n_mask[:, None] & k_mask[None, :], QTYPE)
+        isum = tl.sum(tl.reshape(q * qa[None, :], (BLOCK_N, BLOCK_K // G, G)), axis=2)
+
+        pg = row_base[:, None] + ((kg // QK) * BB)[None, :]
+        scale, mn = _group_scale_min(
+            pg, (kg % QK)[None, :], n_mask[:, None] & g_mask[None, :], QTYPE
+        )
+        acc += da[None, :] * (scale * isum.to(tl.float32) + mn * asum.to(tl.float32)[None, :])
+
+    y = tl.sum(acc, axis=1)
+    tl.store(
+        out_ptr + pair.to(tl.int64) * stride_out + offs_n,
+        y.to(out_ptr.dtype.element_ty),
+        mask=n_mask,
+    )
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def quantize_q8_1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_1-quantize rows of ``x (tokens, K)`` (``K % 32 == 0``, unit last stride).
+
+    Returns ``(q int8 (tokens, K), d float32 (tokens, K // 32))`` with
+    ``d = amax / 127`` per block of 32 and ``q = roundf(x / d)``.
+    """
+    tokens, k = x.shape
+    q = torch.empty((tokens, k), dtype=torch.int8, device=x.device)
+    d = torch.empty((tokens, k // 32), dtype=torch.float32, device=x.device)
+    if tokens == 0 or k == 0:
+        return q, d
+    cap = _INTERP_QBLOCK if _interpreting() else _GPU_QBLOCK
+    block = max(32, min(cap, _next_pow2(k)))
+    grid = (tokens, triton.cdiv(k, block))
+    _quantize_q8_1_kernel[grid](x, q, d, k, x.stride(0), q.stride(0), d.stride(0), BLOCK=block)
+    return q, d
+
+
+def moe_a8_vec(
+    xq: torch.Tensor,
+    xd: torch.Tensor,
+    w: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    top_k: int,
+    quant_type: int,
+    block_size: int,
+    block_bytes: int,
+    group_size: int,
+) -> None:
+    """Launch the blocked kernel: ``out[p] = dequant(w[ids[p]]) @ dequant_q8_1(x[p // top_k])``.
+
+    One program per (token-expert pair, ``BLOCK_N`` output rows); it loops over
+    K in ``BLOCK_K`` steps (a multiple of the block size).
+    """
+    pairs, n = out.shape
+    k = xq.shape[1]
+    if pairs == 0 or n == 0:
+        return
+    if k == 0:
+        out.zero_()
+        return
+    block_n = min(_INTERP_BLOCK_N if _interpreting() else _GPU_BLOCK_N, _next_pow2(n))
+    block_k = max(block_size, min(256, _next_pow2(k)))
+    grid = (pairs, triton.cdiv(n, block_n))
+    _moe_a8_vec_kernel[grid](
+        xq,
+        xd,
+        w,
+        ids,
+        out,
+        k,
+        n,
+        top_k,
+        xq.stride(0),
+        xd.stride(0),
+        w.stride(0),
+        w.stride(1),
+        out.stride(0),
+        QTYPE=quant_type,
+        QK=block_size,
+        BB=block_bytes,
+        G=group_size,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+    )

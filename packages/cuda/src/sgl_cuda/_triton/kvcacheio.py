@@ -1,0 +1,141 @@
+"""Triton kernels that move MLA KV token rows between device and host buffers.
+
+Every transfer of ``sgl_cuda.kvcacheio`` is one launch of :func:`_copy_rows_kernel`:
+a 2-D grid of ``(row blocks, layers)``. Each program copies ``BLOCK_R`` paired
+rows of one layer as int64 words (``item_size // 8`` words a row), in column
+chunks of ``BLOCK_W`` words. A row's address is::
+
+    base(layer) + index * row_stride            (in int64 words)
+
+where ``base(layer)`` is either a pointer table entry ``tbl[layer]`` (uint64
+holding a byte address, converted to an ``int64*``) or a plain base pointer
+plus ``layer * layer_stride``. That covers the three address forms of
+DESIGN §4: layer-first, page-first and pointer table.
+
+This module is untyped (Triton ships no hints); ``sgl_cuda.kvcacheio`` is the
+typed, checked surface. Nothing here validates arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["INTERPRETED", "launch_copy_rows", "tile_for"]
+
+# Rows x words of one program's tile (int64 elements) and the widest column chunk.
+_TILE_ELEMS = 1024
+_MAX_BLOCK_W = 128
+
+
+@triton.jit
+def _copy_rows_kernel(  # noqa: PLR0917
+    src,
+    dst,
+    src_idx,
+    dst_idx,
+    n_rows,
+    layer_offset,
+    src_row_w,
+    src_layer_w,
+    dst_row_w,
+    dst_layer_w,
+    WORDS: tl.constexpr,
+    SRC_TABLE: tl.constexpr,
+    DST_TABLE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    MASK_W: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    layer = (tl.program_id(1) + layer_offset).to(tl.int64)
+    rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = rows < n_rows
+    s = tl.load(src_idx + rows, mask=row_mask, other=0)
+    d = tl.load(dst_idx + rows, mask=row_mask, other=0)
+
+    if SRC_TABLE:
+        src_base = tl.load(src + layer).to(tl.int64).to(tl.pointer_type(tl.int64))
+    else:
+        src_base = src.to(tl.pointer_type(tl.int64)) + layer * src_layer_w
+    if DST_TABLE:
+        dst_base = tl.load(dst + layer).to(tl.int64).to(tl.pointer_type(tl.int64))
+    else:
+        dst_base = dst.to(tl.pointer_type(tl.int64)) + layer * dst_layer_w
+
+    src_rows = src_base + s * src_row_w
+    dst_rows = dst_base + d * dst_row_w
+    cols = tl.arange(0, BLOCK_W)
+    for w0 in tl.static_range(0, WORDS, BLOCK_W):
+        c = w0 + cols
+        m = row_mask[:, None] & (c < WORDS)[None, :] if MASK_W else row_mask[:, None]
+        v = tl.load(src_rows[:, None] + c[None, :], mask=m)
+        tl.store(dst_rows[:, None] + c[None, :], v, mask=m)
+
+
+INTERPRETED: bool = type(_copy_rows_kernel).__name__ == "InterpretedFunction"
+
+
+def tile_for(words):
+    """``(BLOCK_R, BLOCK_W, MASK_W)`` for rows of ``words`` int64 words."""
+    if words <= _MAX_BLOCK_W:
+        block_w = triton.next_power_of_2(words)
+    else:
+        # The widest power of two that divides the row: no masked lanes.
+        block_w = min(words & -words, 64)
+        if block_w < 16:
+            block_w = 64
+    block_r = max(1, min(64, _TILE_ELEMS // block_w))
+    return block_r, block_w, words % block_w != 0
+
+
+def launch_copy_rows(
+    src,
+    dst,
+    src_idx,
+    dst_idx,
+    *,
+    words,
+    layer_offset,
+    num_layers,
+    src_row_w,
+    src_layer_w,
+    dst_row_w,
+    dst_layer_w,
+    src_table,
+    dst_table,
+):
+    """One launch copying ``len(src_idx)`` rows of ``num_layers`` layers."""
+    n = src_idx.numel()
+    if n == 0 or num_layers == 0:
+        return
+    block_r, block_w, mask_w = tile_for(words)
+    grid = (triton.cdiv(n, block_r), num_layers)
+    kwargs = {
+        "WORDS": words,
+        "SRC_TABLE": src_table,
+        "DST_TABLE": dst_table,
+        "BLOCK_R": block_r,
+        "BLOCK_W": block_w,
+        "MASK_W": mask_w,
+    }
+    if not INTERPRETED:
+        kwargs["num_warps"] = 4
+    args = (
+        src,
+        dst,
+        src_idx,
+        dst_idx,
+        n,
+        layer_offset,
+        src_row_w,
+        src_layer_w,
+        dst_row_w,
+        dst_layer_w,
+    )
+    if src_idx.device.type == "cuda":
+        with torch.cuda.device(src_idx.device):
+            _copy_rows_kernel[grid](*args, **kwargs)
+    else:
+        _copy_rows_kernel[grid](*args, **kwargs)

@@ -1,0 +1,23 @@
+"""GGML (GGUF block-quantized) MoE for CUDA: the ``ggml_moe_a8_vec`` kernel,
+:class:`GGMLMoEMethod`, and a loader of expert banks from ``.gguf`` files.
+
+Importing this package imports neither Triton nor ``gguf``: the kernel module
+is imported at the first launch and ``gguf`` inside the loader.
+"""
+
+from __future__ import annotations
+
+from sgl_cuda.quantization._dequant import dequantize_ggml
+from sgl_cuda.quantization._gguf_loader import load_ggml_expert_bank
+from sgl_cuda.quantization._method import GGMLExpertBank, GGMLMoEMethod
+from sgl_cuda.quantization._ops import ggml_moe_a8_vec
+from sgl_cuda.quantization._types import GGMLQuantType
+
+__all__ = [
+    "GGMLExpertBank",
+    "GGMLMoEMethod",
+    "GGMLQuantType",
+    "dequantize_ggml",
+    "ggml_moe_a8_vec",
+    "load_ggml_expert_bank",
+]

@@ -1,0 +1,165 @@
+"""The GGML (GGUF-quantized) fused-MoE method (DESIGN §5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from sgl_core.errors import IndexDTypeError, IndexShapeError, ShapeMismatchError
+from sgl_cuda.quantization._ops import ggml_moe_a8_vec
+from sgl_cuda.quantization._types import GGMLQuantType, block_format, resolve_quant_type
+
+__all__ = ["GGMLExpertBank", "GGMLMoEMethod"]
+
+
+@dataclass(frozen=True, eq=False)
+class GGMLExpertBank:
+    """One MoE layer's experts as GGUF block bytes.
+
+    ``gate_up (E, 2*I, row_bytes(H))`` holds each expert's gate rows then its
+    up rows; ``down (E, H, row_bytes(I))``. Types are GGML type ids (ints are
+    accepted and normalized to :class:`GGMLQuantType`). Construction checks
+    that the two banks agree on E, H and I.
+    """
+
+    gate_up: torch.Tensor
+    gate_up_type: GGMLQuantType
+    down: torch.Tensor
+    down_type: GGMLQuantType
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "gate_up_type", resolve_quant_type(self.gate_up_type, "gate_up_type")
+        )
+        object.__setattr__(self, "down_type", resolve_quant_type(self.down_type, "down_type"))
+        for name in ("gate_up", "down"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 3:
+                desc = (
+                    f"{t.dtype} {tuple(t.shape)}"
+                    if isinstance(t, torch.Tensor)
+                    else type(t).__name__
+                )
+                raise ShapeMismatchError(
+                    f"{name} must be a 3-D uint8 tensor of GGUF blocks, got {desc}"
+                )
+        gu_fmt, down_fmt = block_format(self.gate_up_type), block_format(self.down_type)
+        e, two_i, gu_bytes = self.gate_up.shape
+        if two_i % 2 or two_i == 0:
+            raise ShapeMismatchError(f"gate_up rows (2*I) must be even and positive, got {two_i}")
+        if gu_bytes % gu_fmt.block_bytes:
+            raise ShapeMismatchError(
+                f"gate_up has {gu_bytes} bytes per row, not whole {self.gate_up_type.name} blocks "
+                f"of {gu_fmt.block_bytes} B"
+            )
+        hidden = gu_bytes // gu_fmt.block_bytes * gu_fmt.block_size
+        inter = two_i // 2
+        expected = (e, hidden, down_fmt.row_bytes(inter))
+        if inter % down_fmt.block_size or tuple(self.down.shape) != expected:
+            raise ShapeMismatchError(
+                f"down must be (E={e}, H={hidden}, row_bytes({self.down_type.name}, I={inter})) = "
+                f"{expected} to match gate_up {tuple(self.gate_up.shape)}, "
+                f"got {tuple(self.down.shape)}"
+            )
+        if self.gate_up.device != self.down.device:
+            raise ShapeMismatchError(
+                f"gate_up ({self.gate_up.device}) and down ({self.down.device}) must share a device"
+            )
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.gate_up.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H: gate_up's input width, down's output rows."""
+        return int(self.down.shape[1])
+
+    @property
+    def intermediate_size(self) -> int:
+        """I: per-expert intermediate width (gate_up has 2*I rows)."""
+        return int(self.gate_up.shape[1]) // 2
+
+    @property
+    def device(self) -> torch.device:
+        return self.gate_up.device
+
+    def to(self, device: torch.device | str) -> GGMLExpertBank:
+        """A copy of the bank on ``device``."""
+        return GGMLExpertBank(
+            self.gate_up.to(device), self.gate_up_type, self.down.to(device), self.down_type
+        )
+
+
+class GGMLMoEMethod:
+    """Routed experts from GGUF-quantized weights with the ``ggml_moe_a8_vec`` kernel.
+
+    ``apply`` = gate_up (kernel) -> SiLU-and-mul -> down (kernel, ``top_k=1``
+    over ``tokens*top_k`` rows) -> times ``topk_weights`` -> sum over top_k.
+    It never applies ``routed_scaling_factor``: the combine folds it into the
+    shared-expert add, hence ``fuses_routed_scale_and_shared_add = True``.
+    """
+
+    fuses_routed_scale_and_shared_add: ClassVar[bool] = True
+
+    def apply(
+        self,
+        layer: GGMLExpertBank,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """Routed output ``(tokens, H)`` in ``x.dtype`` for ``x (tokens, H)``.
+
+        ``topk_ids (tokens, top_k)`` int32 or int64 (converted to int32),
+        ``topk_weights`` of the same shape, any float dtype.
+        """
+        if not isinstance(layer, GGMLExpertBank):
+            raise TypeError(f"layer must be a GGMLExpertBank, got {type(layer).__name__}")
+        if x.dim() != 2 or x.shape[1] != layer.hidden_size:
+            raise ShapeMismatchError(
+                f"x must be (tokens, hidden={layer.hidden_size}), got {tuple(x.shape)}"
+            )
+        if topk_ids.dtype not in (torch.int32, torch.int64):
+            raise IndexDTypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+        if (
+            topk_ids.dim() != 2
+            or topk_ids.shape[0] != x.shape[0]
+            or topk_weights.shape != topk_ids.shape
+        ):
+            raise IndexShapeError(
+                f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
+                f"must both be (tokens={x.shape[0]}, top_k)"
+            )
+        tokens, top_k = topk_ids.shape
+        hidden, inter = layer.hidden_size, layer.intermediate_size
+        if tokens == 0:
+            return x.new_zeros((0, hidden))
+        ids = topk_ids.to(torch.int32)
+        gate_up = ggml_moe_a8_vec(
+            x, layer.gate_up, ids, top_k, layer.gate_up_type, 2 * inter, tokens
+        )
+        # SiLU-and-mul in float32: the down kernel re-quantizes it to Q8_1 anyway
+        act = F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()
+        pairs = tokens * top_k
+        down = ggml_moe_a8_vec(
+            act,
+            layer.down,
+            ids.reshape(pairs, 1),
+            1,
+            layer.down_type,
+            hidden,
+            pairs,
+            check_ids=False,
+        )
+        routed = down.view(tokens, top_k, hidden) * topk_weights.to(torch.float32).unsqueeze(-1)
+        return routed.sum(dim=1).to(x.dtype)
+
+
+if TYPE_CHECKING:
+    from sgl_core import MoEMethod
+
+    _m: MoEMethod = GGMLMoEMethod()

@@ -1,0 +1,130 @@
+"""Typed, validating wrapper of the ``ggml_moe_a8_vec`` Triton kernel."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from sgl_core.errors import (
+    BackendUnavailableError,
+    IndexDTypeError,
+    IndexOutOfRangeError,
+    IndexShapeError,
+    ShapeMismatchError,
+)
+from sgl_cuda.quantization._types import block_format, resolve_quant_type
+
+__all__ = ["ggml_moe_a8_vec"]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_runnable(device: torch.device) -> None:
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise BackendUnavailableError(
+            "ggml_moe_a8_vec got CPU tensors: Triton runs them only under TRITON_INTERPRET=1 "
+            "(set it before triton is imported); use dequantize_ggml for a CPU baseline"
+        )
+
+
+def ggml_moe_a8_vec(  # noqa: PLR0917  (the upstream kernel's positional signature)
+    x: torch.Tensor,
+    w: torch.Tensor,
+    topk_ids: torch.Tensor,
+    top_k: int,
+    quant_type: int,
+    row: int,
+    tokens: int,
+    *,
+    check_ids: bool = True,
+) -> torch.Tensor:
+    """Per token-expert pair mat-vec with GGUF-quantized expert weights.
+
+    ``x (tokens, K)`` float16/bfloat16/float32; ``w (E, row, row_bytes)`` uint8
+    GGUF blocks of type ``quant_type`` (a GGML type id, see
+    :class:`GGMLQuantType`); ``topk_ids (tokens, top_k)`` int32, read flat.
+    Returns ``Y (tokens * top_k, row)`` in ``x.dtype`` with
+    ``Y[t * top_k + k] ~= dequant(w[topk_ids[t, k]]) @ x[t]``: activations are
+    quantized to Q8_1 (blocks of 32, ``d = amax / 127``, ``q = round(x / d)``)
+    and dotted in integers with the weight blocks, then scaled. No routing
+    weight is applied and nothing is summed.
+
+    ``check_ids`` verifies ``0 <= topk_ids < E`` on the host (one device sync);
+    pass False only for ids already known to be in range.
+    """
+    qtype = resolve_quant_type(quant_type)
+    fmt = block_format(qtype)
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise TypeError("x and w must be torch.Tensor")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
+    if w.dtype != torch.uint8:
+        raise TypeError(f"w must be uint8 GGUF block bytes, got {w.dtype}")
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype != torch.int32:
+        got = topk_ids.dtype if isinstance(topk_ids, torch.Tensor) else type(topk_ids).__name__
+        raise IndexDTypeError(f"topk_ids must be a torch.int32 tensor, got {got}")
+    if x.dim() != 2:
+        raise ShapeMismatchError(f"x must be (tokens, K), got shape {tuple(x.shape)}")
+    if w.dim() != 3:
+        raise ShapeMismatchError(f"w must be (E, row, row_bytes), got shape {tuple(w.shape)}")
+    if tokens != x.shape[0]:
+        raise ShapeMismatchError(f"tokens={tokens} but x has {x.shape[0]} rows")
+    if top_k < 1:
+        raise ShapeMismatchError(f"top_k must be >= 1, got {top_k}")
+    if row != w.shape[1]:
+        raise ShapeMismatchError(f"row={row} but w has {w.shape[1]} rows per expert")
+    if topk_ids.dim() not in (1, 2) or topk_ids.numel() != tokens * top_k:
+        raise IndexShapeError(
+            f"topk_ids must hold tokens*top_k={tokens * top_k} ids as (tokens, top_k), "
+            f"got shape {tuple(topk_ids.shape)}"
+        )
+    if topk_ids.dim() == 2 and topk_ids.shape[1] != top_k:
+        raise IndexShapeError(
+            f"topk_ids must be (tokens, top_k={top_k}), got {tuple(topk_ids.shape)}"
+        )
+    k = x.shape[1]
+    if k % fmt.block_size:
+        raise ShapeMismatchError(
+            f"K={k} (x.shape[1]) must be a multiple of the {qtype.name} block size {fmt.block_size}"
+        )
+    if w.shape[2] != fmt.row_bytes(k):
+        raise ShapeMismatchError(
+            f"w has {w.shape[2]} bytes per row; {qtype.name} rows of K={k} need "
+            f"{k // fmt.block_size} blocks * {fmt.block_bytes} B = {fmt.row_bytes(k)}"
+        )
+    if not (x.device == w.device == topk_ids.device):
+        raise ShapeMismatchError(
+            f"x ({x.device}), w ({w.device}) and topk_ids ({topk_ids.device}) must share a device"
+        )
+    if w.shape[2] and w.stride(2) != 1:
+        raise ShapeMismatchError("w's last dimension must be contiguous (stride 1)")
+    num_experts = w.shape[0]
+    ids = topk_ids.reshape(-1).contiguous()
+    if check_ids and ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= num_experts:
+            raise IndexOutOfRangeError(
+                f"topk_ids must lie in [0, {num_experts}), got range [{lo}, {hi}]"
+            )
+
+    out = torch.empty((tokens * top_k, row), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    _check_runnable(x.device)
+    from sgl_cuda._triton import ggml as kernels
+
+    xq, xd = kernels.quantize_q8_1(x.contiguous())
+    kernels.moe_a8_vec(
+        xq,
+        xd,
+        w,
+        ids,
+        out,
+        top_k=top_k,
+        quant_type=int(qtype),
+        block_size=fmt.block_size,
+        block_bytes=fmt.block_bytes,
+        group_size=fmt.group_size,
+    )
+    return out
