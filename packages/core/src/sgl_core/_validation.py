@@ -58,11 +58,22 @@ def check_index_bounds(indices: torch.Tensor, limit: int, argument: str) -> None
         raise IndexOutOfRangeError(f"{argument} holds {bad}, outside the valid range [0, {limit})")
 
 
-def check_unique(indices: torch.Tensor, argument: str) -> None:
-    """No index appears twice (a destination written twice loses data)."""
-    if indices.numel() < 2:
+def check_unique(indices: torch.Tensor, argument: str, limit: int | None = None) -> None:
+    """No index appears twice (a destination written twice loses data).
+
+    With ``limit`` (indices already known to be in ``[0, limit)``), a scatter
+    into a mask replaces the sort that ``torch.unique`` needs.
+    """
+    n = indices.numel()
+    if n < 2:
         return
-    if torch.unique(indices).numel() != indices.numel():
+    if limit is not None and limit <= 64 * n:
+        seen = torch.zeros(limit, dtype=torch.bool, device=indices.device)
+        seen[indices] = True
+        distinct = int(seen.sum())
+    else:
+        distinct = torch.unique(indices).numel()
+    if distinct != n:
         raise DuplicateIndexError(f"{argument} contains duplicate indices")
 
 
@@ -76,11 +87,8 @@ def check_page_runs(indices: torch.Tensor, page_size: int, argument: str) -> Non
     if n == 0 or page_size == 1:
         return
     pages = indices.view(-1, page_size)
-    starts = pages[:, :1]
-    offsets = torch.arange(page_size, dtype=indices.dtype, device=indices.device)
-    if bool((starts % page_size != 0).any()) or not bool(
-        torch.equal(pages - starts, offsets.expand_as(pages))
-    ):
+    aligned = bool(((pages[:, 0] % page_size == 0) & (pages.diff(dim=1) == 1).all(dim=1)).all())
+    if not aligned:
         raise PageAlignmentError(
             f"{argument} must be whole pages: runs p*{page_size} .. p*{page_size}+{page_size - 1}"
         )

@@ -260,6 +260,20 @@ class BackendConformanceSuite:
                         assert "host_indices" in str(info.value)
                     assert same_bytes(before, snapshot(dev, host)), f"{layout}/{io}: {name} mutated"
 
+    def test_repeated_load_revalidates_changed_indices(self, backend: Backend) -> None:
+        """Per-layer loads may skip re-validation only for identical index values."""
+        for layout, io in self.pairs(backend):
+            dev, host = self.build(backend, layout, 16, seed=8)
+            h_idx, d_idx = page_indices([1, 2], 16), page_indices([3, 4], 16)
+            host.backup_from_device_all_layer(dev, h_idx, d_idx, io)
+            host.load_to_device_per_layer(dev, h_idx, d_idx, 0, io)
+            before = snapshot(dev, host)
+            # Written behind torch's back (no version bump): must still be caught.
+            d_idx.numpy()[:16] += dev.size + dev.page_size
+            with pytest.raises(IndexError):
+                host.load_to_device_per_layer(dev, h_idx, d_idx, 1, io)
+            assert same_bytes(before, snapshot(dev, host))
+
     def test_unsupported_layout_rejected_at_build(self, backend: Backend) -> None:
         dev = self.make_device_pool(backend, page_size=16, pages=2)
         for layout in HostLayout:

@@ -1,0 +1,265 @@
+"""Contiguous multi-layer MLA device pool of the Ascend backend (DESIGN §3).
+
+Each component is one contiguous, layer-major 5-D tensor::
+
+    k_buffer             (layer_num,          page_num, page_size, 1, kv_lora_rank)
+    v_buffer             (layer_num,          page_num, page_size, 1, qk_rope_head_dim)
+    index_k_buffer       (num_indexer_layers, page_num, page_size, 1, index_head_dim)  optional
+    index_k_scale_buffer (num_indexer_layers, page_num, page_size, 1, 1) float32       optional
+
+``page_num = size // page_size + 1``: token slots ``[0, size + page_size)``
+are valid and token ``t`` lives at page ``t // page_size``, offset
+``t % page_size``. There is no ``data_ptrs`` table and no per-layer list:
+code that needs one of those must not receive this pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from sgl_ascend import _npu
+from sgl_core import MLAShape
+from sgl_core._device_pool import check_pool_geometry
+from sgl_core._validation import check_index_bounds, check_index_tensor, check_layer_id
+from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
+
+__all__ = ["AscendMLADevicePool"]
+
+
+class AscendMLADevicePool:
+    """Layer-major contiguous MLA KV cache, optionally with a DSA/NSA indexer cache.
+
+    Pass ``index_head_dim`` to add ``index_k_buffer`` for the layers in
+    ``indexer_layer_ids`` (default: every layer), and ``with_index_k_scale``
+    to add its fp32 per-token scale. ``indexer_slot(layer_id)`` maps a model
+    layer to its row in the indexer buffers.
+    """
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+        index_head_dim: int | None = None,
+        indexer_layer_ids: Iterable[int] | None = None,
+        with_index_k_scale: bool = False,
+    ) -> None:
+        check_pool_geometry(size, page_size)
+        self.shape = MLAShape(layer_num, kv_lora_rank, qk_rope_head_dim, dtype)
+        self._size = size
+        self._page_size = page_size
+        self._device = _npu.resolve_device(device)
+        self._index_head_dim = index_head_dim
+        self._indexer_layer_ids = self._check_indexer(
+            index_head_dim, indexer_layer_ids, with_index_k_scale
+        )
+        self._slots = {layer: i for i, layer in enumerate(self._indexer_layer_ids)}
+        pages = (layer_num, self.page_num, page_size, 1)
+        self.k_buffer = self._zeros((*pages, kv_lora_rank), dtype)
+        self.v_buffer = self._zeros((*pages, qk_rope_head_dim), dtype)
+        self.index_k_buffer: torch.Tensor | None = None
+        self.index_k_scale_buffer: torch.Tensor | None = None
+        if index_head_dim is not None:
+            ipages = (len(self._indexer_layer_ids), self.page_num, page_size, 1)
+            self.index_k_buffer = self._zeros((*ipages, index_head_dim), dtype)
+            if with_index_k_scale:
+                self.index_k_scale_buffer = self._zeros((*ipages, 1), torch.float32)
+
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device=self._device)
+
+    def _check_indexer(
+        self,
+        index_head_dim: int | None,
+        indexer_layer_ids: Iterable[int] | None,
+        with_index_k_scale: bool,
+    ) -> tuple[int, ...]:
+        if index_head_dim is None:
+            if indexer_layer_ids is not None or with_index_k_scale:
+                raise PoolSizeError(
+                    "indexer_layer_ids / with_index_k_scale need index_head_dim to be set"
+                )
+            return ()
+        if isinstance(index_head_dim, bool) or not isinstance(index_head_dim, int):
+            raise PoolSizeError(f"index_head_dim must be a positive int, got {index_head_dim!r}")
+        if index_head_dim <= 0:
+            raise PoolSizeError(f"index_head_dim must be a positive int, got {index_head_dim!r}")
+        ids = range(self.layer_num) if indexer_layer_ids is None else list(indexer_layer_ids)
+        for layer in ids:
+            try:
+                check_layer_id(layer, self.layer_num)
+            except LayerIndexError as exc:
+                raise LayerIndexError(f"indexer_layer_ids: {exc}") from None
+        if len(set(ids)) != len(ids) or not ids:
+            raise PoolSizeError(
+                f"indexer_layer_ids must be distinct and non-empty, got {list(ids)}"
+            )
+        return tuple(sorted(ids))
+
+    # ------------------------------------------------------------ properties
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def page_num(self) -> int:
+        """Pages per layer, the padding page included."""
+        return (self._size + self._page_size) // self._page_size
+
+    @property
+    def slot_count(self) -> int:
+        """Addressable token slots, padding page included."""
+        return self.page_num * self._page_size
+
+    @property
+    def layer_num(self) -> int:
+        return self.shape.layer_num
+
+    @property
+    def kv_lora_rank(self) -> int:
+        return self.shape.kv_lora_rank
+
+    @property
+    def qk_rope_head_dim(self) -> int:
+        return self.shape.qk_rope_head_dim
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return self.shape.kv_cache_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shape.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_buffer.device
+
+    @property
+    def index_head_dim(self) -> int | None:
+        return self._index_head_dim
+
+    @property
+    def indexer_layer_ids(self) -> tuple[int, ...]:
+        """Model layers that have an indexer cache, ascending (empty: no indexer)."""
+        return self._indexer_layer_ids
+
+    @property
+    def has_index_k_scale(self) -> bool:
+        return self.index_k_scale_buffer is not None
+
+    def indexer_slot(self, layer_id: int) -> int | None:
+        """Row of ``layer_id`` in the indexer buffers, or None if it has no indexer."""
+        return self._slots.get(check_layer_id(layer_id, self.layer_num))
+
+    # ------------------------------------------------------------ token rows
+    def _rows(self, buffer: torch.Tensor, row: int) -> torch.Tensor:
+        """``(slot_count, 1, dim)`` view of one layer of a 5-D component."""
+        return buffer[row].view(self.slot_count, 1, buffer.shape[-1])
+
+    def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        check_layer_id(layer_id, self.layer_num)
+        check_index_tensor(loc, "loc")
+        check_index_bounds(loc, self.slot_count, "loc")
+        return loc.to(self.device)
+
+    @staticmethod
+    def _check_rows(name: str, tensor: torch.Tensor, n: int, dim: int) -> None:
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != (n, 1, dim):
+            got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor)
+            raise PoolMismatchError(f"{name} must have shape {(n, 1, dim)}, got {got}")
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """``(page_num, page_size, 1, kv_lora_rank)`` view of one layer's latent cache."""
+        return self.k_buffer[check_layer_id(layer_id, self.layer_num)]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """``(page_num, page_size, 1, qk_rope_head_dim)`` view of one layer's rope cache."""
+        return self.v_buffer[check_layer_id(layer_id, self.layer_num)]
+
+    def set_mla_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+    ) -> None:
+        """Write ``(n, 1, kv_lora_rank)`` / ``(n, 1, qk_rope_head_dim)`` rows at token ``loc``."""
+        loc = self._check_loc(layer_id, loc)
+        n = loc.numel()
+        self._check_rows("cache_k_nope", cache_k_nope, n, self.kv_lora_rank)
+        self._check_rows("cache_k_rope", cache_k_rope, n, self.qk_rope_head_dim)
+        k_rows = self._rows(self.k_buffer, layer_id)
+        v_rows = self._rows(self.v_buffer, layer_id)
+        k_rows.index_copy_(0, loc, cache_k_nope.to(self.device, self.dtype))
+        v_rows.index_copy_(0, loc, cache_k_rope.to(self.device, self.dtype))
+
+    def get_mla_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the ``(k_nope, k_rope)`` rows at token ``loc``."""
+        loc = self._check_loc(layer_id, loc)
+        return (
+            self._rows(self.k_buffer, layer_id).index_select(0, loc),
+            self._rows(self.v_buffer, layer_id).index_select(0, loc),
+        )
+
+    # --------------------------------------------------------------- indexer
+    def _indexer_row(self, layer_id: int) -> int:
+        slot = self.indexer_slot(layer_id)
+        if slot is None:
+            raise LayerIndexError(
+                f"layer_id={layer_id} has no indexer cache "
+                f"(indexer_layer_ids={list(self._indexer_layer_ids)})"
+            )
+        return slot
+
+    def set_index_k_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        index_k: torch.Tensor,
+        index_k_scale: torch.Tensor | None = None,
+    ) -> None:
+        """Write ``(n, 1, index_head_dim)`` indexer keys (and ``(n, 1, 1)`` fp32 scales)."""
+        loc = self._check_loc(layer_id, loc)
+        slot = self._indexer_row(layer_id)
+        assert self.index_k_buffer is not None
+        assert self._index_head_dim is not None
+        self._check_rows("index_k", index_k, loc.numel(), self._index_head_dim)
+        scale_buf = self.index_k_scale_buffer
+        if (index_k_scale is None) != (scale_buf is None):
+            raise PoolMismatchError(
+                "index_k_scale must be given exactly when the pool has index_k_scale_buffer"
+            )
+        if index_k_scale is not None and scale_buf is not None:
+            self._check_rows("index_k_scale", index_k_scale, loc.numel(), 1)
+            self._rows(scale_buf, slot).index_copy_(
+                0, loc, index_k_scale.to(self.device, torch.float32)
+            )
+        self._rows(self.index_k_buffer, slot).index_copy_(
+            0, loc, index_k.to(self.device, self.dtype)
+        )
+
+    def get_index_k_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Copies of the indexer keys (and scales, or None) at token ``loc``."""
+        loc = self._check_loc(layer_id, loc)
+        slot = self._indexer_row(layer_id)
+        assert self.index_k_buffer is not None
+        keys = self._rows(self.index_k_buffer, slot).index_select(0, loc)
+        scale_buf = self.index_k_scale_buffer
+        scales = None if scale_buf is None else self._rows(scale_buf, slot).index_select(0, loc)
+        return keys, scales

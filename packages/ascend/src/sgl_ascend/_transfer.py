@@ -1,0 +1,135 @@
+"""``kernel_ascend`` copies: (pages x rows) blocks between device and host tensors.
+
+Every component is a pair of 5-D tensors with the page and row axes swapped::
+
+    host   (host_pages,   rows, page_size, 1, dim)   page-major (page_first_kv_split)
+    device (rows, device_pages, page_size, 1, dim)   layer-major (AscendMLADevicePool)
+
+where ``rows`` are model layers (k, v) or indexer slots (index_k, scale).
+A transfer is planned once as runs of pages that are consecutive on *both*
+sides (:func:`plan_pages`). Each run of ``n`` pages is one strided copy per
+component: ``host[h:h+n] <- device[:, d:d+n].transpose(0, 1)`` (backup, every
+row) or ``device[row, d:d+n] <- host[h:h+n, row]`` (load, one row). When the
+runs are short (many tiny blocks), the whole batch instead goes through one
+``index_select``/``index_copy_`` over the page axis per component. Either way
+there is no Python loop per page, and no loop per layer.
+
+Between devices (an NPU pool and a pinned host pool) the run copies are
+issued with ``non_blocking=True`` on a side stream ordered after the caller's
+current stream (``_npu.transfer_stream``), and the current stream waits for
+them: as with any async copy, synchronize that stream or record an event
+before the host reads backed-up bytes.
+
+Arguments are assumed validated (``sgl_core`` host-pool base does it): page
+aligned, in range, destination pages distinct.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from sgl_ascend import _npu
+from sgl_core._copy import IndexRuns, copy_blocks, merge_runs
+
+__all__ = ["PagePlan", "backup_rows", "load_row", "plan_pages"]
+
+# Runs that move fewer bytes than this (all components) go through gather/scatter.
+# Between devices every run is a DMA launch (~10 us), so batch aggressively; on one
+# device (CPU tensors) a run costs a few us of Python and gather/scatter costs a
+# second pass over the bytes, so only tiny runs are worth it.
+SHORT_RUN_BYTES = 256 << 10
+SHORT_RUN_BYTES_SAME_DEVICE = 16 << 10
+
+
+@dataclasses.dataclass(frozen=True)
+class PagePlan:
+    """Paired page numbers of one transfer and their merged runs (in pages)."""
+
+    host_pages: torch.Tensor
+    device_pages: torch.Tensor
+    runs: IndexRuns
+
+    @property
+    def num_pages(self) -> int:
+        return int(self.host_pages.numel())
+
+
+def plan_pages(
+    host_indices: torch.Tensor, device_indices: torch.Tensor, page_size: int
+) -> PagePlan:
+    """Page numbers of page-aligned token runs, merged where both sides step by one page."""
+    host_pages = host_indices[::page_size].to("cpu") // page_size
+    device_pages = device_indices[::page_size].to("cpu") // page_size
+    return PagePlan(host_pages, device_pages, merge_runs(host_pages, device_pages))
+
+
+def _page_bytes(tensor: torch.Tensor, rows: int) -> int:
+    """Bytes of ``rows`` rows of one page of a 5-D component."""
+    return rows * int(tensor.shape[2]) * int(tensor.shape[4]) * tensor.element_size()
+
+
+def _short_runs(plan: PagePlan, bytes_per_page: int, *, same_device: bool = False) -> bool:
+    runs = len(plan.runs)
+    limit = SHORT_RUN_BYTES_SAME_DEVICE if same_device else SHORT_RUN_BYTES
+    return runs > 1 and plan.num_pages * bytes_per_page < limit * runs
+
+
+def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    if dst[0].device == src[0].device:
+        copy_blocks(dst, src)
+        return
+    for d, s in zip(dst, src, strict=True):
+        d.copy_(s, non_blocking=True)
+
+
+def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan) -> None:
+    """Device -> host for every row of every ``(host, device)`` component pair."""
+    if not pairs or not plan.num_pages:
+        return
+    device = pairs[0][1].device
+    per_page = sum(_page_bytes(h, int(h.shape[1])) for h, _ in pairs)
+    same = pairs[0][0].device == device
+    with _npu.transfer_stream(device):
+        if _short_runs(plan, per_page, same_device=same):
+            dev_pages = plan.device_pages.to(device)
+            for host, dev in pairs:
+                gathered = dev.index_select(1, dev_pages).transpose(0, 1)
+                if gathered.device != host.device:
+                    gathered = gathered.contiguous().to(host.device)
+                host.index_copy_(0, plan.host_pages.to(host.device), gathered)
+            return
+        page_major = [(host, dev.transpose(0, 1)) for host, dev in pairs]
+        dst: list[torch.Tensor] = []
+        src: list[torch.Tensor] = []
+        for h, d, n in plan.runs:
+            for host, dev_pages in page_major:
+                dst.append(host[h : h + n])
+                src.append(dev_pages[d : d + n])
+        _copy(dst, src)
+
+
+def load_row(triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: PagePlan) -> None:
+    """Host -> device of one row per ``(host, device, row)`` component; other rows untouched."""
+    if not triples or not plan.num_pages:
+        return
+    device = triples[0][1].device
+    per_page = sum(_page_bytes(h, 1) for h, _, _ in triples)
+    same = triples[0][0].device == device
+    with _npu.transfer_stream(device):
+        if _short_runs(plan, per_page, same_device=same):
+            dev_pages = plan.device_pages.to(device)
+            for host, dev, row in triples:
+                staged = host[:, row].index_select(0, plan.host_pages.to(host.device))
+                dev[row].index_copy_(0, dev_pages, staged.to(device))
+            return
+        one_row = [(dev[row], host[:, row]) for host, dev, row in triples]
+        dst: list[torch.Tensor] = []
+        src: list[torch.Tensor] = []
+        for h, d, n in plan.runs:
+            for dev_row, host_row in one_row:
+                dst.append(dev_row[d : d + n])
+                src.append(host_row[h : h + n])
+        _copy(dst, src)

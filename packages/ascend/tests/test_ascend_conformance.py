@@ -1,0 +1,32 @@
+"""The shared backend conformance suite, run against the ascend backend on CPU tensors."""
+
+from __future__ import annotations
+
+import sgl_ascend
+from sgl_core import Backend, MLADevicePool
+from sgl_core.testing import BackendConformanceSuite
+
+
+class TestAscendConformance(BackendConformanceSuite):
+    backend_name = "ascend"
+
+
+class TestAscendIndexerConformance(BackendConformanceSuite):
+    """Same contract with an indexer cache (index_k + fp32 scale) on two of three layers."""
+
+    backend_name = "ascend"
+    page_sizes = (1, 16)
+
+    def make_device_pool(self, backend: Backend, *, page_size: int, pages: int) -> MLADevicePool:
+        assert backend is sgl_ascend.backend
+        return sgl_ascend.backend.create_device_pool(
+            size=pages * page_size,
+            page_size=page_size,
+            dtype=self.dtype,
+            kv_lora_rank=self.kv_lora_rank,
+            qk_rope_head_dim=self.qk_rope_head_dim,
+            layer_num=self.layer_num,
+            index_head_dim=8,
+            indexer_layer_ids=[0, 2],
+            with_index_k_scale=True,
+        )

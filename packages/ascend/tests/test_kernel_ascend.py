@@ -1,0 +1,185 @@
+"""kernel_ascend copy planning: merged runs, batched blocks, gather path, per-layer load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sgl_ascend
+from sgl_ascend import AscendMLADevicePool, AscendMLAHostPool, _transfer
+from sgl_core.errors import (
+    LayerIndexError,
+    PageAlignmentError,
+    PoolMismatchError,
+    UnsupportedLayoutError,
+)
+from sgl_core.testing import page_indices, random_bits
+
+PS = 4
+LAYERS = 5
+IO = "kernel_ascend"
+
+
+def pools(seed: int) -> tuple[AscendMLADevicePool, AscendMLAHostPool]:
+    dev = sgl_ascend.backend.create_device_pool(
+        size=12 * PS,
+        page_size=PS,
+        dtype=torch.float16,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        layer_num=LAYERS,
+        index_head_dim=4,
+        indexer_layer_ids=[1, 3],
+        with_index_k_scale=True,
+    )
+    gen = torch.Generator().manual_seed(seed)
+    for buf in AscendMLAHostPool._device_buffers(dev):
+        buf.copy_(random_bits(tuple(buf.shape), buf.dtype, gen))
+    return dev, sgl_ascend.backend.create_host_pool(dev, layout="page_first_kv_split")
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def expected_backup(
+    host: AscendMLAHostPool, dev: AscendMLADevicePool, hp: list[int], dp: list[int]
+) -> list[torch.Tensor]:
+    """Oracle: a per-page Python loop over every component."""
+    out = [b.clone() for b in host.buffers]
+    for h, d in zip(hp, dp, strict=True):
+        for o, src in zip(out, AscendMLAHostPool._device_buffers(dev), strict=True):
+            o[h] = src[:, d]
+    return out
+
+
+def test_plan_merges_runs_consecutive_on_both_sides() -> None:
+    hp = [4, 5, 6, 9, 10, 0]
+    dp = [1, 2, 3, 7, 8, 11]
+    plan = _transfer.plan_pages(page_indices(hp, PS), page_indices(dp, PS), PS)
+    assert plan.host_pages.tolist() == hp
+    assert plan.device_pages.tolist() == dp
+    assert list(plan.runs) == [(4, 1, 3), (9, 7, 2), (0, 11, 1)]
+
+
+@pytest.mark.parametrize("short_run_bytes", [0, 1 << 40], ids=["strided-runs", "gather"])
+def test_backup_and_load_match_per_page_oracle(
+    short_run_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_transfer, "SHORT_RUN_BYTES_SAME_DEVICE", short_run_bytes)
+    dev, host = pools(0)
+    hp = [20, 21, 22, 3, 11, 12]
+    dp = [5, 6, 7, 0, 12, 2]
+    expect = expected_backup(host, dev, hp, dp)
+    host.backup_from_device_all_layer(dev, page_indices(hp, PS), page_indices(dp, PS), IO)
+    for got, want in zip(host.buffers, expect, strict=True):
+        assert torch.equal(as_bytes(got), as_bytes(want))
+    dst, _ = pools(1)
+    for layer in range(LAYERS):
+        before = [b.clone() for b in AscendMLAHostPool._device_buffers(dst)]
+        host.load_to_device_per_layer(dst, page_indices(hp, PS), page_indices(dp, PS), layer, IO)
+        slot = dst.indexer_slot(layer)
+        for comp, (now, old, src) in enumerate(
+            zip(
+                AscendMLAHostPool._device_buffers(dst),
+                before,
+                AscendMLAHostPool._device_buffers(dev),
+                strict=True,
+            )
+        ):
+            row = layer if comp < 2 else slot
+            for r in range(now.shape[0]):
+                if r != row:
+                    assert torch.equal(as_bytes(now[r]), as_bytes(old[r])), (comp, r)
+            if row is None:
+                continue
+            assert torch.equal(as_bytes(now[row, dp]), as_bytes(src[row, dp]))
+            rest = [p for p in range(now.shape[1]) if p not in dp]
+            assert torch.equal(as_bytes(now[row, rest]), as_bytes(old[row, rest]))
+
+
+def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of many pages is one block per component, for every layer at once."""
+    monkeypatch.setattr(_transfer, "SHORT_RUN_BYTES_SAME_DEVICE", 0)
+    calls: list[list[tuple[int, ...]]] = []
+
+    def record(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+        calls.append([tuple(d.shape) for d in dst])
+        for d, s in zip(dst, src, strict=True):
+            d.copy_(s)
+
+    monkeypatch.setattr(_transfer, "copy_blocks", record)
+    dev, host = pools(2)
+    hp = [*list(range(8, 18)), 2]
+    dp = [*list(range(1, 11)), 12]
+    host.backup_from_device_all_layer(dev, page_indices(hp, PS), page_indices(dp, PS), IO)
+    assert len(calls) == 1
+    assert len(calls[0]) == 2 * 4
+    assert calls[0][0] == (10, LAYERS, PS, 1, 16)
+    calls.clear()
+    host.load_to_device_per_layer(dev, page_indices(hp, PS), page_indices(dp, PS), 0, IO)
+    assert len(calls) == 1
+    assert len(calls[0]) == 2 * 2
+    assert calls[-1][0] == (10, PS, 1, 16)
+
+
+def test_short_runs_use_one_gather_per_component(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_transfer, "SHORT_RUN_BYTES_SAME_DEVICE", 1 << 40)
+    monkeypatch.setattr(_transfer, "copy_blocks", lambda *a: pytest.fail("per-run path used"))
+    dev, host = pools(3)
+    hp, dp = [5, 1, 9, 3], [2, 8, 4, 0]
+    host.backup_from_device_all_layer(dev, page_indices(hp, PS), page_indices(dp, PS), IO)
+    for got, want in zip(host.buffers, expected_backup(host, dev, hp, dp), strict=True):
+        assert torch.equal(as_bytes(got), as_bytes(want))
+
+
+def test_single_run_uses_strided_copy_even_when_short(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_transfer, "SHORT_RUN_BYTES_SAME_DEVICE", 1 << 40)
+    plan = _transfer.plan_pages(page_indices([3, 4], PS), page_indices([0, 1], PS), PS)
+    assert not _transfer._short_runs(plan, 1, same_device=True)
+    assert not _transfer._short_runs(plan, 1, same_device=False)
+    many = _transfer.plan_pages(page_indices([3, 1], PS), page_indices([0, 5], PS), PS)
+    assert _transfer._short_runs(many, 1, same_device=True)
+
+
+def test_plan_reused_only_for_equal_indices() -> None:
+    dev, host = pools(5)
+    h_idx, d_idx = page_indices([1, 2], PS), page_indices([3, 4], PS)
+    host.load_to_device_per_layer(dev, h_idx, d_idx, 0, IO)
+    first = host._plan(h_idx, d_idx)
+    assert host._plan(h_idx, d_idx) is first
+    assert host._plan(h_idx.clone(), d_idx) is first  # keyed on values, not identity
+    # A write torch's version counter cannot see (through numpy) is still caught.
+    d_idx.numpy()[:] = page_indices([7, 5], PS).numpy()
+    host.load_to_device_per_layer(dev, h_idx, d_idx, 0, IO)
+    assert torch.equal(as_bytes(dev.k_buffer[0, [7, 5]]), as_bytes(host.k_buffer[[1, 2], 0]))
+
+
+def test_repeated_load_revalidates_whatever_changed() -> None:
+    dev, host = pools(6)
+    h_idx, d_idx = page_indices([1, 2], PS), page_indices([3, 4], PS)
+    host.load_to_device_per_layer(dev, h_idx, d_idx, 0, IO)
+    snapshot = [b.clone() for b in AscendMLAHostPool._device_buffers(dev)]
+    with pytest.raises(LayerIndexError):
+        host.load_to_device_per_layer(dev, h_idx, d_idx, LAYERS, IO)
+    d_idx[:PS] += 29  # in place, now misaligned: must be caught although the object is the same
+    with pytest.raises(PageAlignmentError):
+        host.load_to_device_per_layer(dev, h_idx, d_idx, 1, IO)
+    d_idx[:PS] -= 29
+    other = sgl_ascend.backend.create_device_pool(
+        size=12 * PS, page_size=PS, dtype=torch.float16, kv_lora_rank=16,
+        qk_rope_head_dim=8, layer_num=LAYERS,
+    )  # fmt: skip
+    with pytest.raises(PoolMismatchError):
+        host.load_to_device_per_layer(other, h_idx, d_idx, 1, IO)
+    with pytest.raises(UnsupportedLayoutError):
+        host.load_to_device_per_layer(dev, h_idx, d_idx, 1, "direct")
+    for now, before in zip(AscendMLAHostPool._device_buffers(dev), snapshot, strict=True):
+        assert torch.equal(as_bytes(now), as_bytes(before))
+    host.load_to_device_per_layer(dev, h_idx, d_idx, 3, IO)
+    dev_ik, host_ik = dev.index_k_buffer, host.index_k_buffer
+    assert dev_ik is not None
+    assert host_ik is not None
+    assert torch.equal(as_bytes(dev_ik[1, [3, 4]]), as_bytes(host_ik[[1, 2], 1]))
