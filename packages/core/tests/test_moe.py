@@ -68,7 +68,7 @@ def test_scale_already_in_topk_weights() -> None:
 
 
 def test_method_without_attribute_counts_as_not_fused() -> None:
-    routed, shared = tensors()
+    routed, _ = tensors()
     out = sgl_core.maybe_fuse_routed_scale_and_shared_add(
         _Experts(object()), routed.clone(), None, 3.0
     )

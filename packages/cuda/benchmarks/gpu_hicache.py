@@ -113,7 +113,7 @@ def copy_baseline(
     return nbytes / d2h / 1e6, nbytes / h2d / 1e6
 
 
-def bench_pair(  # noqa: PLR0917
+def bench_pair(
     dev: CudaMLADevicePool,
     layout: HostLayout,
     io: IOBackend,

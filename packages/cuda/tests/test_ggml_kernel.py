@@ -46,7 +46,7 @@ RTOL_MAG = 2e-4
 OUT_RTOL = {torch.float32: 0.0, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 
-def _case(  # noqa: PLR0917
+def _case(
     qtype: int, e: int, row: int, k: int, tokens: int, top_k: int, seed: int = 0
 ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
     rng = np.random.default_rng(seed + 31 * qtype)

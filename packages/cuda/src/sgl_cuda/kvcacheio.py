@@ -193,7 +193,7 @@ def transfer_kv_per_layer_mla(
     )
 
 
-def transfer_kv_per_layer_mla_pf_lf(  # noqa: PLR0917 (the upstream engine's signature)
+def transfer_kv_per_layer_mla_pf_lf(
     src: torch.Tensor,
     dst: torch.Tensor,
     src_indices: torch.Tensor,
@@ -232,7 +232,7 @@ def transfer_kv_per_layer_mla_pf_lf(  # noqa: PLR0917 (the upstream engine's sig
     )
 
 
-def transfer_kv_all_layer_mla(  # noqa: PLR0917 (the upstream engine's signature)
+def transfer_kv_all_layer_mla(
     src_layers: torch.Tensor,
     dst_layers: torch.Tensor,
     src_indices: torch.Tensor,
@@ -268,7 +268,7 @@ def transfer_kv_all_layer_mla(  # noqa: PLR0917 (the upstream engine's signature
     )
 
 
-def transfer_kv_all_layer_mla_lf_pf(  # noqa: PLR0917 (the upstream engine's signature)
+def transfer_kv_all_layer_mla_lf_pf(
     src_layers: torch.Tensor,
     dst: torch.Tensor,
     src_indices: torch.Tensor,
@@ -416,7 +416,7 @@ def _split_components(
     return [per_layer[c * per : (c + 1) * per] for c in range(parts)]
 
 
-def transfer_kv_per_layer_direct_pf_lf(  # noqa: PLR0917 (the upstream engine's signature)
+def transfer_kv_per_layer_direct_pf_lf(
     src_ptrs: Sequence[torch.Tensor],
     dst_ptrs: Sequence[torch.Tensor],
     src_indices: torch.Tensor,

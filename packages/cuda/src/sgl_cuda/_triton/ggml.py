@@ -132,7 +132,7 @@ def _group_scale_min(p, i, m, QTYPE: tl.constexpr):
 
 
 @triton.jit
-def _quantize_q8_1_kernel(  # noqa: PLR0917
+def _quantize_q8_1_kernel(
     x_ptr, q_ptr, d_ptr, K, stride_x, stride_q, stride_d, BLOCK: tl.constexpr
 ):
     t = tl.program_id(0).to(tl.int64)
@@ -154,7 +154,7 @@ def _quantize_q8_1_kernel(  # noqa: PLR0917
 
 
 @triton.jit
-def _moe_a8_vec_kernel(  # noqa: PLR0917
+def _moe_a8_vec_kernel(
     xq_ptr,
     xd_ptr,
     w_ptr,

@@ -30,7 +30,7 @@ _MAX_BLOCK_W = 128
 
 
 @triton.jit
-def _copy_rows_kernel(  # noqa: PLR0917
+def _copy_rows_kernel(
     src,
     dst,
     src_idx,

@@ -28,7 +28,7 @@ def _check_runnable(device: torch.device) -> None:
         )
 
 
-def ggml_moe_a8_vec(  # noqa: PLR0917  (the upstream kernel's positional signature)
+def ggml_moe_a8_vec(
     x: torch.Tensor,
     w: torch.Tensor,
     topk_ids: torch.Tensor,
