@@ -9,7 +9,7 @@ import pytest
 
 import sgl_core
 
-PUBLIC_MODULES = ["sgl_core", "sgl_core.errors", "sgl_core.testing"]
+PUBLIC_MODULES = ["sgl_core", "sgl_core.errors", "sgl_core.l3", "sgl_core.testing"]
 
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)

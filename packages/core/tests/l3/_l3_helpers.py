@@ -125,7 +125,8 @@ def filled_host(layout: str, seed: int, first_page: int = 2) -> tuple[Any, Any]:
 
 def page_bytes(host: Any, start: int) -> torch.Tensor:
     """The page at token ``start`` as raw int16 (bit-exact comparisons, NaN-safe)."""
-    return host.get_data_page(start).view(torch.int16).clone()
+    page: torch.Tensor = host.get_data_page(start)
+    return page.view(torch.int16).clone()
 
 
 def fill_sentinel(host: Any, first_page: int, pages: int, value: float = 7.0) -> None:

@@ -62,6 +62,7 @@ __all__ = [
     "StoreClient",
     "error_name",
     "master_binary",
+    "mooncake_available",
     "mooncake_version",
 ]
 
@@ -126,6 +127,15 @@ def _import(name: str) -> Any:
             else "pip install 'sgl-core[mooncake]'"
         )
         raise MooncakeUnavailableError(f"cannot import {name}: {exc}; {hint}") from exc
+
+
+def mooncake_available() -> bool:
+    """True when ``mooncake.store`` imports (client wheel and libibverbs present)."""
+    try:
+        _import("mooncake.store")
+    except MooncakeUnavailableError:
+        return False
+    return True
 
 
 def mooncake_version() -> str | None:

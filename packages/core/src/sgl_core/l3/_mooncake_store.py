@@ -91,10 +91,6 @@ class MooncakeConfig:
             raise PageStoreArgumentError(f"protocol must be 'tcp' or 'rdma', got {self.protocol!r}")
 
 
-def _read(ptr: int, size: int) -> bytes:
-    return ctypes.string_at(ptr, size)
-
-
 class MooncakePageStore:
     """A :class:`~sgl_core.l3.PageStore` on the Mooncake store (see the module docstring)."""
 
@@ -121,6 +117,7 @@ class MooncakePageStore:
         self._n_objects = 0
         self._registered: list[int] = []
         self._closed = False
+        self._scratch = threading.local()
         self._counts: collections.Counter[str] = collections.Counter()
         self._errors: collections.Counter[str] = collections.Counter()
 
@@ -286,14 +283,7 @@ class MooncakePageStore:
         fetch = [page for page, here in zip(pages, present, strict=True) if here]
         fetched_ok: dict[str, bool] = {}
         if fetch:
-            saved = (
-                [
-                    [_read(ptr, size) for ptr, size in zip(p.ptrs, p.sizes, strict=True)]
-                    for p in fetch
-                ]
-                if self._config.restore_on_failed_get
-                else None
-            )
+            saved = self._save(fetch) if self._config.restore_on_failed_get else None
             got = self._call(
                 "batch_get_into",
                 self._client.batch_get_into,
@@ -310,7 +300,7 @@ class MooncakePageStore:
                         self._count_error(rc if rc < 0 else -10)
                 fetched_ok[page.key] = whole
                 if not whole and saved is not None:
-                    self._restore(page, saved[f])
+                    self._restore(page, saved)
         results = [fetched_ok.get(page.key, False) for page in pages]
         with self._lock:
             for page, whole in zip(pages, results, strict=True):
@@ -321,10 +311,27 @@ class MooncakePageStore:
                     self._counts["pages_get_failed"] += 1
         return results
 
+    def _save(self, pages: list[PageObjects]) -> dict[int, int]:
+        """Save the pages' host bytes in this thread's scratch; ``{ptr: scratch address}``."""
+        need = sum(p.nbytes for p in pages)
+        scratch: ctypes.Array[ctypes.c_char] | None = getattr(self._scratch, "buf", None)
+        if scratch is None or len(scratch) < need:
+            scratch = ctypes.create_string_buffer(need)
+            self._scratch.buf = scratch
+        base = ctypes.addressof(scratch)
+        where: dict[int, int] = {}
+        off = 0
+        for page in pages:
+            for ptr, size in zip(page.ptrs, page.sizes, strict=True):
+                ctypes.memmove(base + off, ptr, size)
+                where[ptr] = base + off
+                off += size
+        return where
+
     @staticmethod
-    def _restore(page: PageObjects, saved: list[bytes]) -> None:
-        for ptr, data in zip(page.ptrs, saved, strict=True):
-            ctypes.memmove(ptr, data, len(data))
+    def _restore(page: PageObjects, saved: dict[int, int]) -> None:
+        for ptr, size in zip(page.ptrs, page.sizes, strict=True):
+            ctypes.memmove(ptr, saved[ptr], size)
 
     # ------------------------------------------------------------ management
     def remove(self, keys: Sequence[str]) -> int:

@@ -11,7 +11,7 @@ import torch
 from sgl_core._protocols import MLAHostPool
 from sgl_core.l3._errors import PageStoreArgumentError, PageStoreNotReadyError
 
-__all__ = ["PageObjects", "object_key", "resolve_pages", "objects_per_page"]
+__all__ = ["PageObjects", "check_keys", "object_key", "objects_per_page", "resolve_pages"]
 
 
 @dataclasses.dataclass(frozen=True)
