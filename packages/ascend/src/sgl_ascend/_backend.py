@@ -8,7 +8,7 @@ there is no NPU), which is how its tests and the conformance suite run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,19 +16,18 @@ import torch
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._host_pool import AscendMLAHostPool
-from sgl_core import HostLayout, IOBackend, MLADevicePool
+from sgl_core import MLADevicePool, PoolBackend
 
 __all__ = ["AscendBackend", "backend"]
 
 
-class AscendBackend:
+class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
     """Backend ``"ascend"``: contiguous multi-layer pools and ``kernel_ascend`` transfers."""
 
     name = "ascend"
 
-    @property
-    def supported_pairs(self) -> Mapping[HostLayout, frozenset[IOBackend]]:
-        return AscendMLAHostPool.supported_pairs
+    def __init__(self) -> None:
+        super().__init__(AscendMLADevicePool, AscendMLAHostPool)
 
     def is_available(self) -> bool:
         """True only when ``torch_npu`` imports and an NPU is visible."""
@@ -60,26 +59,6 @@ class AscendBackend:
             index_head_dim=index_head_dim,
             indexer_layer_ids=indexer_layer_ids,
             with_index_k_scale=with_index_k_scale,
-        )
-
-    def create_host_pool(
-        self,
-        device_pool: MLADevicePool,
-        *,
-        layout: HostLayout | str,
-        host_to_device_ratio: float = 2.0,
-        host_size_gb: float = 0.0,
-        pin_memory: bool | None = None,
-        io_backend: IOBackend | str | None = None,
-    ) -> AscendMLAHostPool:
-        """A ``page_first_kv_split`` host pool; other layouts raise ``UnsupportedLayoutError``."""
-        return AscendMLAHostPool(
-            device_pool,
-            layout=layout,
-            host_to_device_ratio=host_to_device_ratio,
-            host_size_gb=host_size_gb,
-            pin_memory=pin_memory,
-            io_backend=io_backend,
         )
 
 

@@ -12,6 +12,7 @@ Start with :func:`get_backend`, then build pools from it::
 from __future__ import annotations
 
 from sgl_core import errors
+from sgl_core._backend_base import PoolBackend
 from sgl_core._device_pool import PerLayerMLADevicePool
 from sgl_core._discovery import (
     ENTRY_POINT_GROUP,
@@ -48,6 +49,7 @@ __all__ = [
     "MoEMethod",
     "MoEWeights",
     "PerLayerMLADevicePool",
+    "PoolBackend",
     "TokenRowHostPool",
     "TorchBackend",
     "TorchMoEMethod",
