@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -144,16 +146,26 @@ def test_single_run_uses_strided_copy_even_when_short(
     assert _transfer._short_runs(many, 1, same_device=True)
 
 
-def test_plan_reused_only_for_equal_indices() -> None:
+def test_plan_reused_only_for_equal_indices(monkeypatch: pytest.MonkeyPatch) -> None:
     dev, host = pools(5)
+    calls: list[int] = []
+    real = _transfer.plan_pages
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("sgl_ascend._host_pool.plan_pages", counting)
     h_idx, d_idx = page_indices([1, 2], PS), page_indices([3, 4], PS)
-    host.load_to_device_per_layer(dev, h_idx, d_idx, 0, IO)
-    first = host._plan(h_idx, d_idx)
-    assert host._plan(h_idx, d_idx) is first
-    assert host._plan(h_idx.clone(), d_idx) is first  # keyed on values, not identity
+    for layer in range(LAYERS):
+        host.load_to_device_per_layer(dev, h_idx, d_idx, layer, IO)
+    assert len(calls) == 1  # one plan for all layers of the same indices
+    host.load_to_device_per_layer(dev, h_idx.clone(), d_idx.clone(), 0, IO)
+    assert len(calls) == 1  # keyed on values, not identity
     # A write torch's version counter cannot see (through numpy) is still caught.
     d_idx.numpy()[:] = page_indices([7, 5], PS).numpy()
     host.load_to_device_per_layer(dev, h_idx, d_idx, 0, IO)
+    assert len(calls) == 2
     assert torch.equal(as_bytes(dev.k_buffer[0, [7, 5]]), as_bytes(host.k_buffer[[1, 2], 0]))
 
 

@@ -9,6 +9,7 @@ one core's bandwidth; two cores get close to a contiguous copy).
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,8 @@ _workers = max(1, min(4, os.cpu_count() or 1) - 1)
 _executor_lock = threading.Lock()
 # Below this many bytes per call the thread hand-off costs more than it saves.
 _THREADED_MIN_BYTES = 4 << 20
+# ATen splits a CPU copy across its own threads above this many elements.
+_ATEN_GRAIN = 32768
 
 
 class IndexRuns:
@@ -72,14 +75,19 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def copy_blocks(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
-    """``dst[i].copy_(src[i])`` for all i, batched and (on CPU) spread over threads."""
+    """``dst[i].copy_(src[i])`` for all i, batched and (on CPU) spread over threads.
+
+    Blocks big enough for ATen to parallelize internally are issued from one
+    thread; smaller ones are split across a few Python threads instead.
+    """
     if not dst:
         return
     dst_list = list(dst)
     src_list = list(src)
     on_cpu = dst_list[0].device.type == "cpu" and src_list[0].device.type == "cpu"
     total = sum(t.numel() * t.element_size() for t in dst_list)
-    if not on_cpu or total < _THREADED_MIN_BYTES or len(dst_list) < 2:
+    big_blocks = total // len(dst_list) >= _ATEN_GRAIN * dst_list[0].element_size()
+    if not on_cpu or big_blocks or total < _THREADED_MIN_BYTES or len(dst_list) < 2:
         torch._foreach_copy_(dst_list, src_list)
         return
     pool = _pool()
@@ -87,7 +95,7 @@ def copy_blocks(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> Non
     bounds = [len(dst_list) * k // parts for k in range(parts + 1)]
     futures: list[Future[None]] = [
         pool.submit(torch._foreach_copy_, dst_list[a:b], src_list[a:b])
-        for a, b in zip(bounds[1:-1], bounds[2:], strict=True)
+        for a, b in itertools.pairwise(bounds[1:])
     ]
     torch._foreach_copy_(dst_list[: bounds[1]], src_list[: bounds[1]])
     for future in futures:

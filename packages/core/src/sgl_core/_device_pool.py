@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from sgl_core._shapes import MLAShape
@@ -23,10 +25,14 @@ def check_pool_geometry(size: int, page_size: int) -> None:
 class PerLayerMLADevicePool:
     """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor.
 
-    Each layer is its own allocation, as in the serving engines; slot 0 (the
-    first page) is the engine's padding page, valid to address but never
-    handed out by an allocator.
+    Slot 0 (the first page) is the engine's padding page, valid to address but
+    never handed out by an allocator. With ``layers_in_one_allocation`` the
+    layers are equally spaced views of one tensor, which lets the ``direct``
+    io backend move a run of pages for every layer in one strided copy;
+    subclasses that want one allocation per layer set it to False.
     """
+
+    layers_in_one_allocation: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -44,11 +50,14 @@ class PerLayerMLADevicePool:
         self._size = size
         self._page_size = page_size
         self._device = torch.device(device if device is not None else "cpu")
-        rows = size + page_size
-        self.kv_buffer: list[torch.Tensor] = [
-            torch.zeros((rows, 1, self.shape.kv_cache_dim), dtype=dtype, device=self._device)
-            for _ in range(layer_num)
-        ]
+        layer_shape = (size + page_size, 1, self.shape.kv_cache_dim)
+        if self.layers_in_one_allocation:
+            stacked = torch.zeros((layer_num, *layer_shape), dtype=dtype, device=self._device)
+            self.kv_buffer: list[torch.Tensor] = list(stacked.unbind(0))
+        else:
+            self.kv_buffer = [
+                torch.zeros(layer_shape, dtype=dtype, device=self._device) for _ in range(layer_num)
+            ]
 
     @property
     def size(self) -> int:

@@ -46,7 +46,7 @@ _MEMORY_HEADROOM = 1 << 30
 class _CheckedCall:
     """The arguments of the last load that passed validation (indices copied)."""
 
-    __slots__ = ("device_indices", "device_pool", "host_indices", "io", "io_backend")
+    __slots__ = ("device_indices", "device_pool", "host_indices", "io", "io_backend", "plan")
 
     def __init__(
         self,
@@ -61,6 +61,8 @@ class _CheckedCall:
         self.device_indices = device_indices.clone()
         self.io_backend = io_backend
         self.io = io
+        # A backend's copy plan for these indices, reused by the next layers' loads.
+        self.plan: object = None
 
     def matches(
         self,
@@ -123,6 +125,7 @@ class MLAHostPoolBase(abc.ABC):
         self._lock = threading.RLock()
         self._allocated = torch.zeros(self._size, dtype=torch.bool)
         self._last_checked: _CheckedCall | None = None
+        self._active_call: _CheckedCall | None = None
         self._free_slots = torch.arange(self._size, dtype=torch.int64)
         self._allocate_buffers(device_pool)
 
@@ -330,19 +333,29 @@ class MLAHostPoolBase(abc.ABC):
         """
         check_layer_id(layer_id, self.layer_num)
         checked = self._last_checked
-        if checked is not None and checked.matches(
+        if checked is None or not checked.matches(
             device_pool, host_indices, device_indices, io_backend
         ):
-            io = checked.io
-        else:
             io = self._check_transfer(
                 device_pool, host_indices, device_indices, io_backend, "device_indices"
             )
-            self._last_checked = _CheckedCall(
-                device_pool, host_indices, device_indices, io_backend, io
-            )
+            checked = _CheckedCall(device_pool, host_indices, device_indices, io_backend, io)
+            self._last_checked = checked
         if host_indices.numel():
-            self._load(device_pool, host_indices, device_indices, layer_id, io)
+            self._active_call = checked
+            try:
+                self._load(device_pool, host_indices, device_indices, layer_id, checked.io)
+            finally:
+                self._active_call = None
+
+    def _cached_plan(self) -> object:
+        """The copy plan a hook stored for the current per-layer load's indices, if any."""
+        return None if self._active_call is None else self._active_call.plan
+
+    def _store_plan(self, plan: object) -> None:
+        """Keep ``plan`` for the following layers' loads of the same indices."""
+        if self._active_call is not None:
+            self._active_call.plan = plan
 
     def _check_transfer(
         self,

@@ -26,10 +26,45 @@ from sgl_core._host_pool import MLAHostPoolBase
 from sgl_core._protocols import MLADevicePool
 from sgl_core.errors import PoolMismatchError
 
-__all__ = ["TokenRowHostPool", "device_layers"]
+__all__ = ["TokenRowHostPool", "device_layers", "stacked_layers"]
 
 # Runs shorter than this many bytes copy faster as one gather/scatter per layer.
 _SHORT_RUN_BYTES = 16 << 10
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as the widest integer dtype whose items tile its last (row) dim."""
+    row_bytes = t.shape[-1] * t.element_size()
+    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if size > t.element_size() and row_bytes % size == 0 and t.stride(-1) == 1:
+            return t.view(dtype)
+    return t
+
+
+def stacked_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``(layer_num, *layer.shape)`` view of layers that are equally spaced in one storage.
+
+    None when the layers are separate allocations (or replaced, or strided):
+    the caller then copies layer by layer.
+    """
+    first = layers[0]
+    if len(layers) < 2 or not first.is_contiguous():
+        return None
+    item = first.element_size()
+    step = layers[1].data_ptr() - first.data_ptr()
+    if step < first.numel() * item or step % item:
+        return None
+    storage = first.untyped_storage().data_ptr()
+    for i, layer in enumerate(layers):
+        if (
+            layer.data_ptr() != first.data_ptr() + i * step
+            or layer.untyped_storage().data_ptr() != storage
+            or layer.shape != first.shape
+            or layer.dtype != first.dtype
+            or not layer.is_contiguous()
+        ):
+            return None
+    return first.as_strided((len(layers), *first.shape), (step // item, *first.stride()))
 
 
 def device_layers(device_pool: MLADevicePool) -> list[torch.Tensor]:
@@ -88,21 +123,18 @@ class TokenRowHostPool(MLAHostPoolBase):
             return self.kv_buffer[:, layer_id, 0]
         return None
 
-    def host_run(self, layer_id: int, start: int, length: int) -> torch.Tensor:
-        """View of host tokens ``[start, start+length)`` of one layer."""
-        if self.layout is HostLayout.LAYER_FIRST:
-            return self.kv_buffer[layer_id, start : start + length]
-        if self.layout is HostLayout.PAGE_FIRST:
-            return self.kv_buffer[start : start + length, layer_id]
-        ps = self.page_size
-        return self.kv_buffer[start // ps : (start + length) // ps, layer_id]
-
     # ------------------------------------------------------------- transfers
     def _runs(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> IndexRuns:
+        cached = self._cached_plan()
+        if isinstance(cached, IndexRuns):
+            return cached
         if self._is_page_granular(IOBackend.DIRECT):
             ps = self.page_size
-            return merge_runs(host_indices[::ps], device_indices[::ps], unit=ps)
-        return merge_runs(host_indices, device_indices)
+            runs = merge_runs(host_indices[::ps], device_indices[::ps], unit=ps)
+        else:
+            runs = merge_runs(host_indices, device_indices)
+        self._store_plan(runs)
+        return runs
 
     def direct_copy(
         self,
@@ -113,25 +145,84 @@ class TokenRowHostPool(MLAHostPoolBase):
         *,
         to_host: bool,
     ) -> None:
-        """Copy ``layers`` of the paired rows, merging runs into slice copies."""
-        dev = device_layers(device_pool)
+        """Copy ``layers`` of the paired rows, merging runs into slice copies.
+
+        Both sides are viewed as the widest integer type that tiles a row
+        (int64 for rows of 8k bytes): the bytes are the same, but each block
+        has 4x fewer elements, which keeps one page of one layer under ATen's
+        parallel grain size, so it runs as a plain serial copy instead of each
+        starting an OpenMP team (which costs more than copying a page). When
+        every layer is moved and the device layers are equally spaced views of
+        one allocation, each run is a single strided copy across all layers.
+        """
+        all_layers = device_layers(device_pool)
+        host_buf = _wide(self.kv_buffer)
         runs = self._runs(host_indices, device_indices)
         run_bytes = self.shape.token_stride_size * host_indices.numel() // max(len(runs), 1)
         if run_bytes < _SHORT_RUN_BYTES and self.host_rows(0) is not None:
-            self._gather_scatter(dev, host_indices, device_indices, layers, to_host=to_host)
+            dev = {layer: _wide(all_layers[layer]) for layer in layers}
+            self._gather_scatter(
+                dev, host_buf, host_indices, device_indices, layers, to_host=to_host
+            )
             return
-        host_blocks: list[torch.Tensor] = []
-        dev_blocks: list[torch.Tensor] = []
-        for layer in layers:
-            dev_layer = dev[layer]
-            for h, d, n in runs:
-                block = self.host_run(layer, h, n)
-                host_blocks.append(block)
-                dev_blocks.append(dev_layer[d : d + n].view(block.shape))
+        stacked = stacked_layers(all_layers) if len(layers) == self.layer_num > 1 else None
+        if stacked is not None:
+            host_blocks, dev_blocks = self._all_layer_blocks(host_buf, _wide(stacked), runs)
+        else:
+            host_blocks, dev_blocks = self._layer_blocks(host_buf, all_layers, layers, runs)
         if to_host:
             self._copy(host_blocks, dev_blocks)
         else:
             self._copy(dev_blocks, host_blocks)
+
+    def _layer_blocks(
+        self,
+        host_buf: torch.Tensor,
+        all_layers: list[torch.Tensor],
+        layers: Sequence[int],
+        runs: IndexRuns,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One (host view, device view) pair per layer per run (``narrow`` is the cheapest view)."""
+        host_blocks: list[torch.Tensor] = []
+        dev_blocks: list[torch.Tensor] = []
+        unit = self.page_size if self.layout is HostLayout.PAGE_FIRST_DIRECT else 1
+        spans = [(h // unit, d // unit, n // unit) for h, d, n in runs]
+        for layer in layers:
+            host_layer = (
+                host_buf[layer] if self.layout is HostLayout.LAYER_FIRST else host_buf[:, layer]
+            )
+            dev_layer = _wide(all_layers[layer])
+            if unit > 1:
+                dev_layer = dev_layer.view(-1, unit, *dev_layer.shape[1:])
+            for h, d, n in spans:
+                host_blocks.append(host_layer.narrow(0, h, n))
+                dev_blocks.append(dev_layer.narrow(0, d, n))
+        return host_blocks, dev_blocks
+
+    def _all_layer_blocks(
+        self, host_buf: torch.Tensor, stacked: torch.Tensor, runs: IndexRuns
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One (host view, device view) pair per run, covering every layer.
+
+        ``stacked`` is the device as ``(layer, slot, 1, dim)``; each device view
+        is permuted to the host layout's own dim order.
+        """
+        host_blocks: list[torch.Tensor] = []
+        dev_blocks: list[torch.Tensor] = []
+        ps = self.page_size
+        layers = self.layer_num
+        for h, d, n in runs:
+            dev = stacked[:, d : d + n]
+            if self.layout is HostLayout.LAYER_FIRST:
+                host_blocks.append(host_buf[:, h : h + n])
+                dev_blocks.append(dev)
+            elif self.layout is HostLayout.PAGE_FIRST:
+                host_blocks.append(host_buf[h : h + n])
+                dev_blocks.append(dev.transpose(0, 1))
+            else:
+                host_blocks.append(host_buf[h // ps : (h + n) // ps])
+                dev_blocks.append(dev.view(layers, n // ps, ps, *dev.shape[2:]).transpose(0, 1))
+        return host_blocks, dev_blocks
 
     @staticmethod
     def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
@@ -141,9 +232,17 @@ class TokenRowHostPool(MLAHostPoolBase):
         for d, s in zip(dst, src, strict=True):
             d.copy_(s, non_blocking=True)
 
+    def _host_rows(self, buf: torch.Tensor, layer_id: int) -> torch.Tensor:
+        if self.layout is HostLayout.LAYER_FIRST:
+            return buf[layer_id]
+        if self.layout is HostLayout.PAGE_FIRST:
+            return buf[:, layer_id]
+        return buf[:, layer_id, 0]
+
     def _gather_scatter(
         self,
-        dev: list[torch.Tensor],
+        dev: dict[int, torch.Tensor],
+        host_buf: torch.Tensor,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
         layers: Sequence[int],
@@ -151,10 +250,9 @@ class TokenRowHostPool(MLAHostPoolBase):
         to_host: bool,
     ) -> None:
         h_idx = host_indices.to("cpu")
-        d_idx = device_indices.to(dev[0].device)
+        d_idx = device_indices.to(next(iter(dev.values())).device)
         for layer in layers:
-            rows = self.host_rows(layer)
-            assert rows is not None
+            rows = self._host_rows(host_buf, layer)
             if to_host:
                 rows.index_copy_(0, h_idx, dev[layer].index_select(0, d_idx).to("cpu"))
             else:

@@ -98,6 +98,8 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
     (and is re-checked before each kernel transfer).
     """
 
+    layers_in_one_allocation = False
+
     def __init__(
         self,
         *,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 from collections.abc import Callable
 
@@ -12,7 +13,7 @@ from sgl_core._cli._baselines import BASELINES, Transfer, contiguous_copy
 from sgl_core._cli._report import Progress, Record
 from sgl_core._cli._timing import median, time_interleaved
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
+from sgl_core._protocols import Backend, MLADevicePool
 
 __all__ = ["Case", "HicacheConfig", "list_cases", "run_case"]
 
@@ -158,8 +159,8 @@ class _Bench:
         }
         for name in baselines:
             fn = BASELINES[name]
-            ops[(name, "backup")] = lambda fn=fn: fn(self.backup_t, to_host=True)
-            ops[(name, "load")] = lambda fn=fn: fn(self.load_t, to_host=False)
+            ops[(name, "backup")] = functools.partial(fn, self.backup_t, to_host=True)
+            ops[(name, "load")] = functools.partial(fn, self.load_t, to_host=False)
         return ops
 
     # --------------------------------------------------------- verification

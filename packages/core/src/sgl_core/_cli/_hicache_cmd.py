@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -145,10 +146,11 @@ def summarize(records: list[Record]) -> tuple[list[str], list[list[str]]]:
 def target_lines(records: list[Record]) -> list[str]:
     sgl = [r for r in records if r.impl == "sgl"]
     lines: list[str] = []
-    for label, pick, goal in (
+    goals: list[tuple[str, Callable[[Record], bool], float]] = [
         ("page >= 16: sgl >= 0.8x copy", lambda r: r.page_size >= 16, 0.8),
         ("page 1: sgl >= 0.3x copy", lambda r: r.page_size == 1, 0.3),
-    ):
+    ]
+    for label, pick, goal in goals:
         mine = [r for r in sgl if pick(r)]
         if mine:
             worst = min(mine, key=lambda r: r.ratio)
@@ -179,7 +181,7 @@ def target_lines(records: list[Record]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     notes: list[str] = []
-    backends = select_backends(args.backend, notes)
+    backends = select_backends(args.backend or ("all" if args.full else None), notes)
     cfg, page_sizes, quick = make_config(args)
     cases: list[Case] = list_cases(backends, args.layout, page_sizes)
     for note in notes:

@@ -244,7 +244,9 @@ def check_ggml(device: torch.device, repeats: int) -> list[MoERecord]:
     def dequant_matmul() -> None:
         w13 = quant.dequantize_ggml(gate_up, 8, torch.bfloat16)
         w2 = quant.dequantize_ggml(down, 8, torch.bfloat16)
-        result["dequant"] = TorchMoEMethod().apply(MoEWeights(w13, w2), x, topk_weights, topk_ids)
+        result["dequant_matmul"] = TorchMoEMethod().apply(
+            MoEWeights(w13, w2), x, topk_weights, topk_ids
+        )
 
     ops = {"ggml": ggml, "dequant_matmul": dequant_matmul}
     samples = time_interleaved(

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from sgl_core._cli._moe_bench import MoERecord
 from sgl_core._cli._report import Record
 
 __all__ = ["plot_hicache", "plot_moe"]
 
-_STYLE = {
+_STYLE: dict[str, dict[str, Any]] = {
     "sgl": {"color": "tab:blue", "marker": "o", "linestyle": "-", "linewidth": 2.2},
     "per_page": {"color": "tab:orange", "marker": "s", "linestyle": "--"},
     "per_token": {"color": "tab:red", "marker": "^", "linestyle": ":"},
@@ -40,6 +41,7 @@ def plot_hicache(records: Sequence[Record], path: str) -> None:
         sharey=True,
     )
     page_sizes = sorted({r.page_size for r in records})
+    top = 1.1 * max((r.gbps for r in records), default=1.0)
     for col, pair in enumerate(pairs):
         for row, direction in enumerate(directions):
             ax = axes[row][col]
@@ -54,7 +56,7 @@ def plot_hicache(records: Sequence[Record], path: str) -> None:
             ax.set_xscale("log", base=2)
             ax.set_xticks(page_sizes, [str(p) for p in page_sizes])
             ax.grid(True, alpha=0.3)
-            ax.set_ylim(bottom=0)
+            ax.set_ylim(0, top)
             if row == 0:
                 ax.set_title(f"{pair[0]}: {pair[1]} / {pair[2]}", fontsize=10)
             if row == len(directions) - 1:
@@ -62,9 +64,11 @@ def plot_hicache(records: Sequence[Record], path: str) -> None:
             if col == 0:
                 ax.set_ylabel(f"{direction}  GB/s")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=4, frameon=False)
-    fig.suptitle("sgl-bench hicache: host-pool transfer bandwidth (DeepSeek-V3 MLA shape)", y=0.995)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.suptitle("sgl-bench hicache: host-pool transfer bandwidth (DeepSeek-V3 MLA shape)")
+    fig.legend(
+        handles, labels, loc="upper center", ncol=4, frameon=False, bbox_to_anchor=(0.5, 0.95)
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -74,10 +75,8 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
-    try:
+    with contextlib.suppress(OSError):
         info["loadavg"] = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        pass
     return info
 
 
@@ -125,7 +124,7 @@ def print_table(
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        Console = None  # type: ignore[assignment,misc]  # noqa: N806
+        Console = None  # type: ignore[assignment,misc]
     if Console is not None and stream.isatty():
         table = Table(title=title)
         for i, name in enumerate(header):

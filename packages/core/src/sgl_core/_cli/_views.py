@@ -48,9 +48,9 @@ def _host_pages(host: MLAHostPool, layer: int) -> list[torch.Tensor]:
         ]
     buf = _tensor(host, "kv_buffer")
     if host.layout is HostLayout.LAYER_FIRST:
-        return [buf[layer, :, 0].unflatten(0, (pages, ps))]
+        return [buf[layer, :, 0].view(pages, ps, -1)]
     if host.layout is HostLayout.PAGE_FIRST:
-        return [buf[:, layer, 0].unflatten(0, (pages, ps))]
+        return [buf[:, layer, 0].view(pages, ps, -1)]
     return [buf[:, layer, :, 0]]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sgl_core._cli import _hicache_cmd, _moe_cmd
+from sgl_core._cli import _hicache_cmd, _l3_cmd, _moe_cmd
 from sgl_core.errors import SGLError
 
 __all__ = ["build_parser", "main"]
@@ -16,9 +16,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sgl-bench",
         description="Benchmarks of the sgl device packages: host KV-cache transfers and MoE.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{hicache,moe}")
+    sub = parser.add_subparsers(dest="command", metavar="{hicache,moe,l3}")
     _hicache_cmd.add_parser(sub)
     _moe_cmd.add_parser(sub)
+    _l3_cmd.add_parser(sub)
     return parser
 
 
