@@ -48,11 +48,9 @@ CONFINED: dict[str, tuple[str, str]] = {
     "torch_npu": ("sgl_ascend", "sgl_ascend._npu"),
 }
 # Dynamic imports by name that cross a rule on purpose: (module, imported) -> why.
-DYNAMIC_ALLOWED: dict[tuple[str, str], str] = {
-    ("sgl_core._cli._moe_bench", "sgl_cuda.quantization"): (
-        "sgl-bench's GGML check runs only when find_spec('sgl_cuda') finds sgl-cuda installed"
-    ),
-}
+# Dynamic imports of another package that are allowed, with the reason. Empty:
+# device packages reach sgl_core's tools through entry points instead.
+DYNAMIC_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 # --- import-linter ---------------------------------------------------------------------

@@ -93,7 +93,17 @@ def test_verification_failure_exits_1(
 def test_moe_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m.json"
     png = tmp_path / "m.png"
-    argv = ["moe", "--quick", "--no-ggml", "--tokens", "64", "--hidden", "256", "--repeats", "2"]
+    argv = [
+        "moe",
+        "--quick",
+        "--no-device-methods",
+        "--tokens",
+        "64",
+        "--hidden",
+        "256",
+        "--repeats",
+        "2",
+    ]
     assert main([*argv, "--json", str(out), "--plot", str(png)]) == 0
     doc = json.loads(out.read_text())
     impls = {r["impl"] for r in doc["records"]}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from sgl_core import errors
 from sgl_core._backend_base import PoolBackend
+from sgl_core._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
 from sgl_core._device_pool import PerLayerMLADevicePool
 from sgl_core._discovery import (
     ENTRY_POINT_GROUP,
@@ -45,6 +46,9 @@ __all__ = [
     "MLAHostPool",
     "MLAHostPoolBase",
     "MLAShape",
+    "MOE_BENCH_GROUP",
+    "MoEBenchCase",
+    "MoEBenchFactory",
     "MoEExperts",
     "MoEMethod",
     "MoEWeights",

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import os
-import sys
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from sgl_core._bench_case import MoEBenchCase, moe_bench_factories
 from sgl_core._cli._timing import median, time_interleaved
 from sgl_core._moe import MoEWeights, TorchMoEMethod, maybe_fuse_routed_scale_and_shared_add
+from sgl_core.errors import BackendUnavailableError
 
-__all__ = ["MoERecord", "bench_combine", "check_ggml", "check_torch_moe"]
+__all__ = ["MoERecord", "bench_combine", "check_case", "check_torch_moe", "device_cases"]
 
 SCALE = 2.5  # DeepSeek-V3's routed_scaling_factor
 
@@ -194,69 +192,38 @@ def check_torch_moe(
     ]
 
 
-def _q8_0_bank(rows: int, cols: int, experts: int, gen: torch.Generator) -> torch.Tensor:
-    """Random GGML Q8_0 blocks ``(experts, rows, cols/32*34)``: fp16 scale + 32 int8."""
-    blocks = experts * rows * (cols // 32)
-    d = (torch.rand(blocks, 1, generator=gen) * 0.01 + 0.005).to(torch.float16)
-    q = torch.randint(-127, 128, (blocks, 32), generator=gen, dtype=torch.int8)
-    raw = torch.cat([d.view(torch.uint8), q.view(torch.uint8)], dim=1)
-    return raw.reshape(experts, rows, (cols // 32) * 34)
+def check_case(case: MoEBenchCase, device: torch.device, repeats: int) -> list[MoERecord]:
+    """A device package's method vs the torch reference on the same dense weights.
 
-
-def ggml_status() -> str | None:
-    """None when the GGML method can run here, else why not."""
-    if importlib.util.find_spec("sgl_cuda") is None:
-        return "sgl-cuda is not installed"
-    if torch.cuda.is_available():
-        return None
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return None
-    if "triton" in sys.modules:
-        return "no CUDA device and triton was imported without TRITON_INTERPRET=1"
-    # Triton reads this when the kernels are defined (on their first launch): CPU
-    # tensors then run in its interpreter.
-    os.environ["TRITON_INTERPRET"] = "1"
-    return None
-
-
-def check_ggml(device: torch.device, repeats: int) -> list[MoERecord]:
-    """``GGMLMoEMethod`` (Q8_0 experts) vs dequantize-then-matmul in float64.
-
-    sgl_cuda is a device package: it is imported here, by name, only when the
-    bench runs (sgl_core must not import it statically).
+    Both are checked against a float64 dense computation of ``case.reference``.
     """
-    quant: Any = importlib.import_module("sgl_cuda.quantization")
-    on_gpu = device.type == "cuda"
-    tokens, hidden, inter, experts, top_k = (64, 2048, 1024, 8, 4) if on_gpu else (4, 64, 32, 4, 2)
+    ref_w = case.reference
+    experts, _, hidden = ref_w.w13_weight.shape
+    tokens, top_k = (64, 4) if device.type == "cuda" else (4, 2)
     gen = torch.Generator().manual_seed(2)
-    gate_up = _q8_0_bank(2 * inter, hidden, experts, gen).to(device)
-    down = _q8_0_bank(hidden, inter, experts, gen).to(device)
-    bank = quant.GGMLExpertBank(gate_up, 8, down, 8)  # 8 = GGML Q8_0
     x = torch.randn(tokens, hidden, generator=gen).to(device, torch.bfloat16)
     topk_weights, topk_ids = _routing(tokens, experts, top_k, gen, torch.device("cpu"))
     topk_weights, topk_ids = topk_weights.to(device), topk_ids.to(device)
-    method = quant.GGMLMoEMethod()
+    dense_bf16 = MoEWeights(ref_w.w13_weight.to(torch.bfloat16), ref_w.w2_weight.to(torch.bfloat16))
     result: dict[str, torch.Tensor] = {}
 
-    def ggml() -> None:
-        result["ggml"] = method.apply(bank, x, topk_weights, topk_ids)
+    def method() -> None:
+        result[case.name] = case.method.apply(case.layer, x, topk_weights, topk_ids)
 
-    def dequant_matmul() -> None:
-        w13 = quant.dequantize_ggml(gate_up, 8, torch.bfloat16)
-        w2 = quant.dequantize_ggml(down, 8, torch.bfloat16)
-        result["dequant_matmul"] = TorchMoEMethod().apply(
-            MoEWeights(w13, w2), x, topk_weights, topk_ids
-        )
+    def reference() -> None:
+        result["torch_dense"] = TorchMoEMethod().apply(dense_bf16, x, topk_weights, topk_ids)
 
-    ops = {"ggml": ggml, "dequant_matmul": dequant_matmul}
+    ops = {case.name: method, "torch_dense": reference}
     samples = time_interleaved(
-        ops, warmup=1, repeats=repeats if on_gpu else 1, budget_s=30.0, device=device
+        ops, warmup=1, repeats=repeats if device.type == "cuda" else 1, budget_s=30.0, device=device
     )
-    w13 = quant.dequantize_ggml(gate_up, 8, torch.float32)
-    w2 = quant.dequantize_ggml(down, 8, torch.float32)
-    ref = _dense_moe(x, w13, w2, topk_weights, topk_ids)
-    shape = f"T={tokens},H={hidden},I={inter},E={experts},top_k={top_k},Q8_0"
-    nbytes = (gate_up.numel() + down.numel()) * gate_up.element_size()
+    ref = _dense_moe(x, ref_w.w13_weight, ref_w.w2_weight, topk_weights, topk_ids)
+    shape = f"T={tokens},H={hidden},I={ref_w.w2_weight.shape[2]},E={experts},top_k={top_k}"
+    nbytes = sum(
+        t.numel() * t.element_size()
+        for t in vars(case.layer).values()
+        if isinstance(t, torch.Tensor)
+    )
     records: list[MoERecord] = []
     for impl in ops:
         err = float((result[impl].double() - ref).abs().max() / ref.abs().max())
@@ -264,7 +231,7 @@ def check_ggml(device: torch.device, repeats: int) -> list[MoERecord]:
         records.append(
             MoERecord(
                 impl=impl,
-                op="ggml_moe",
+                op=f"moe_method:{case.name}",
                 shape=shape,
                 dtype="bfloat16",
                 device=str(device),
@@ -272,10 +239,22 @@ def check_ggml(device: torch.device, repeats: int) -> list[MoERecord]:
                 bytes=nbytes,
                 gbps=nbytes / seconds / 1e9,
                 samples=len(samples[impl]),
-                verified=err <= 3e-2,
+                verified=err <= (case.tolerance if impl == case.name else 3e-2),
                 max_err=err,
-                note="" if on_gpu else "Triton interpreter on CPU: correctness only, not speed",
+                note=case.note,
             )
         )
     records[0].speedup = records[1].seconds / records[0].seconds
     return records
+
+
+def device_cases(device: torch.device, small: bool) -> tuple[list[MoEBenchCase], list[str]]:
+    """Cases that installed device packages registered, and why others were skipped."""
+    cases: list[MoEBenchCase] = []
+    notes: list[str] = []
+    for name, factory in sorted(moe_bench_factories().items()):
+        try:
+            cases.append(factory(device, small))
+        except BackendUnavailableError as exc:
+            notes.append(f"{name}: {exc}")
+    return cases, notes

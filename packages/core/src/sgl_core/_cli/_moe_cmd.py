@@ -11,9 +11,9 @@ import torch
 from sgl_core._cli._moe_bench import (
     MoERecord,
     bench_combine,
-    check_ggml,
+    check_case,
     check_torch_moe,
-    ggml_status,
+    device_cases,
 )
 from sgl_core._cli._report import machine_info, print_table
 
@@ -34,7 +34,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--quick", action="store_true", help="smaller combine shape, fewer repeats")
     p.add_argument("--json", metavar="PATH", help="write {machine, records} as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of ms per call")
-    p.add_argument("--no-ggml", action="store_true", help="skip the GGML method")
+    p.add_argument(
+        "--no-device-methods",
+        action="store_true",
+        help="skip MoE methods registered by device packages (sgl.moe_bench_cases)",
+    )
     p.add_argument("--device", default=None, help="torch device (default: cuda if present)")
     p.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     p.add_argument("--hidden", type=int, help=argparse.SUPPRESS)
@@ -66,11 +70,13 @@ def run(args: argparse.Namespace) -> int:
     small = (16, 256, 128, 8, 2) if args.quick else (64, 1024, 256, 16, 4)
     records += check_torch_moe(*small, device)
     notes: list[str] = []
-    status = "skipped (--no-ggml)" if args.no_ggml else ggml_status()
-    if status is None:
-        records += check_ggml(device, repeats)
+    if args.no_device_methods:
+        notes.append("device packages' MoE methods: skipped (--no-device-methods)")
     else:
-        notes.append(f"GGML method: {status}")
+        cases, skipped = device_cases(device, small=args.quick)
+        for case in cases:
+            records += check_case(case, device, repeats)
+        notes += skipped
     header = ["op", "impl", "shape", "device", "ms", "GB/s", "speedup", "rel err", "verified"]
     print_table("sgl-bench moe (ms per call, median)", header, [_row(r) for r in records])
     for note in notes:
