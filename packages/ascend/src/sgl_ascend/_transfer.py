@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from sgl_ascend import _npu
-from sgl_core._copy import IndexRuns, copy_blocks, merge_runs
+from sgl_core._copy import IndexRuns, copy_blocks, merge_runs, widen_rows
 
 __all__ = ["PagePlan", "backup_rows", "load_row", "plan_pages"]
 
@@ -101,7 +101,7 @@ def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePl
                     gathered = gathered.contiguous().to(host.device)
                 host.index_copy_(0, plan.host_pages.to(host.device), gathered)
             return
-        page_major = [(host, dev.transpose(0, 1)) for host, dev in pairs]
+        page_major = [(widen_rows(host), widen_rows(dev).transpose(0, 1)) for host, dev in pairs]
         dst: list[torch.Tensor] = []
         src: list[torch.Tensor] = []
         for h, d, n in plan.runs:
@@ -125,7 +125,7 @@ def load_row(triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: Pa
                 staged = host[:, row].index_select(0, plan.host_pages.to(host.device))
                 dev[row].index_copy_(0, dev_pages, staged.to(device))
             return
-        one_row = [(dev[row], host[:, row]) for host, dev, row in triples]
+        one_row = [(widen_rows(dev)[row], widen_rows(host)[:, row]) for host, dev, row in triples]
         dst: list[torch.Tensor] = []
         src: list[torch.Tensor] = []
         for h, d, n in plan.runs:

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-__all__ = ["IndexRuns", "copy_blocks", "merge_runs"]
+__all__ = ["IndexRuns", "copy_blocks", "merge_runs", "widen_rows"]
 
 _executor: ThreadPoolExecutor | None = None
 _workers = max(1, min(4, os.cpu_count() or 1) - 1)
@@ -64,6 +64,20 @@ def merge_runs(src: torch.Tensor, dst: torch.Tensor, unit: int = 1) -> IndexRuns
     return IndexRuns(
         src_cpu[starts].tolist(), dst_cpu[starts].tolist(), ((ends - starts) * unit).tolist()
     )
+
+
+def widen_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as the widest integer dtype whose items tile its last (row) dim.
+
+    Same bytes, fewer elements: a one-page block of a bf16 KV row then stays
+    under ATen's parallel grain and copies serially, instead of each block
+    starting an OpenMP team (which costs more than copying a page).
+    """
+    row_bytes = t.shape[-1] * t.element_size()
+    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if size > t.element_size() and row_bytes % size == 0 and t.stride(-1) == 1:
+            return t.view(dtype)
+    return t
 
 
 def _pool() -> ThreadPoolExecutor:

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from sgl_core._copy import IndexRuns, copy_blocks, merge_runs
+from sgl_core._copy import IndexRuns, copy_blocks, merge_runs, widen_rows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase
 from sgl_core._protocols import MLADevicePool
@@ -30,15 +30,6 @@ __all__ = ["TokenRowHostPool", "device_layers", "stacked_layers"]
 
 # Runs shorter than this many bytes copy faster as one gather/scatter per layer.
 _SHORT_RUN_BYTES = 16 << 10
-
-
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    """``t`` viewed as the widest integer dtype whose items tile its last (row) dim."""
-    row_bytes = t.shape[-1] * t.element_size()
-    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        if size > t.element_size() and row_bytes % size == 0 and t.stride(-1) == 1:
-            return t.view(dtype)
-    return t
 
 
 def stacked_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -156,18 +147,18 @@ class TokenRowHostPool(MLAHostPoolBase):
         one allocation, each run is a single strided copy across all layers.
         """
         all_layers = device_layers(device_pool)
-        host_buf = _wide(self.kv_buffer)
+        host_buf = widen_rows(self.kv_buffer)
         runs = self._runs(host_indices, device_indices)
         run_bytes = self.shape.token_stride_size * host_indices.numel() // max(len(runs), 1)
         if run_bytes < _SHORT_RUN_BYTES and self.host_rows(0) is not None:
-            dev = {layer: _wide(all_layers[layer]) for layer in layers}
+            dev = {layer: widen_rows(all_layers[layer]) for layer in layers}
             self._gather_scatter(
                 dev, host_buf, host_indices, device_indices, layers, to_host=to_host
             )
             return
         stacked = stacked_layers(all_layers) if len(layers) == self.layer_num > 1 else None
         if stacked is not None:
-            host_blocks, dev_blocks = self._all_layer_blocks(host_buf, _wide(stacked), runs)
+            host_blocks, dev_blocks = self._all_layer_blocks(host_buf, widen_rows(stacked), runs)
         else:
             host_blocks, dev_blocks = self._layer_blocks(host_buf, all_layers, layers, runs)
         if to_host:
@@ -191,7 +182,7 @@ class TokenRowHostPool(MLAHostPoolBase):
             host_layer = (
                 host_buf[layer] if self.layout is HostLayout.LAYER_FIRST else host_buf[:, layer]
             )
-            dev_layer = _wide(all_layers[layer])
+            dev_layer = widen_rows(all_layers[layer])
             if unit > 1:
                 dev_layer = dev_layer.view(-1, unit, *dev_layer.shape[1:])
             for h, d, n in spans:
