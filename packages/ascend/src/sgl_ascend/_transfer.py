@@ -41,7 +41,7 @@ __all__ = ["PagePlan", "backup_rows", "load_row", "plan_pages"]
 # device (CPU tensors) a run costs a few us of Python and gather/scatter costs a
 # second pass over the bytes, so only tiny runs are worth it.
 SHORT_RUN_BYTES = 256 << 10
-SHORT_RUN_BYTES_SAME_DEVICE = 16 << 10
+SHORT_RUN_BYTES_SAME_DEVICE = 32 << 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +125,9 @@ def load_row(triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: Pa
                 staged = host[:, row].index_select(0, plan.host_pages.to(host.device))
                 dev[row].index_copy_(0, dev_pages, staged.to(device))
             return
-        one_row = [(widen_rows(dev)[row], widen_rows(host)[:, row]) for host, dev, row in triples]
+        # One page of one row in its own dtype is big enough for ATen to copy
+        # with all cores (faster here than serial wide-int blocks).
+        one_row = [(dev[row], host[:, row]) for host, dev, row in triples]
         dst: list[torch.Tensor] = []
         src: list[torch.Tensor] = []
         for h, d, n in plan.runs:
