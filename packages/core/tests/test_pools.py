@@ -91,3 +91,13 @@ def test_page_first_direct_rows_and_meta() -> None:
         assert torch.equal(
             page[layer].reshape(16, -1).view(torch.uint8), device_rows(dev, layer, idx)
         )
+
+
+def test_replaced_layer_is_revalidated() -> None:
+    dev = small_device()
+    host = sgl_core.TorchBackend().create_host_pool(dev, layout="layer_first")
+    idx = page_indices([1], 16)
+    host.load_to_device_per_layer(dev, idx, idx, 0, "direct")
+    dev.kv_buffer[1] = torch.zeros(80, 1, 24, dtype=torch.float32)
+    with pytest.raises(errors.PoolMismatchError, match=r"kv_buffer\[1\]"):
+        host.load_to_device_per_layer(dev, idx, idx, 1, "direct")

@@ -27,8 +27,10 @@ def test_index_checks_name_the_argument() -> None:
         check_unique(torch.tensor([4, 5, 4]), "host_indices")
     with pytest.raises(errors.LayerIndexError):
         check_layer_id(3, 3)
-    with pytest.raises(errors.LayerIndexError):
+    with pytest.raises(errors.ArgumentTypeError):
         check_layer_id(True, 3)
+    with pytest.raises(TypeError):
+        check_layer_id("1", 3)
 
 
 def test_page_runs() -> None:

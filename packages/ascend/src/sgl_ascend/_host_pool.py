@@ -39,7 +39,7 @@ from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._transfer import PagePlan, backup_rows, load_row, plan_pages
 from sgl_core import HostLayout, IOBackend, MLADevicePool, MLAHostPoolBase
-from sgl_core.errors import PoolMismatchError
+from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 
 __all__ = ["AscendMLAHostPool"]
 
@@ -211,7 +211,9 @@ class AscendMLAHostPool(MLAHostPoolBase):
     def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
         page = self._check_page_start(index) // self.page_size
         if not isinstance(data_page, torch.Tensor):
-            raise TypeError(f"data_page must be a torch.Tensor, got {type(data_page).__name__}")
+            raise ArgumentTypeError(
+                f"data_page must be a torch.Tensor, got {type(data_page).__name__}"
+            )
         if data_page.dtype != self.flat_page_dtype or data_page.numel() != self.flat_page_numel:
             raise PoolMismatchError(
                 f"data_page must hold {self.flat_page_numel} elements of {self.flat_page_dtype}, "

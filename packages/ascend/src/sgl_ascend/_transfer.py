@@ -82,7 +82,10 @@ def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
         copy_blocks(dst, src)
         return
     for d, s in zip(dst, src, strict=True):
-        d.copy_(s, non_blocking=True)
+        # A strided host source would be staged in a pageable temporary that an
+        # async copy could outlive: only contiguous pairs go non-blocking.
+        host_side = d if d.device.type == "cpu" else s
+        d.copy_(s, non_blocking=host_side.is_contiguous())
 
 
 def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan) -> None:

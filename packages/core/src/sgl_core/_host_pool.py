@@ -29,6 +29,7 @@ from sgl_core._validation import (
     check_unique,
 )
 from sgl_core.errors import (
+    ArgumentTypeError,
     FreeError,
     IndexOutOfRangeError,
     PageAlignmentError,
@@ -46,17 +47,17 @@ _MEMORY_HEADROOM = 1 << 30
 class _CheckedCall:
     """The arguments of the last load that passed validation (indices copied)."""
 
-    __slots__ = ("device_indices", "device_pool", "host_indices", "io", "io_backend", "plan")
+    __slots__ = ("device_indices", "fingerprint", "host_indices", "io", "io_backend", "plan")
 
     def __init__(
         self,
-        device_pool: MLADevicePool,
+        fingerprint: object,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
         io_backend: IOBackend | str,
         io: IOBackend,
     ) -> None:
-        self.device_pool = device_pool
+        self.fingerprint = fingerprint
         self.host_indices = host_indices.clone()
         self.device_indices = device_indices.clone()
         self.io_backend = io_backend
@@ -66,13 +67,13 @@ class _CheckedCall:
 
     def matches(
         self,
-        device_pool: MLADevicePool,
+        fingerprint: object,
         host_indices: object,
         device_indices: object,
         io_backend: IOBackend | str,
     ) -> bool:
         return (
-            device_pool is self.device_pool
+            fingerprint == self.fingerprint
             and io_backend == self.io_backend
             and _same_indices(host_indices, self.host_indices)
             and _same_indices(device_indices, self.device_indices)
@@ -125,7 +126,8 @@ class MLAHostPoolBase(abc.ABC):
         self._lock = threading.RLock()
         self._allocated = torch.zeros(self._size, dtype=torch.bool)
         self._last_checked: _CheckedCall | None = None
-        self._active_call: _CheckedCall | None = None
+        # Per thread: a write-back thread and a load thread share one pool.
+        self._call_state = threading.local()
         self._free_slots = torch.arange(self._size, dtype=torch.int64)
         self._allocate_buffers(device_pool)
 
@@ -290,6 +292,11 @@ class MLAHostPoolBase(abc.ABC):
                 raise FreeError(str(exc)) from None
             if torch.unique(indices).numel() != indices.numel():
                 raise FreeError("indices frees the same slot twice")
+            try:
+                check_page_runs(indices, self._page_size, "indices")
+            except PageAlignmentError as exc:
+                # alloc hands out whole pages; a partial page back would misalign later allocs
+                raise FreeError(str(exc)) from None
             if indices.numel() and not bool(self._allocated[indices].all()):
                 bad = int(indices[~self._allocated[indices]][0])
                 raise FreeError(f"indices holds slot {bad}, which is not allocated (double free?)")
@@ -333,29 +340,40 @@ class MLAHostPoolBase(abc.ABC):
         """
         check_layer_id(layer_id, self.layer_num)
         checked = self._last_checked
+        fingerprint = self._device_pool_fingerprint(device_pool)
         if checked is None or not checked.matches(
-            device_pool, host_indices, device_indices, io_backend
+            fingerprint, host_indices, device_indices, io_backend
         ):
             io = self._check_transfer(
                 device_pool, host_indices, device_indices, io_backend, "device_indices"
             )
-            checked = _CheckedCall(device_pool, host_indices, device_indices, io_backend, io)
+            checked = _CheckedCall(fingerprint, host_indices, device_indices, io_backend, io)
             self._last_checked = checked
         if host_indices.numel():
-            self._active_call = checked
+            self._call_state.call = checked
             try:
                 self._load(device_pool, host_indices, device_indices, layer_id, checked.io)
             finally:
-                self._active_call = None
+                self._call_state.call = None
+
+    def _active_call(self) -> _CheckedCall | None:
+        call: _CheckedCall | None = getattr(self._call_state, "call", None)
+        return call
 
     def _cached_plan(self) -> object:
-        """The copy plan a hook stored for the current per-layer load's indices, if any."""
-        return None if self._active_call is None else self._active_call.plan
+        """The copy plan a hook stored for this thread's current per-layer load, if any."""
+        call = self._active_call()
+        return None if call is None else call.plan
 
     def _store_plan(self, plan: object) -> None:
-        """Keep ``plan`` for the following layers' loads of the same indices."""
-        if self._active_call is not None:
-            self._active_call.plan = plan
+        """Keep ``plan`` for the following layers' loads of the same indices (this thread)."""
+        call = self._active_call()
+        if call is not None:
+            call.plan = plan
+
+    def _device_pool_fingerprint(self, device_pool: MLADevicePool) -> object:
+        """Changes whenever the device pool's storage is replaced (re-validation then runs)."""
+        return id(device_pool)
 
     def _check_transfer(
         self,
@@ -413,7 +431,7 @@ class MLAHostPoolBase(abc.ABC):
     # -------------------------------------------------------------- L3 pages
     def _check_page_start(self, index: int) -> int:
         if isinstance(index, bool) or not isinstance(index, int):
-            raise IndexOutOfRangeError(f"index must be an int, got {type(index).__name__}")
+            raise ArgumentTypeError(f"index must be an int, got {type(index).__name__}")
         if not 0 <= index < self._size:
             raise IndexOutOfRangeError(f"index={index} is outside [0, {self._size})")
         if index % self._page_size:
@@ -436,7 +454,9 @@ class MLAHostPoolBase(abc.ABC):
 
     def _check_flat_page(self, data_page: torch.Tensor, expected_numel: int) -> None:
         if not isinstance(data_page, torch.Tensor):
-            raise TypeError(f"data_page must be a torch.Tensor, got {type(data_page).__name__}")
+            raise ArgumentTypeError(
+                f"data_page must be a torch.Tensor, got {type(data_page).__name__}"
+            )
         if data_page.dtype != self.dtype or data_page.numel() != expected_numel:
             raise PoolMismatchError(
                 f"data_page must hold {expected_numel} elements of {self.dtype}, "

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from sgl_core.errors import PoolSizeError
+from sgl_core.errors import ArgumentTypeError, PoolSizeError
 
 __all__ = ["MLAShape", "pages_for_bytes"]
 
@@ -30,7 +30,7 @@ class MLAShape:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise PoolSizeError(f"{name} must be a positive int, got {value!r}")
         if not isinstance(self.dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
+            raise ArgumentTypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
 
     @property
     def kv_cache_dim(self) -> int:

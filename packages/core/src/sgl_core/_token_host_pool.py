@@ -97,6 +97,10 @@ class TokenRowHostPool(MLAHostPoolBase):
     def _is_page_granular(self, io_backend: IOBackend) -> bool:
         return self.layout is HostLayout.PAGE_FIRST_DIRECT
 
+    def _device_pool_fingerprint(self, device_pool: MLADevicePool) -> object:
+        # kv_buffer is a plain list: a replaced layer tensor must be re-validated.
+        return (id(device_pool), *map(id, device_layers(device_pool)))
+
     def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
         expected = (device_pool.size + device_pool.page_size, 1, self.kv_cache_dim)
         for i, layer in enumerate(device_layers(device_pool)):
@@ -130,7 +134,7 @@ class TokenRowHostPool(MLAHostPoolBase):
         self._store_plan(runs)
         return runs
 
-    def direct_copy(
+    def _direct_copy(
         self,
         device_pool: MLADevicePool,
         host_indices: torch.Tensor,
@@ -224,7 +228,10 @@ class TokenRowHostPool(MLAHostPoolBase):
             copy_blocks(dst, src)
             return
         for d, s in zip(dst, src, strict=True):
-            d.copy_(s, non_blocking=True)
+            # A strided host source would be staged in a pageable temporary that
+            # an async copy could outlive: copy those synchronously.
+            host_side = d if d.device.type == "cpu" else s
+        d.copy_(s, non_blocking=host_side.is_contiguous())
 
     def _host_rows(self, buf: torch.Tensor, layer_id: int) -> torch.Tensor:
         if self.layout is HostLayout.LAYER_FIRST:
@@ -268,7 +275,7 @@ class TokenRowHostPool(MLAHostPoolBase):
         device_indices: torch.Tensor,
         io_backend: IOBackend,
     ) -> None:
-        self.direct_copy(
+        self._direct_copy(
             device_pool, host_indices, device_indices, range(self.layer_num), to_host=True
         )
 
@@ -280,7 +287,7 @@ class TokenRowHostPool(MLAHostPoolBase):
         layer_id: int,
         io_backend: IOBackend,
     ) -> None:
-        self.direct_copy(device_pool, host_indices, device_indices, [layer_id], to_host=False)
+        self._direct_copy(device_pool, host_indices, device_indices, [layer_id], to_host=False)
 
     # -------------------------------------------------------------- L3 pages
     def _page_view(self, index: int) -> torch.Tensor:

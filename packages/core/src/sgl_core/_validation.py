@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sgl_core.errors import (
+    ArgumentTypeError,
     DuplicateIndexError,
     IndexDTypeError,
     IndexOutOfRangeError,
@@ -97,7 +98,7 @@ def check_page_runs(indices: torch.Tensor, page_size: int, argument: str) -> Non
 def check_layer_id(layer_id: object, layer_num: int) -> int:
     """An int in ``[0, layer_num)``."""
     if isinstance(layer_id, bool) or not isinstance(layer_id, int):
-        raise LayerIndexError(f"layer_id must be an int, got {type(layer_id).__name__}")
+        raise ArgumentTypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
     if not 0 <= layer_id < layer_num:
         raise LayerIndexError(f"layer_id={layer_id} is outside [0, {layer_num})")
     return layer_id

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "AmbiguousBackendError",
+    "ArgumentTypeError",
     "BackendNotFoundError",
     "BackendUnavailableError",
     "DuplicateIndexError",
@@ -31,6 +32,10 @@ __all__ = [
 
 class SGLError(Exception):
     """Base class of every error raised by the sgl packages."""
+
+
+class ArgumentTypeError(SGLError, TypeError):
+    """An argument is not of the type the call takes (e.g. a layer id that is not an int)."""
 
 
 class IndexDTypeError(SGLError, TypeError):

@@ -62,7 +62,7 @@ class CudaMLAHostPool(TokenRowHostPool):
             self.data_refs = [self.kv_buffer[:, i] for i in range(self.layer_num)]
         self._ptr_values = [ref.data_ptr() for ref in self.data_refs]
         self._ptr_tables: dict[torch.device, torch.Tensor] = {}
-        self._pending: torch.cuda.Event | None = None
+        self._pending: dict[int, torch.cuda.Event] = {}
         self.data_ptrs = self._host_table(device_pool.device)
         if (
             device_pool.device.type == "cuda"
@@ -86,12 +86,14 @@ class CudaMLAHostPool(TokenRowHostPool):
         """Remember the point on the current stream after the transfer just queued."""
         device = device_pool.device
         if device.type == "cuda":
-            self._pending = torch.cuda.current_stream(device).record_event()
+            stream = torch.cuda.current_stream(device)
+            # One event per stream: a write-back stream and a load stream both count.
+            self._pending[stream.cuda_stream] = stream.record_event()
 
     def synchronize(self) -> None:
-        """Wait until every transfer this pool queued has finished (no-op on CPU)."""
-        event, self._pending = self._pending, None
-        if event is not None:
+        """Wait until every transfer this pool queued, on any stream, has finished."""
+        pending, self._pending = self._pending, {}
+        for event in pending.values():
             event.synchronize()
 
     def backup_from_device_all_layer(

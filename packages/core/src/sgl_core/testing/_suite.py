@@ -65,6 +65,8 @@ class BackendConformanceSuite:
     qk_rope_head_dim: ClassVar[int] = 8
     device_pages: ClassVar[int] = 6
     page_sizes: ClassVar[tuple[int, ...]] = (1, 16, 64)
+    #: False where transfers cannot run from two threads (e.g. Triton's interpreter).
+    concurrent_transfers: ClassVar[bool] = True
 
     # ----------------------------------------------------------------- hooks
     @pytest.fixture
@@ -274,6 +276,52 @@ class BackendConformanceSuite:
                 host.load_to_device_per_layer(dev, h_idx, d_idx, 1, io)
             assert same_bytes(before, snapshot(dev, host))
 
+    @staticmethod
+    def _load_repeatedly(
+        host: MLAHostPool,
+        dev: MLADevicePool,
+        indices: tuple[torch.Tensor, torch.Tensor],
+        io: IOBackend,
+        start: threading.Barrier,
+        failures: list[BaseException],
+    ) -> None:
+        try:
+            start.wait()
+            for _ in range(24):
+                for layer in range(dev.layer_num):
+                    host.load_to_device_per_layer(dev, indices[0], indices[1], layer, io)
+        except BaseException as exc:
+            failures.append(exc)
+
+    def test_concurrent_backup_and_load(self, backend: Backend) -> None:
+        """A write-back thread and a load thread share a pool; neither sees the other's plan."""
+        if not self.concurrent_transfers:
+            pytest.skip(f"{self.backend_name}: transfers are not thread-safe in this setup")
+        for layout, io in self.pairs(backend):
+            dev, host = self.build(backend, layout, 16, seed=9)
+            load_h, load_d = page_indices([0, 1], 16), page_indices([5, 6], 16)
+            host.backup_from_device_all_layer(dev, load_h, page_indices([1, 2], 16), io)
+            back_h, back_d = page_indices([7, 9], 16), page_indices([3, 4], 16)
+            failures: list[BaseException] = []
+            start = threading.Barrier(2)
+            thread = threading.Thread(
+                target=self._load_repeatedly,
+                args=(host, dev, (load_h, load_d), io, start, failures),
+            )
+            thread.start()
+            start.wait()
+            for _ in range(24):
+                host.backup_from_device_all_layer(dev, back_h, back_d, io)
+            thread.join()
+            assert not failures, failures
+            other = self.make_device_pool(backend, page_size=16, pages=self.device_pages)
+            for layer in range(self.layer_num):
+                for h_idx, d_idx in ((back_h, back_d), (load_h, load_d)):
+                    host.load_to_device_per_layer(other, h_idx, d_idx, layer, io)
+                    assert torch.equal(
+                        device_rows(other, layer, d_idx), device_rows(dev, layer, d_idx)
+                    )
+
     def test_unsupported_layout_rejected_at_build(self, backend: Backend) -> None:
         dev = self.make_device_pool(backend, page_size=16, pages=2)
         for layout in HostLayout:
@@ -351,6 +399,12 @@ class BackendConformanceSuite:
         with pytest.raises(FreeError):
             host.free(torch.tensor([total], dtype=torch.int64))
         assert host.available_size() == total
+        pages = host.alloc(32)
+        assert pages is not None
+        # Handing back part of a page would misalign later allocations.
+        with pytest.raises(FreeError):
+            host.free(pages[1:17])
+        assert host.free(pages) == 32
         taken = host.alloc(total)
         assert taken is not None and torch.unique(taken).numel() == total
         host.clear()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_core.errors import ShapeMismatchError
+from sgl_core.errors import ArgumentTypeError, ShapeMismatchError
 from sgl_cuda.quantization._types import GGMLQuantType, block_format, resolve_quant_type
 
 __all__ = ["dequantize_ggml"]
@@ -109,7 +109,7 @@ def dequantize_ggml(
     qtype = resolve_quant_type(quant_type)
     fmt = block_format(qtype)
     if not isinstance(w, torch.Tensor) or w.dtype != torch.uint8:
-        raise TypeError("w must be a uint8 tensor of GGUF block bytes")
+        raise ArgumentTypeError("w must be a uint8 tensor of GGUF block bytes")
     if w.dim() < 1 or w.shape[-1] % fmt.block_bytes:
         raise ShapeMismatchError(
             f"w's last dim ({tuple(w.shape)}) must be a multiple of the {qtype.name} "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.nn.functional as F
 
-from sgl_core.errors import IndexDTypeError, IndexShapeError, ShapeMismatchError
+from sgl_core.errors import ArgumentTypeError, IndexDTypeError, IndexShapeError, ShapeMismatchError
 from sgl_cuda.quantization._ops import ggml_moe_a8_vec
 from sgl_cuda.quantization._types import GGMLQuantType, block_format, resolve_quant_type
 
@@ -118,7 +118,7 @@ class GGMLMoEMethod:
         ``topk_weights`` of the same shape, any float dtype.
         """
         if not isinstance(layer, GGMLExpertBank):
-            raise TypeError(f"layer must be a GGMLExpertBank, got {type(layer).__name__}")
+            raise ArgumentTypeError(f"layer must be a GGMLExpertBank, got {type(layer).__name__}")
         if x.dim() != 2 or x.shape[1] != layer.hidden_size:
             raise ShapeMismatchError(
                 f"x must be (tokens, hidden={layer.hidden_size}), got {tuple(x.shape)}"

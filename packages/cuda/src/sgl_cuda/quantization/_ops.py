@@ -7,6 +7,7 @@ import os
 import torch
 
 from sgl_core.errors import (
+    ArgumentTypeError,
     BackendUnavailableError,
     IndexDTypeError,
     IndexOutOfRangeError,
@@ -56,11 +57,11 @@ def ggml_moe_a8_vec(
     qtype = resolve_quant_type(quant_type)
     fmt = block_format(qtype)
     if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
-        raise TypeError("x and w must be torch.Tensor")
+        raise ArgumentTypeError("x and w must be torch.Tensor")
     if x.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
+        raise ArgumentTypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
     if w.dtype != torch.uint8:
-        raise TypeError(f"w must be uint8 GGUF block bytes, got {w.dtype}")
+        raise ArgumentTypeError(f"w must be uint8 GGUF block bytes, got {w.dtype}")
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype != torch.int32:
         got = topk_ids.dtype if isinstance(topk_ids, torch.Tensor) else type(topk_ids).__name__
         raise IndexDTypeError(f"topk_ids must be a torch.int32 tensor, got {got}")
