@@ -20,15 +20,14 @@ from collections.abc import Iterable
 import torch
 
 from sgl_ascend import _npu
-from sgl_core import MLAShape
-from sgl_core._device_pool import check_pool_geometry
+from sgl_core import MLAPoolGeometry
 from sgl_core._validation import check_index_bounds, check_index_tensor, check_layer_id
 from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
 
 __all__ = ["AscendMLADevicePool"]
 
 
-class AscendMLADevicePool:
+class AscendMLADevicePool(MLAPoolGeometry):
     """Layer-major contiguous MLA KV cache, optionally with a DSA/NSA indexer cache.
 
     Pass ``index_head_dim`` to add ``index_k_buffer`` for the layers in
@@ -51,11 +50,15 @@ class AscendMLADevicePool:
         indexer_layer_ids: Iterable[int] | None = None,
         with_index_k_scale: bool = False,
     ) -> None:
-        check_pool_geometry(size, page_size)
-        self.shape = MLAShape(layer_num, kv_lora_rank, qk_rope_head_dim, dtype)
-        self._size = size
-        self._page_size = page_size
-        self._device = _npu.resolve_device(device)
+        super().__init__(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=qk_rope_head_dim,
+            layer_num=layer_num,
+            device=_npu.resolve_device(device),
+        )
         self._index_head_dim = index_head_dim
         self._indexer_layer_ids = self._check_indexer(
             index_head_dim, indexer_layer_ids, with_index_k_scale
@@ -104,44 +107,6 @@ class AscendMLADevicePool:
         return tuple(sorted(ids))
 
     # ------------------------------------------------------------ properties
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def page_size(self) -> int:
-        return self._page_size
-
-    @property
-    def page_num(self) -> int:
-        """Pages per layer, the padding page included."""
-        return (self._size + self._page_size) // self._page_size
-
-    @property
-    def slot_count(self) -> int:
-        """Addressable token slots, padding page included."""
-        return self.page_num * self._page_size
-
-    @property
-    def layer_num(self) -> int:
-        return self.shape.layer_num
-
-    @property
-    def kv_lora_rank(self) -> int:
-        return self.shape.kv_lora_rank
-
-    @property
-    def qk_rope_head_dim(self) -> int:
-        return self.shape.qk_rope_head_dim
-
-    @property
-    def kv_cache_dim(self) -> int:
-        return self.shape.kv_cache_dim
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.shape.dtype
-
     @property
     def device(self) -> torch.device:
         return self.k_buffer.device

@@ -14,7 +14,7 @@ from __future__ import annotations
 from sgl_core import errors
 from sgl_core._backend_base import PoolBackend
 from sgl_core._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
-from sgl_core._device_pool import PerLayerMLADevicePool
+from sgl_core._device_pool import MLAPoolGeometry, PerLayerMLADevicePool
 from sgl_core._discovery import (
     ENTRY_POINT_GROUP,
     available_backends,
@@ -45,6 +45,7 @@ __all__ = [
     "MLADevicePool",
     "MLAHostPool",
     "MLAHostPoolBase",
+    "MLAPoolGeometry",
     "MLAShape",
     "MOE_BENCH_GROUP",
     "MoEBenchCase",

@@ -10,7 +10,7 @@ from sgl_core._shapes import MLAShape
 from sgl_core._validation import check_index_bounds, check_index_tensor, check_layer_id
 from sgl_core.errors import PoolMismatchError, PoolSizeError
 
-__all__ = ["PerLayerMLADevicePool", "check_pool_geometry"]
+__all__ = ["MLAPoolGeometry", "PerLayerMLADevicePool", "check_pool_geometry"]
 
 
 def check_pool_geometry(size: int, page_size: int) -> None:
@@ -22,17 +22,12 @@ def check_pool_geometry(size: int, page_size: int) -> None:
         raise PoolSizeError(f"size={size} is not a multiple of page_size={page_size}")
 
 
-class PerLayerMLADevicePool:
-    """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor.
+class MLAPoolGeometry:
+    """Geometry every MLA device pool reports (the ``MLADevicePool`` properties).
 
-    Slot 0 (the first page) is the engine's padding page, valid to address but
-    never handed out by an allocator. With ``layers_in_one_allocation`` the
-    layers are equally spaced views of one tensor, which lets the ``direct``
-    io backend move a run of pages for every layer in one strided copy;
-    subclasses that want one allocation per layer set it to False.
+    Backend authors subclass it, call ``__init__`` first, then allocate their
+    buffers; override ``device`` to report the buffers' own device.
     """
-
-    layers_in_one_allocation: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -43,21 +38,13 @@ class PerLayerMLADevicePool:
         kv_lora_rank: int,
         qk_rope_head_dim: int,
         layer_num: int,
-        device: str | torch.device | None = None,
+        device: torch.device,
     ) -> None:
         check_pool_geometry(size, page_size)
         self.shape = MLAShape(layer_num, kv_lora_rank, qk_rope_head_dim, dtype)
         self._size = size
         self._page_size = page_size
-        self._device = torch.device(device if device is not None else "cpu")
-        layer_shape = (size + page_size, 1, self.shape.kv_cache_dim)
-        if self.layers_in_one_allocation:
-            stacked = torch.zeros((layer_num, *layer_shape), dtype=dtype, device=self._device)
-            self.kv_buffer: list[torch.Tensor] = list(stacked.unbind(0))
-        else:
-            self.kv_buffer = [
-                torch.zeros(layer_shape, dtype=dtype, device=self._device) for _ in range(layer_num)
-            ]
+        self._device = device
 
     @property
     def size(self) -> int:
@@ -66,6 +53,16 @@ class PerLayerMLADevicePool:
     @property
     def page_size(self) -> int:
         return self._page_size
+
+    @property
+    def page_num(self) -> int:
+        """Pages per layer, the padding page included."""
+        return (self._size + self._page_size) // self._page_size
+
+    @property
+    def slot_count(self) -> int:
+        """Addressable token slots, padding page included."""
+        return self._size + self._page_size
 
     @property
     def layer_num(self) -> int:
@@ -89,12 +86,53 @@ class PerLayerMLADevicePool:
 
     @property
     def device(self) -> torch.device:
-        return self.kv_buffer[0].device
+        return self._device
+
+
+class PerLayerMLADevicePool(MLAPoolGeometry):
+    """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor.
+
+    Slot 0 (the first page) is the engine's padding page, valid to address but
+    never handed out by an allocator. With ``layers_in_one_allocation`` the
+    layers are equally spaced views of one tensor, which lets the ``direct``
+    io backend move a run of pages for every layer in one strided copy;
+    subclasses that want one allocation per layer set it to False.
+    """
+
+    layers_in_one_allocation: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+    ) -> None:
+        super().__init__(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=qk_rope_head_dim,
+            layer_num=layer_num,
+            device=torch.device(device if device is not None else "cpu"),
+        )
+        layer_shape = (size + page_size, 1, self.shape.kv_cache_dim)
+        if self.layers_in_one_allocation:
+            stacked = torch.zeros((layer_num, *layer_shape), dtype=dtype, device=self._device)
+            self.kv_buffer: list[torch.Tensor] = list(stacked.unbind(0))
+        else:
+            self.kv_buffer = [
+                torch.zeros(layer_shape, dtype=dtype, device=self._device) for _ in range(layer_num)
+            ]
 
     @property
-    def slot_count(self) -> int:
-        """Addressable token slots, padding page included."""
-        return self._size + self._page_size
+    def device(self) -> torch.device:
+        return self.kv_buffer[0].device
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.kv_buffer[check_layer_id(layer_id, self.layer_num)]
