@@ -111,14 +111,18 @@ class TokenRowHostPool(MLAHostPoolBase):
                 )
 
     # ------------------------------------------------------------ host views
-    def host_rows(self, layer_id: int) -> torch.Tensor | None:
-        """``(size, 1, kv_cache_dim)`` rows of one layer, or None (page-first-direct)."""
+    def host_rows(self, layer_id: int, buffer: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``(size, 1, kv_cache_dim)`` token rows of one layer, or None (page-first-direct).
+
+        ``buffer`` is ``kv_buffer`` itself (default) or a dtype view of it.
+        """
+        buf = self.kv_buffer if buffer is None else buffer
         if self.layout is HostLayout.LAYER_FIRST:
-            return self.kv_buffer[layer_id]
+            return buf[layer_id]
         if self.layout is HostLayout.PAGE_FIRST:
-            return self.kv_buffer[:, layer_id]
+            return buf[:, layer_id]
         if self.page_size == 1:
-            return self.kv_buffer[:, layer_id, 0]
+            return buf[:, layer_id, 0]
         return None
 
     # ------------------------------------------------------------- transfers
@@ -233,13 +237,6 @@ class TokenRowHostPool(MLAHostPoolBase):
             host_side = d if d.device.type == "cpu" else s
         d.copy_(s, non_blocking=host_side.is_contiguous())
 
-    def _host_rows(self, buf: torch.Tensor, layer_id: int) -> torch.Tensor:
-        if self.layout is HostLayout.LAYER_FIRST:
-            return buf[layer_id]
-        if self.layout is HostLayout.PAGE_FIRST:
-            return buf[:, layer_id]
-        return buf[:, layer_id, 0]
-
     def _gather_scatter(
         self,
         dev: dict[int, torch.Tensor],
@@ -261,7 +258,8 @@ class TokenRowHostPool(MLAHostPoolBase):
             h_idx = host_indices.to("cpu")
             d_idx = device_indices.to(device)
         for layer in layers:
-            rows = host_buf[:, layer] if by_page else self._host_rows(host_buf, layer)
+            rows = host_buf[:, layer] if by_page else self.host_rows(layer, host_buf)
+            assert rows is not None  # token rows exist for every layout but page_first_direct
             dev_rows = dev[layer].view(-1, ps, *dev[layer].shape[1:]) if by_page else dev[layer]
             if to_host:
                 rows.index_copy_(0, h_idx, dev_rows.index_select(0, d_idx).to("cpu"))
