@@ -111,7 +111,7 @@ def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch
         for d, s in zip(dst, src, strict=True):
             d.copy_(s)
 
-    monkeypatch.setattr(_transfer, "copy_blocks", record)
+    monkeypatch.setattr(_transfer, "copy_pairs", record)
     dev, host = pools(2)
     hp = [*list(range(8, 18)), 2]
     dp = [*list(range(1, 11)), 12]
@@ -128,7 +128,7 @@ def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch
 
 def test_short_runs_use_one_gather_per_component(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_transfer, "SHORT_RUN_BYTES_SAME_DEVICE", 1 << 40)
-    monkeypatch.setattr(_transfer, "copy_blocks", lambda *a: pytest.fail("per-run path used"))
+    monkeypatch.setattr(_transfer, "copy_pairs", lambda *a: pytest.fail("per-run path used"))
     dev, host = pools(3)
     hp, dp = [5, 1, 9, 3], [2, 8, 4, 0]
     host.backup_from_device_all_layer(dev, page_indices(hp, PS), page_indices(dp, PS), IO)

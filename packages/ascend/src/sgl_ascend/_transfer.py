@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from sgl_ascend import _npu
-from sgl_core._copy import IndexRuns, copy_blocks, merge_runs, widen_rows
+from sgl_core._copy import IndexRuns, copy_pairs, merge_runs, widen_rows
 
 __all__ = ["PagePlan", "backup_rows", "load_row", "plan_pages"]
 
@@ -77,17 +77,6 @@ def _short_runs(plan: PagePlan, bytes_per_page: int, *, same_device: bool = Fals
     return runs > 1 and plan.num_pages * bytes_per_page < limit * runs
 
 
-def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    if dst[0].device == src[0].device:
-        copy_blocks(dst, src)
-        return
-    for d, s in zip(dst, src, strict=True):
-        # A strided host source would be staged in a pageable temporary that an
-        # async copy could outlive: only contiguous pairs go non-blocking.
-        host_side = d if d.device.type == "cpu" else s
-        d.copy_(s, non_blocking=host_side.is_contiguous())
-
-
 def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan) -> None:
     """Device -> host for every row of every ``(host, device)`` component pair."""
     if not pairs or not plan.num_pages:
@@ -111,7 +100,7 @@ def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePl
             for host, dev_pages in page_major:
                 dst.append(host[h : h + n])
                 src.append(dev_pages[d : d + n])
-        _copy(dst, src)
+        copy_pairs(dst, src)
 
 
 def load_row(triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: PagePlan) -> None:
@@ -137,4 +126,4 @@ def load_row(triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: Pa
             for dev_row, host_row in one_row:
                 dst.append(dev_row[d : d + n])
                 src.append(host_row[h : h + n])
-        _copy(dst, src)
+        copy_pairs(dst, src)

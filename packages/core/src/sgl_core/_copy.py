@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-__all__ = ["IndexRuns", "copy_blocks", "merge_runs", "widen_rows"]
+__all__ = ["IndexRuns", "copy_blocks", "copy_each", "copy_pairs", "merge_runs", "widen_rows"]
 
 _executor: ThreadPoolExecutor | None = None
 _workers = max(1, min(4, os.cpu_count() or 1) - 1)
@@ -114,3 +114,25 @@ def copy_blocks(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> Non
     torch._foreach_copy_(dst_list[: bounds[1]], src_list[: bounds[1]])
     for future in futures:
         future.result()
+
+
+def copy_each(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` one by one, non-blocking where that is safe.
+
+    Between a device and host memory, a strided host side would be staged in a
+    pageable temporary that an async copy could outlive, so only pairs whose
+    host side is contiguous go non-blocking.
+    """
+    for d, s in zip(dst, src, strict=True):
+        host_side = d if d.device.type == "cpu" else s
+        d.copy_(s, non_blocking=host_side.is_contiguous())
+
+
+def copy_pairs(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+    """Copy block pairs: batched on one device, pair by pair across devices."""
+    if not dst:
+        return
+    if dst[0].device == src[0].device:
+        copy_blocks(dst, src)
+    else:
+        copy_each(dst, src)

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from sgl_core._copy import IndexRuns, copy_blocks, merge_runs, widen_rows
+from sgl_core._copy import IndexRuns, copy_pairs, merge_runs, widen_rows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase
 from sgl_core._protocols import MLADevicePool
@@ -173,9 +173,9 @@ class TokenRowHostPool(MLAHostPoolBase):
         else:
             host_blocks, dev_blocks = self._layer_blocks(self.kv_buffer, all_layers, layers, runs)
         if to_host:
-            self._copy(host_blocks, dev_blocks)
+            copy_pairs(host_blocks, dev_blocks)
         else:
-            self._copy(dev_blocks, host_blocks)
+            copy_pairs(dev_blocks, host_blocks)
 
     def _layer_blocks(
         self,
@@ -225,17 +225,6 @@ class TokenRowHostPool(MLAHostPoolBase):
                 host_blocks.append(host_buf[h // ps : (h + n) // ps])
                 dev_blocks.append(dev.view(layers, n // ps, ps, *dev.shape[2:]).transpose(0, 1))
         return host_blocks, dev_blocks
-
-    @staticmethod
-    def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-        if dst[0].device == src[0].device:
-            copy_blocks(dst, src)
-            return
-        for d, s in zip(dst, src, strict=True):
-            # A strided host source would be staged in a pageable temporary that
-            # an async copy could outlive: copy those synchronously.
-            host_side = d if d.device.type == "cpu" else s
-        d.copy_(s, non_blocking=host_side.is_contiguous())
 
     def _gather_scatter(
         self,
