@@ -51,7 +51,7 @@ class _CheckedCall:
 
     def __init__(
         self,
-        fingerprint: object,
+        fingerprint: tuple[object, ...],
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
         io_backend: IOBackend | str,
@@ -67,13 +67,14 @@ class _CheckedCall:
 
     def matches(
         self,
-        fingerprint: object,
+        fingerprint: tuple[object, ...],
         host_indices: object,
         device_indices: object,
         io_backend: IOBackend | str,
     ) -> bool:
         return (
-            fingerprint == self.fingerprint
+            len(fingerprint) == len(self.fingerprint)
+            and all(a is b for a, b in zip(fingerprint, self.fingerprint, strict=True))
             and io_backend == self.io_backend
             and _same_indices(host_indices, self.host_indices)
             and _same_indices(device_indices, self.device_indices)
@@ -371,9 +372,12 @@ class MLAHostPoolBase(abc.ABC):
         if call is not None:
             call.plan = plan
 
-    def _device_pool_fingerprint(self, device_pool: MLADevicePool) -> object:
-        """Changes whenever the device pool's storage is replaced (re-validation then runs)."""
-        return id(device_pool)
+    def _device_pool_fingerprint(self, device_pool: MLADevicePool) -> tuple[object, ...]:
+        """Objects compared by identity; held (not their ids) so none can be recycled.
+
+        A different pool, or one whose storage was replaced, re-runs validation.
+        """
+        return (device_pool,)
 
     def _check_transfer(
         self,

@@ -97,9 +97,9 @@ class TokenRowHostPool(MLAHostPoolBase):
     def _is_page_granular(self, io_backend: IOBackend) -> bool:
         return self.layout is HostLayout.PAGE_FIRST_DIRECT
 
-    def _device_pool_fingerprint(self, device_pool: MLADevicePool) -> object:
+    def _device_pool_fingerprint(self, device_pool: MLADevicePool) -> tuple[object, ...]:
         # kv_buffer is a plain list: a replaced layer tensor must be re-validated.
-        return (id(device_pool), *map(id, device_layers(device_pool)))
+        return (device_pool, *device_layers(device_pool))
 
     def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
         expected = (device_pool.size + device_pool.page_size, 1, self.kv_cache_dim)
