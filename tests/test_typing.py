@@ -10,14 +10,15 @@
 One mypy run (the repo's ``[tool.mypy]`` config, strict) covers every file
 here plus each package module holding an ``if TYPE_CHECKING:`` conformance line
 (so those lines are checked, with everything they import); the incremental
-cache lives under the test cache root. The packages as a whole are type-checked
-by ``hatch run types``.
+cache lives under the test cache root, one per checkout. The packages as a
+whole are type-checked by ``hatch run types``.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import hashlib
 import importlib.util
 import os
 import re
@@ -115,6 +116,17 @@ def conformance_modules() -> list[Path]:
     ]
 
 
+def mypy_cache_dir() -> Path:
+    """An incremental cache per checkout.
+
+    mypy replays the errors it cached for an unchanged file, with the absolute
+    paths of the run that cached them; a cache shared by two clones would report
+    the other clone's paths, so the key is this checkout's location.
+    """
+    checkout = hashlib.sha256(str(REPO.resolve()).encode()).hexdigest()[:16]
+    return cache_root() / "mypy" / checkout
+
+
 @pytest.fixture(scope="module")
 def mypy_run() -> MypyRun:
     api = pytest.importorskip("mypy.api", reason="mypy is part of the dev environment")
@@ -122,7 +134,7 @@ def mypy_run() -> MypyRun:
         "--config-file",
         str(PYPROJECT),
         "--cache-dir",
-        str(cache_root() / "mypy"),
+        str(mypy_cache_dir()),
         "--no-error-summary",
         "--show-error-codes",
         "--no-pretty",
