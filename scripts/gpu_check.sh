@@ -10,12 +10,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
-  --target /tmp/sgl packages/core packages/cuda || exit 1
+  --no-deps --target /tmp/sgl packages/core packages/cuda || exit 1
 export PYTHONPATH=/tmp/sgl:/tmp/site
 { nvidia-smi -L; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } \
   > "$OUT/gpu.txt" 2>&1
-timeout ${TEST_TIMEOUT:-240} python3 -m pytest packages/cuda/tests -q -p no:cacheprovider \
-  -x --durations=5 > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$?" >> "$OUT/gpu.txt"
+timeout ${TEST_TIMEOUT:-240} python3 -m pytest packages/cuda/tests -q -p no:cacheprovider -rfE \
+  --durations=8 > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$?" >> "$OUT/gpu.txt"
 timeout ${BENCH_TIMEOUT:-150} python3 packages/cuda/benchmarks/gpu_hicache.py "$OUT/hicache.json" \
   > "$OUT/hicache.log" 2>&1; echo "hicache rc=$?" >> "$OUT/gpu.txt"
 timeout ${BENCH_TIMEOUT:-150} python3 packages/cuda/benchmarks/gpu_ggml_moe.py \

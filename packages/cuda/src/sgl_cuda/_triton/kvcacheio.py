@@ -1,7 +1,7 @@
 """Triton kernels that move MLA KV token rows between device and host buffers.
 
-Every transfer of ``sgl_cuda.kvcacheio`` is one launch of :func:`_copy_rows_kernel`:
-a 2-D grid of ``(row blocks, layers)``. Each program copies ``BLOCK_R`` paired
+Every transfer of ``sgl_cuda.kvcacheio`` is one launch of :func:`_copy_rows_kernel`
+over ``row blocks x layers`` programs. Each program copies ``BLOCK_R`` paired
 rows of one layer as int64 words (``item_size // 8`` words a row), in column
 chunks of ``BLOCK_W`` words. A row's address is::
 
@@ -11,6 +11,13 @@ where ``base(layer)`` is either a pointer table entry ``tbl[layer]`` (uint64
 holding a byte address, converted to an ``int64*``) or a plain base pointer
 plus ``layer * layer_stride``. That covers the three address forms of
 DESIGN §4: layer-first, page-first and pointer table.
+
+Programs run roughly in launch order, so the order decides which addresses are
+touched together. By default the layers are the outer loop (a 2-D grid of
+``(row blocks, layers)``). When one side is page-first (a token's layers sit
+next to each other) ``LAYERS_INNER`` makes the layer the fastest-varying index
+of a 1-D grid, so neighbouring programs touch neighbouring host memory rather
+than rows a whole token stride apart.
 
 This module is untyped (Triton ships no hints); ``sgl_cuda.kvcacheio`` is the
 typed, checked surface. Nothing here validates arguments.
@@ -37,6 +44,7 @@ def _copy_rows_kernel(
     dst_idx,
     n_rows,
     layer_offset,
+    num_layers,
     src_row_w,
     src_layer_w,
     dst_row_w,
@@ -47,9 +55,14 @@ def _copy_rows_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_W: tl.constexpr,
     MASK_W: tl.constexpr,
+    LAYERS_INNER: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    layer = (tl.program_id(1) + layer_offset).to(tl.int64)
+    if LAYERS_INNER:
+        pid = tl.program_id(0) // num_layers
+        layer = (tl.program_id(0) % num_layers + layer_offset).to(tl.int64)
+    else:
+        pid = tl.program_id(0)
+        layer = (tl.program_id(1) + layer_offset).to(tl.int64)
     rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < n_rows
     s = tl.load(src_idx + rows, mask=row_mask, other=0)
@@ -111,7 +124,14 @@ def launch_copy_rows(
     if n == 0 or num_layers == 0:
         return
     block_r, block_w, mask_w = tile_for(words)
-    grid = (triton.cdiv(n, block_r), num_layers)
+    layers_inner = num_layers > 1 and (
+        (not src_table and 0 < src_layer_w < src_row_w)
+        or (not dst_table and 0 < dst_layer_w < dst_row_w)
+    )
+    if layers_inner:
+        grid: tuple[int, ...] = (triton.cdiv(n, block_r) * num_layers,)
+    else:
+        grid = (triton.cdiv(n, block_r), num_layers)
     kwargs = {
         "WORDS": words,
         "SRC_TABLE": src_table,
@@ -119,6 +139,7 @@ def launch_copy_rows(
         "BLOCK_R": block_r,
         "BLOCK_W": block_w,
         "MASK_W": mask_w,
+        "LAYERS_INNER": layers_inner,
     }
     if not INTERPRETED:
         kwargs["num_warps"] = 4
@@ -129,6 +150,7 @@ def launch_copy_rows(
         dst_idx,
         n,
         layer_offset,
+        num_layers,
         src_row_w,
         src_layer_w,
         dst_row_w,

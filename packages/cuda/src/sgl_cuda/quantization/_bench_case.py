@@ -29,14 +29,22 @@ def _q8_0_bank(experts: int, rows: int, cols: int, gen: torch.Generator) -> torc
 def ggml_q8_0_case(device: torch.device, small: bool) -> MoEBenchCase:
     """Q8_0 experts for ``GGMLMoEMethod``; on CPU, tiny and under Triton's interpreter.
 
-    Without CUDA this switches the process to the Triton interpreter
-    (``TRITON_INTERPRET=1``) if no kernel was compiled yet: the bench process
-    is then checking correctness, not speed.
+    On a machine without CUDA this switches the process to the Triton
+    interpreter (``TRITON_INTERPRET=1``) if no kernel was compiled yet: the
+    bench process is then checking correctness, not speed. Where CUDA is
+    present the switch would send every later launch of the process, GPU ones
+    included, to the interpreter, so a CPU case there needs the variable set
+    from the start.
     """
     if device.type == "cuda":
         hidden, inter, experts = (1024, 512, 8) if small else (2048, 1024, 16)
     elif device.type == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
+            if torch.cuda.is_available():
+                raise BackendUnavailableError(
+                    "the GGML case on cpu needs TRITON_INTERPRET=1 from process start; "
+                    "this machine has CUDA: run it on device='cuda'"
+                )
             if "sgl_cuda._triton.ggml" in sys.modules:
                 raise BackendUnavailableError(
                     "GGML kernels were built for a GPU; CPU tensors need TRITON_INTERPRET=1"
