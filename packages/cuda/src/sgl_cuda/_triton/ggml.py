@@ -141,8 +141,11 @@ def _quantize_q8_1_kernel(
     mask = offs < K
     x = tl.load(x_ptr + t * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     xb = tl.reshape(x, (BLOCK // 32, 32))
-    d = tl.max(tl.abs(xb), axis=1) / 127.0
-    v = xb / tl.where(d > 0.0, d, 1.0)[:, None]
+    # IEEE-rounded divisions: a compiled ``/`` on float32 is approximate (1 ulp
+    # off the reference's d and, at a rounding tie, one step off its q).
+    amax = tl.max(tl.abs(xb), axis=1)
+    d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    v = tl.math.div_rn(xb, tl.broadcast_to(tl.where(d > 0.0, d, 1.0)[:, None], xb.shape))
     # roundf (half away from zero), computed exactly: floor(a) + floor(2 * frac(a))
     a = tl.abs(v)
     fl = tl.floor(a)
