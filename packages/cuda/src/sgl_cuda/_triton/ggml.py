@@ -30,7 +30,12 @@ import triton.language as tl
 
 # Tile sizes. The interpreter runs a program's tile ops as numpy calls, so it
 # wants few, large programs; a GPU wants tiles that stay in registers.
-_GPU_BLOCK_N = 16
+# ``(BLOCK_N, num_warps)`` per quant type from benchmarks/ggml_tune.py on an
+# H200 (BLOCK_K 256 won everywhere; 512 spills). Q4_K: 1.14x the default over
+# gate_up/down at 1 and 32 tokens; the other types were not swept but Q8_0.
+_GPU_TILE_DEFAULT = (16, 4)
+_GPU_TILES = {12: (8, 2)}  # GGML type id 12 = Q4_K
+_GPU_BLOCK_N = _GPU_TILE_DEFAULT[0]
 _INTERP_BLOCK_N = 128
 _GPU_QBLOCK = 256
 _INTERP_QBLOCK = 1024
@@ -268,9 +273,12 @@ def moe_a8_vec(
     if k == 0:
         out.zero_()
         return
-    block_n = min(_INTERP_BLOCK_N if _interpreting() else _GPU_BLOCK_N, _next_pow2(n))
+    interpreting = _interpreting()
+    tile_n, num_warps = _GPU_TILES.get(quant_type, _GPU_TILE_DEFAULT)
+    block_n = min(_INTERP_BLOCK_N if interpreting else tile_n, _next_pow2(n))
     block_k = max(block_size, min(256, _next_pow2(k)))
     grid = (pairs, triton.cdiv(n, block_n))
+    extra = {} if interpreting else {"num_warps": num_warps}
     _moe_a8_vec_kernel[grid](
         xq,
         xd,
@@ -291,4 +299,5 @@ def moe_a8_vec(
         G=group_size,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        **extra,
     )
