@@ -101,3 +101,21 @@ def test_replaced_layer_is_revalidated() -> None:
     dev.kv_buffer[1] = torch.zeros(80, 1, 24, dtype=torch.float32)
     with pytest.raises(errors.PoolMismatchError, match=r"kv_buffer\[1\]"):
         host.load_to_device_per_layer(dev, idx, idx, 1, "direct")
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_long_runs_of_one_token_pages(layout: str) -> None:
+    """Page size 1 with a long contiguous run (>= 96 KB a layer): the slice-copy path."""
+    dev = sgl_core.TorchBackend().create_device_pool(
+        size=512, page_size=1, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64,
+        layer_num=3,
+    )  # fmt: skip
+    fill_device_random(dev, 3)
+    host = sgl_core.TorchBackend().create_host_pool(dev, layout=layout)
+    src = torch.arange(1, 201)
+    host_idx = torch.arange(100, 300)
+    host.backup_from_device_all_layer(dev, host_idx, src, "direct")
+    dst = torch.arange(301, 501)
+    for layer in range(3):
+        host.load_to_device_per_layer(dev, host_idx, dst, layer, "direct")
+        assert torch.equal(device_rows(dev, layer, dst), device_rows(dev, layer, src))

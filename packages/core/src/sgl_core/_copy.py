@@ -5,10 +5,17 @@ indices both step by +1. Each run becomes one slice copy per layer, and all
 slice copies of a call are issued through ``torch._foreach_copy_`` split
 across a few threads (CPU memcpy of scattered 10-100 KB blocks is bound by
 one core's bandwidth; two cores get close to a contiguous copy).
+
+Between two CPU buffers, :func:`memmove_blocks` copies such blocks by address
+with libc's ``memmove`` (through ctypes, which drops the GIL for the call):
+about 1.5 us a block against about 10 us to build the two tensor views a
+``_foreach_copy_`` block needs, which is what bounds per-layer loads of
+scattered pages.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import threading
@@ -17,7 +24,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-__all__ = ["IndexRuns", "copy_blocks", "copy_each", "copy_pairs", "merge_runs", "widen_rows"]
+__all__ = [
+    "IndexRuns",
+    "copy_blocks",
+    "copy_each",
+    "copy_pairs",
+    "memmove_blocks",
+    "merge_runs",
+    "widen_rows",
+]
 
 _executor: ThreadPoolExecutor | None = None
 _workers = max(1, min(4, os.cpu_count() or 1) - 1)
@@ -136,3 +151,32 @@ def copy_pairs(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None
         copy_blocks(dst, src)
     else:
         copy_each(dst, src)
+
+
+def _memmove_all(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> None:
+    move = ctypes.memmove
+    for d, s, n in zip(dst, src, sizes, strict=True):
+        move(d, s, n)
+
+
+def memmove_blocks(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> None:
+    """``memmove(dst[i], src[i], sizes[i])`` for all i: raw CPU addresses, in bytes.
+
+    Unchecked: the caller guarantees that every block lies inside live CPU
+    tensors it holds for the duration of the call. Calls moving at least
+    ``_THREADED_MIN_BYTES`` are split across the copy threads.
+    """
+    count = len(sizes)
+    if count < 2 or sum(sizes) < _THREADED_MIN_BYTES:
+        _memmove_all(dst, src, sizes)
+        return
+    pool = _pool()
+    parts = _workers + 1
+    bounds = [count * k // parts for k in range(parts + 1)]
+    futures: list[Future[None]] = [
+        pool.submit(_memmove_all, dst[a:b], src[a:b], sizes[a:b])
+        for a, b in itertools.pairwise(bounds[1:])
+    ]
+    _memmove_all(dst[: bounds[1]], src[: bounds[1]], sizes[: bounds[1]])
+    for future in futures:
+        future.result()
