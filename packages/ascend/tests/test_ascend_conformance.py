@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 import sgl_ascend
+from sgl_ascend import _transfer
 from sgl_core import Backend, MLADevicePool
 from sgl_core.testing import BackendConformanceSuite
 
@@ -30,3 +33,19 @@ class TestAscendIndexerConformance(BackendConformanceSuite):
             indexer_layer_ids=[0, 2],
             with_index_k_scale=True,
         )
+
+
+class TestAscendLoadByAddressConformance(TestAscendIndexerConformance):
+    """The indexer contract again, with every CPU per-row load copied by address."""
+
+    @pytest.fixture(autouse=True)
+    def _always_by_address(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(_transfer, "BY_ADDRESS_PAGE_BYTES", 0)
+
+
+class TestAscendLoadByAddressPlainConformance(TestAscendConformance):
+    """The plain contract, every CPU per-row load copied by address."""
+
+    @pytest.fixture(autouse=True)
+    def _always_by_address(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(_transfer, "BY_ADDRESS_PAGE_BYTES", 0)

@@ -12,7 +12,10 @@ component: ``host[h:h+n] <- device[:, d:d+n].transpose(0, 1)`` (backup, every
 row) or ``device[row, d:d+n] <- host[h:h+n, row]`` (load, one row). When the
 runs are short (many tiny blocks), the whole batch instead goes through one
 ``index_select``/``index_copy_`` over the page axis per component. Either way
-there is no Python loop per page, and no loop per layer.
+there is no Python loop per page, and no loop per layer. The exception is a
+per-row load between CPU tensors with big pages: each page of each component
+is then one ``memmove`` by address (``sgl_core._copy.memmove_blocks``), which
+costs less than the two tensor views a run copy needs.
 
 Between devices (an NPU pool and a pinned host pool) the run copies are
 issued with ``non_blocking=True`` on a side stream ordered after the caller's
@@ -32,7 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from sgl_ascend import _npu
-from sgl_core._copy import IndexRuns, copy_pairs, merge_runs, widen_rows
+from sgl_core._copy import IndexRuns, copy_pairs, memmove_blocks, merge_runs, widen_rows
 
 __all__ = ["PagePlan", "backup_rows", "load_row", "plan_pages"]
 
@@ -42,6 +45,10 @@ __all__ = ["PagePlan", "backup_rows", "load_row", "plan_pages"]
 # second pass over the bytes, so only tiny runs are worth it.
 SHORT_RUN_BYTES = 256 << 10
 SHORT_RUN_BYTES_SAME_DEVICE = 32 << 10
+# Per-row loads between CPU tensors copy page blocks by address (``memmove_blocks``)
+# once a page of one row is this big over all components (page 32 and up at
+# DeepSeek-V3 width); building views costs more than copying such blocks.
+BY_ADDRESS_PAGE_BYTES = 32 << 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +117,9 @@ def load_row(triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: Pa
     device = triples[0][1].device
     per_page = sum(_page_bytes(h, 1) for h, _, _ in triples)
     same = triples[0][0].device == device
+    by_address = same and device.type == "cpu" and per_page >= BY_ADDRESS_PAGE_BYTES
+    if by_address and _load_row_by_address(triples, plan):
+        return
     with _npu.transfer_stream(device):
         if _short_runs(plan, per_page, same_device=same):
             dev_pages = plan.device_pages.to(device)
@@ -127,3 +137,29 @@ def load_row(triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: Pa
                 dst.append(dev_row[d : d + n])
                 src.append(host_row[h : h + n])
         copy_pairs(dst, src)
+
+
+def _load_row_by_address(
+    triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: PagePlan
+) -> bool:
+    """One ``memmove`` per (page, component); False (nothing copied) if a page is not contiguous."""
+    for host, dev, _ in triples:
+        if not (host.is_contiguous() and dev.is_contiguous()):
+            return False
+    host_pages = plan.host_pages
+    dev_pages = plan.device_pages
+    dst: list[int] = []
+    src: list[int] = []
+    sizes: list[int] = []
+    for host, dev, row in triples:
+        item = host.element_size()
+        # Raw addresses: re-check the bounds the pool validated, so no bug can write outside.
+        if int(host_pages.max()) >= host.shape[0] or int(dev_pages.max()) >= dev.shape[1]:
+            raise RuntimeError("internal error: validated pages out of range in the copy plan")
+        host_base = host.data_ptr() + row * host.stride(1) * item
+        dev_base = dev.data_ptr() + row * dev.stride(0) * item
+        src += (host_pages * (host.stride(0) * item) + host_base).tolist()
+        dst += (dev_pages * (dev.stride(1) * item) + dev_base).tolist()
+        sizes += [_page_bytes(host, 1)] * plan.num_pages
+    memmove_blocks(dst, src, sizes)
+    return True
