@@ -154,7 +154,11 @@ def _load_row_by_address(
     for host, dev, row in triples:
         item = host.element_size()
         # Raw addresses: re-check the bounds the pool validated, so no bug can write outside.
-        if int(host_pages.max()) >= host.shape[0] or int(dev_pages.max()) >= dev.shape[1]:
+        if (
+            int(host_pages.max()) >= host.shape[0]
+            or int(dev_pages.max()) >= dev.shape[1]
+            or not 0 <= row < min(host.shape[1], dev.shape[0])
+        ):
             raise RuntimeError("internal error: validated pages out of range in the copy plan")
         host_base = host.data_ptr() + row * host.stride(1) * item
         dev_base = dev.data_ptr() + row * dev.stride(0) * item
