@@ -63,34 +63,21 @@ def run_kernel(
     out: torch.Tensor,
     top_k: int,
     config: tuple[int, int, int],
-    interpreted: bool,
 ) -> None:
     """``out[p] = dequant(w[ids[p]]) @ dequant(x[p // top_k])`` with one tile config."""
     fmt = block_format(qtype)
-    bn, bk, nw = config
-    pairs, n = out.shape
-    extra = {} if interpreted else {"num_warps": nw}
-    kernels._moe_a8_vec_kernel[(pairs, triton.cdiv(n, bn))](
+    kernels.moe_a8_vec(
         xq,
         xd,
         w,
         ids,
         out,
-        xq.shape[1],
-        n,
-        top_k,
-        xq.stride(0),
-        xd.stride(0),
-        w.stride(0),
-        w.stride(1),
-        out.stride(0),
-        QTYPE=int(qtype),
-        QK=fmt.block_size,
-        BB=fmt.block_bytes,
-        G=fmt.group_size,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        **extra,
+        top_k=top_k,
+        quant_type=int(qtype),
+        block_size=fmt.block_size,
+        block_bytes=fmt.block_bytes,
+        group_size=fmt.group_size,
+        tile=config,
     )
 
 
@@ -149,7 +136,6 @@ def main() -> None:
                     out,
                     top_k,
                     (bn, bk, nw),
-                    args.device == "cpu",
                 )
 
                 try:

@@ -205,3 +205,31 @@ def test_shapes_property(
         x.to(DEVICE), torch.from_numpy(w).to(DEVICE), ids.to(DEVICE), top_k, qtype, row, tokens
     )
     _check(y, x, w, ids, qtype)
+
+
+@pytest.mark.parametrize("tile", [(8, 256, 2), (16, 512, 4), (32, 256, 8)])
+def test_tile_override_matches_oracle(tile: tuple[int, int, int]) -> None:
+    """``moe_a8_vec(tile=...)`` (the tuning sweep's launch): every tile covers every row."""
+    from sgl_cuda._triton.ggml import moe_a8_vec, quantize_q8_1
+    from sgl_cuda.quantization._types import block_format
+
+    qtype = int(GGMLQuantType.Q4_K)
+    fmt = block_format(qtype)
+    tokens, top_k, e, row, k = 2, 2, 3, 40, 512  # 40 rows: a partial last tile
+    w, x, ids = _case(qtype, e, row, k, tokens, top_k, seed=5)
+    xq, xd = quantize_q8_1(x.to(DEVICE))
+    out = torch.full((tokens * top_k, row), float("nan"), device=DEVICE)
+    moe_a8_vec(
+        xq,
+        xd,
+        torch.from_numpy(w).to(DEVICE),
+        ids.to(DEVICE).flatten(),
+        out,
+        top_k=top_k,
+        quant_type=qtype,
+        block_size=fmt.block_size,
+        block_bytes=fmt.block_bytes,
+        group_size=fmt.group_size,
+        tile=tile,
+    )
+    _check(out, x, w, ids, qtype)

@@ -260,11 +260,13 @@ def moe_a8_vec(
     block_size: int,
     block_bytes: int,
     group_size: int,
+    tile: tuple[int, int, int] | None = None,
 ) -> None:
     """Launch the blocked kernel: ``out[p] = dequant(w[ids[p]]) @ dequant_q8_1(x[p // top_k])``.
 
     One program per (token-expert pair, ``BLOCK_N`` output rows); it loops over
-    K in ``BLOCK_K`` steps (a multiple of the block size).
+    K in ``BLOCK_K`` steps (a multiple of the block size). ``tile`` overrides
+    ``(BLOCK_N, BLOCK_K, num_warps)`` (benchmarks/ggml_tune.py sweeps it).
     """
     pairs, n = out.shape
     k = xq.shape[1]
@@ -277,6 +279,8 @@ def moe_a8_vec(
     tile_n, num_warps = _GPU_TILES.get(quant_type, _GPU_TILE_DEFAULT)
     block_n = min(_INTERP_BLOCK_N if interpreting else tile_n, _next_pow2(n))
     block_k = max(block_size, min(256, _next_pow2(k)))
+    if tile is not None:
+        block_n, block_k, num_warps = tile
     grid = (pairs, triton.cdiv(n, block_n))
     extra = {} if interpreting else {"num_warps": num_warps}
     _moe_a8_vec_kernel[grid](
