@@ -216,28 +216,27 @@ class TokenRowHostPool(MLAHostPoolBase):
         When every layer is moved and the device layers are equally spaced
         views of one allocation, each run is a single strided copy across all
         layers (viewed as wide ints; ATen splits each such copy over its
-        threads). Otherwise each (layer, run) is one block in a batched
-        ``_foreach_copy_``; a page of one layer in its own dtype is big enough
-        for ATen to copy with all cores (measured faster, on an idle machine,
-        than serial int64 blocks).
+        threads). Otherwise, between CPU buffers, blocks of at least
+        ``_MEMMOVE_MIN_BLOCK_BYTES`` are copied by address; short runs go
+        through one gather/scatter per layer; the rest are (layer, run) blocks
+        in a batched ``_foreach_copy_`` (a page of one layer in its own dtype
+        is big enough for ATen to copy with all cores).
         """
         all_layers = device_layers(device_pool)
         host_buf = widen_rows(self.kv_buffer)
         plan = self._plan(host_indices, device_indices)
         runs = plan.runs
         run_bytes = self.shape.token_stride_size * host_indices.numel() // max(len(runs), 1)
+        # page_first_direct keeps a run's pages a layer stride apart: a page is a block
+        block_bytes = (
+            self.page_size * self.shape.token_stride_size
+            if self.layout is HostLayout.PAGE_FIRST_DIRECT
+            else run_bytes
+        )
         stacked = stacked_layers(all_layers) if len(layers) == self.layer_num > 1 else None
         if stacked is not None and run_bytes >= _STACKED_MIN_RUN_BYTES:
             host_blocks, dev_blocks = self._all_layer_blocks(host_buf, widen_rows(stacked), runs)
-        elif (
-            self._addressable(all_layers, layers)
-            and (
-                self.page_size * self.shape.token_stride_size
-                if self.layout is HostLayout.PAGE_FIRST_DIRECT
-                else run_bytes
-            )
-            >= _MEMMOVE_MIN_BLOCK_BYTES
-        ):
+        elif block_bytes >= _MEMMOVE_MIN_BLOCK_BYTES and self._addressable(all_layers, layers):
             self._memmove_copy(all_layers, layers, plan, to_host=to_host)
             return
         elif run_bytes < _SHORT_RUN_BYTES:
