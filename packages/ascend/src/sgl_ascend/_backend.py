@@ -16,7 +16,7 @@ import torch
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._host_pool import AscendMLAHostPool
-from sgl_core import MLADevicePool, PoolBackend
+from sgl_core import IOBackend, MLADevicePool, PoolBackend
 
 __all__ = ["AscendBackend", "backend"]
 
@@ -25,6 +25,8 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
     """Backend ``"ascend"``: contiguous multi-layer pools and ``kernel_ascend`` transfers."""
 
     name = "ascend"
+    #: Its one layout runs only ``kernel_ascend``.
+    io_preference = (IOBackend.KERNEL_ASCEND,)
 
     def __init__(self) -> None:
         super().__init__(AscendMLADevicePool, AscendMLAHostPool)

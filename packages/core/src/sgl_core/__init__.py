@@ -9,8 +9,8 @@ Start with :func:`get_backend`, then build pools from it::
     host = backend.create_host_pool(dev, layout="page_first_direct")
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: it would bind ``annotations``
+# in the package namespace (``dir(sgl_core)``), and this module annotates nothing.
 from sgl_core import errors
 from sgl_core._backend_base import PoolBackend
 from sgl_core._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase
 from sgl_core._protocols import MLADevicePool
+from sgl_core.errors import UnsupportedLayoutError
 
 __all__ = ["PoolBackend"]
 
@@ -25,6 +26,13 @@ class PoolBackend(Generic[DeviceT, HostT]):
     """
 
     name = "unnamed"
+    #: io backends from fastest to slowest on this backend's device; ``default_io``
+    #: returns the first one a layout runs. Backends override it.
+    io_preference: ClassVar[tuple[IOBackend, ...]] = (
+        IOBackend.KERNEL,
+        IOBackend.KERNEL_ASCEND,
+        IOBackend.DIRECT,
+    )
 
     def __init__(
         self, device_pool_class: Callable[..., DeviceT], host_pool_class: type[HostT]
@@ -41,6 +49,28 @@ class PoolBackend(Generic[DeviceT, HostT]):
 
     def is_available(self) -> bool:
         return True
+
+    def default_io(self, layout: HostLayout | str) -> IOBackend:
+        """The io backend to use for ``layout``: its fast path, the same on every call.
+
+        The first entry of ``io_preference`` that ``supported_pairs[layout]``
+        holds (io backends missing from ``io_preference`` come after it, by
+        name). An unknown or unsupported layout raises ``UnsupportedLayoutError``.
+        """
+        pairs = self.supported_pairs
+        try:
+            parsed = HostLayout.parse(layout, argument="layout")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(str(exc)) from None
+        if parsed not in pairs:
+            supported = ", ".join(repr(x.value) for x in pairs)
+            raise UnsupportedLayoutError(
+                f"backend {self.name!r} does not build layout={parsed.value!r}; "
+                f"its layouts: {supported}"
+            )
+        ios = pairs[parsed]
+        ranked = [io for io in self.io_preference if io in ios]
+        return (ranked or sorted(ios, key=lambda io: io.value))[0]
 
     def create_device_pool(
         self,

@@ -21,6 +21,8 @@ from sgl_core.errors import AmbiguousBackendError, BackendNotFoundError, Backend
 __all__ = ["ENTRY_POINT_GROUP", "available_backends", "clear_backend_cache", "get_backend"]
 
 ENTRY_POINT_GROUP = "sgl.backends"
+# Backends this project publishes, and the distribution that registers each.
+KNOWN_BACKENDS = {"torch": "sgl-core", "cuda": "sgl-cuda", "ascend": "sgl-ascend"}
 _lock = threading.RLock()
 _log = logging.getLogger("sgl_core")
 _loaded: dict[str, Backend] = {}
@@ -36,6 +38,17 @@ def available_backends() -> list[str]:
     return sorted({"torch", *_entry_points()})
 
 
+def _not_found(name: str) -> str:
+    installed = available_backends()
+    message = f"no sgl backend named {name!r} is installed; installed: {', '.join(installed)}"
+    dist = KNOWN_BACKENDS.get(name)
+    if dist is not None:
+        return f"{message} (backend {name!r} comes with the {dist} distribution)"
+    missing = [n for n in KNOWN_BACKENDS if n not in installed]
+    known = ", ".join(f"{n} ({KNOWN_BACKENDS[n]})" for n in missing)
+    return f"{message}" + (f"; not installed: {known}" if known else "")
+
+
 def _load(name: str) -> Backend:
     if name in _loaded:
         return _loaded[name]
@@ -44,10 +57,7 @@ def _load(name: str) -> Backend:
     else:
         found = _entry_points().get(name)
         if found is None:
-            raise BackendNotFoundError(
-                f"no sgl backend named {name!r} is installed; installed: {available_backends()} "
-                f"(install sgl-{name} to add it)"
-            )
+            raise BackendNotFoundError(_not_found(name))
         try:
             obj = found.load()
         except Exception as exc:

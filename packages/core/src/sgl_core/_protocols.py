@@ -162,6 +162,14 @@ class Backend(Protocol):
         """True when this backend's device and runtime are usable here."""
         ...
 
+    def default_io(self, layout: HostLayout | str) -> IOBackend:
+        """The io backend to use for ``layout`` (its fastest; deterministic).
+
+        One of ``supported_pairs[layout]``; an unsupported layout raises
+        ``sgl_core.errors.UnsupportedLayoutError``.
+        """
+        ...
+
     def create_device_pool(
         self,
         *,

@@ -13,6 +13,7 @@ import torch
 
 from sgl_core._backend_base import PoolBackend
 from sgl_core._device_pool import PerLayerMLADevicePool
+from sgl_core._enums import IOBackend
 from sgl_core._token_host_pool import TokenRowHostPool
 
 __all__ = ["TorchBackend", "backend"]
@@ -22,6 +23,8 @@ class TorchBackend(PoolBackend[PerLayerMLADevicePool, TokenRowHostPool]):
     """Backend ``"torch"``: always available."""
 
     name = "torch"
+    #: Every layout runs only ``direct`` (torch copies, no kernels).
+    io_preference = (IOBackend.DIRECT,)
 
     def __init__(self) -> None:
         super().__init__(PerLayerMLADevicePool, TokenRowHostPool)

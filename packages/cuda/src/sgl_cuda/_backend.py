@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_core import PoolBackend
+from sgl_core import IOBackend, PoolBackend
 from sgl_core._protocols import MLADevicePool
 from sgl_cuda._device_pool import CudaMLADevicePool
 from sgl_cuda._host_pool import CudaMLAHostPool
@@ -24,6 +24,8 @@ class CudaBackend(PoolBackend[CudaMLADevicePool, CudaMLAHostPool]):
     """
 
     name = "cuda"
+    #: ``kernel`` (one Triton launch per call) wherever a layout runs it, else ``direct``.
+    io_preference = (IOBackend.KERNEL, IOBackend.DIRECT)
 
     def __init__(self) -> None:
         super().__init__(CudaMLADevicePool, CudaMLAHostPool)

@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from sgl_core._cli import _hicache_cmd, _l3_cmd, _moe_cmd
+from sgl_core._cli._checks import EXIT_STATUS, UsageError
 from sgl_core.errors import SGLError
 
 __all__ = ["build_parser", "main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Reports a usage error in one line (no usage block) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sgl-bench",
-        description="Benchmarks of the sgl device packages: host KV-cache transfers and MoE.",
+        description="Benchmarks of the sgl device packages: host KV-cache transfers, MoE "
+        "and L3 page stores.",
+        epilog=EXIT_STATUS,
     )
     sub = parser.add_subparsers(dest="command", metavar="{hicache,moe,l3}")
     _hicache_cmd.add_parser(sub)
@@ -28,15 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse reports usage errors by exiting
+    except SystemExit as exc:  # argparse reports usage errors (and --help) by exiting
         return exc.code if isinstance(exc.code, int) else 2
     if args.command is None:
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return 2
     try:
         code: int = args.run(args)
-    except SGLError as exc:
-        print(f"sgl-bench: error: {exc}", file=sys.stderr)
+    except (UsageError, SGLError) as exc:
+        message = " ".join(str(exc).split())  # one line, whatever the message holds
+        print(f"sgl-bench {args.command}: error: {message}", file=sys.stderr)
         return 2
     return code
 
