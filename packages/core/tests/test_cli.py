@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,204 @@ def test_moe_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert all(r["verified"] for r in doc["records"])
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert "verified: yes" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- exit status 2
+HUGE = str(10**9)
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if a benchmark starts: bad arguments are rejected before any work."""
+    from sgl_core._cli import _hicache_cmd, _moe_cmd
+    from sgl_core.l3 import _bench
+
+    def ran(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the benchmark ran despite a bad argument")
+
+    monkeypatch.setattr(_hicache_cmd, "run_case", ran)
+    monkeypatch.setattr(_moe_cmd, "bench_combine", ran)
+    monkeypatch.setattr(_bench, "run_l3_bench", ran)
+
+
+def assert_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err
+    assert lines[0].startswith("sgl-bench"), lines[0]
+    assert captured.out == "", captured.out  # no table, no note: nothing ran
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.mark.usefixtures("nothing_runs")
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["hicache", "--device", "bogus"], "not a torch device"),
+        (["hicache", "--device", "meta"], "meta"),
+        (["hicache", "--device", "cuda:99"], "cuda:99"),
+        (["hicache", "--pages", HUGE], "host memory"),
+        (["hicache", "--tokens", HUGE], "host memory"),
+        (["hicache", "--page-size", "1,16", "--pages", "0"], "--pages"),
+        (["hicache", "--repeats", "-1"], "--repeats must be > 0"),
+        (["hicache", "--repeats", "0"], "--repeats must be > 0"),
+        (["hicache", "--warmup", "-1"], "--warmup must be >= 0"),
+        (["hicache", "--budget", "nan"], "--budget"),
+        (["hicache", "--layers", "0"], "--layers"),
+        (["hicache", "--backend", ","], "names no backend"),
+        (["hicache", "--backend", "torch", "--layout", "page_first_kv_split"], "layouts"),
+        (["hicache", "--page-size", "abc"], "--page-size"),
+        (["hicache", "--page-size", "0"], "--page-size"),
+        (["hicache", "--layout", "diagonal"], "diagonal"),
+        (["hicache", "--pages", "two"], "--pages"),
+        (["moe", "--device", "bogus"], "not a torch device"),
+        (["moe", "--device", "meta"], "meta"),
+        (["moe", "--repeats", "0"], "--repeats"),
+        (["moe", "--tokens", HUGE], "host memory"),
+        (["moe", "--hidden", "-3"], "--hidden"),
+        (["l3", "--pages", "0"], "--pages"),
+        (["l3", "--repeats", "-1"], "--repeats"),
+        (["l3", "--page-size", "0"], "--page-size"),
+        (["l3", "--layout", "diagonal"], "diagonal"),
+        (["l3", "--layout", "page_first_kv_split"], "torch host pool"),
+        (["l3", "--pages", HUGE], "host memory"),
+        (["nosuchcommand"], "invalid choice"),
+    ],
+)
+def test_bad_argument_is_one_line_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_usage_error(argv, capsys, needle)
+
+
+@pytest.mark.usefixtures("nothing_runs")
+@pytest.mark.parametrize("command", ["hicache", "moe", "l3"])
+@pytest.mark.parametrize("where", ["missing_dir", "is_dir", "under_a_file"])
+def test_unwritable_json_is_rejected_before_the_run(
+    tmp_path: Path, command: str, where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    path = {
+        "missing_dir": tmp_path / "no" / "such" / "dir" / "out.json",
+        "is_dir": tmp_path,
+        "under_a_file": a_file / "out.json",
+    }[where]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert_usage_error([command, "--json", str(path)], capsys, "--json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+    assert a_file.read_text() == "x"
+
+
+@pytest.mark.usefixtures("nothing_runs")
+@pytest.mark.parametrize("command", ["hicache", "moe"])
+def test_plot_without_matplotlib_says_install_the_extra(
+    tmp_path: Path,
+    command: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png = tmp_path / "p.png"
+    assert_usage_error([command, "--plot", str(png)], capsys, "install sgl-core[bench]")
+    assert not png.exists()
+
+
+def test_unknown_backend_is_one_line_naming_the_installed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    line = assert_usage_error(["hicache", "--backend", "nosuch", *TINY], capsys, "'nosuch'")
+    assert "torch" in line  # what is installed
+    assert "sgl-nosuch" not in line  # no made-up distribution name
+
+
+def test_bad_argument_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
+    out = tmp_path / "o.json"
+    for argv in (
+        ["hicache", "--device", "meta", "--json", str(out)],
+        ["hicache", "--page-size", "x"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "sgl_core._cli.main", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert proc.stdout == ""
+    assert not out.exists()
+
+
+def test_help_states_the_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["hicache", "--help"], ["moe", "--help"], ["l3", "--help"]):
+        assert main(argv) == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert "exit status: 0" in text and "1 = a verification failed" in text
+        assert "2 = bad usage" in text
+
+
+def test_pages_help_names_the_default_run_size(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hicache", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "2048 tokens' worth with --quick and in the default run, else 4096" in text
+
+
+# ------------------------------------------------------------ self-explaining output
+def test_hicache_output_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hicache", "--backend", "torch", *TINY]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    cases = len([ln for ln in lines if ln.startswith("torch ")]) // 2
+    assert cases == 3
+    assert "3 case(s) = 3 (backend, layout/io) pair(s) x 1 page size(s)" in lines[0]
+    assert "each case is 2 rows (backup, load)" in lines[0]
+    assert "page 64: 256 tokens = " in out  # what one call moves, per page size
+    for column in ("sgl/copy", "sgl/per_page", "sgl/per_token"):
+        assert column in out
+    assert "x per_page" not in out
+    assert "copy = one contiguous copy_ of the same bytes" in out  # the limit
+    assert "per_page = baseline" in out and "per_token = baseline" in out
+    assert "sgl/X = sgl GB/s divided by X GB/s" in out
+    assert "informational: they do not change the exit status" in out
+
+
+def test_goal_lines_leave_out_interpreted_backends() -> None:
+    from sgl_core._cli._hicache_table import legend, summarize, target_lines
+    from sgl_core._cli._report import Record
+
+    def rec(backend: str, impl: str, ratio: float) -> Record:
+        return Record(impl, backend, "layer_first", "kernel", 64, "load", 1, 1.0, 1.0, 1.0,
+                      ratio, 1, True, tokens=64, layers=1)  # fmt: skip
+
+    records = [rec("cuda", "sgl", 0.01), rec("cuda", "copy", 1.0), rec("torch", "sgl", 0.9)]
+    records.append(rec("torch", "copy", 1.0))
+    lines = target_lines(records, {"cuda"})
+    assert any("goal page >= 16" in ln and "met (worst 0.90x: torch" in ln for ln in lines)
+    assert not any("cuda" in ln for ln in lines)
+    assert target_lines(records[:2], {"cuda"}) == []  # nothing measured: no goals
+    _, rows = summarize(records, {"cuda"})
+    assert [r[0] for r in rows] == ["cuda*", "torch"]
+    assert any("* cuda: Triton interpreter on CPU: GB/s not meaningful" in ln
+               for ln in legend(records, {"cuda"}))  # fmt: skip
+    assert not any(ln.startswith("  *") for ln in legend(records, set()))
+
+
+def test_l3_lists_the_stores_it_left_out(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sgl_core._cli import _l3_cmd
+
+    monkeypatch.setitem(sys.modules, "mooncake.store", None)  # import fails like a missing wheel
+    assert "mooncake" in _l3_cmd.left_out_stores()
+    assert main(["l3", "--pages", "2", "--layers", "2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "note: store 'mooncake' left out: its client does not import" in out
+    assert "pip install 'sgl-core[mooncake]'" in out
+    assert "stores run: file" in out and "stores left out: mooncake" in out

@@ -53,3 +53,10 @@ def test_errors_subclass_builtin_families() -> None:
         assert issubclass(cls, errors.SGLError)
         if cls is not errors.SGLError:
             assert issubclass(cls, (ValueError, IndexError, TypeError, LookupError, RuntimeError))
+
+
+def test_dir_shows_only_the_api() -> None:
+    """No stray module-level names (``annotations`` from a __future__ import, helpers)."""
+    public = {name for name in dir(sgl_core) if not name.startswith("_")}
+    assert "annotations" not in public
+    assert public - set(sgl_core.__all__) <= {"l3", "testing"}  # submodules once imported

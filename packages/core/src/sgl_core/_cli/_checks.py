@@ -116,8 +116,21 @@ def check_plot_available() -> None:
         ) from None
 
 
-def check_memory(option: str, needed_host: int, what: str) -> None:
-    """``needed_host`` bytes fit in this machine's available memory, less a headroom."""
+def check_memory(
+    option: str, needed_host: int, what: str, device: torch.device | None = None
+) -> None:
+    """``needed_host`` bytes fit in the available memory, less a headroom.
+
+    With a CUDA ``device`` the bytes are checked against its free memory instead.
+    """
+    if device is not None and device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if needed_host > free:
+            raise UsageError(
+                f"{option}: {what} needs about {needed_host / 1e9:.1f} GB on {device}, which "
+                f"has {free / 1e9:.1f} GB free; choose a smaller value"
+            )
+        return
     available = available_host_bytes()
     if available is None:
         return

@@ -8,6 +8,14 @@ from typing import Any
 
 import torch
 
+from sgl_core._cli._checks import (
+    EXIT_STATUS,
+    check_device,
+    check_memory,
+    check_output_path,
+    check_plot_available,
+    check_positive,
+)
 from sgl_core._cli._moe_bench import (
     MoERecord,
     bench_combine,
@@ -30,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             "method against a dense float64 computation, and check the GGML method when "
             "sgl-cuda is installed (on CPU: Triton interpreter at a tiny shape)."
         ),
+        epilog=EXIT_STATUS,
     )
     p.add_argument("--quick", action="store_true", help="smaller combine shape, fewer repeats")
     p.add_argument("--json", metavar="PATH", help="write {machine, records} as JSON")
@@ -42,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--device", default=None, help="torch device (default: cuda if present)")
     p.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     p.add_argument("--hidden", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--repeats", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, help="timed repeats (default: 5 quick, 11)")
     p.set_defaults(run=run)
 
 
@@ -60,11 +69,24 @@ def _row(r: MoERecord) -> list[str]:
     ]
 
 
+def _check(args: argparse.Namespace) -> torch.device:
+    for option in ("tokens", "hidden", "repeats"):
+        check_positive(f"--{option}", getattr(args, option))
+    device = check_device(args.device)
+    check_output_path("--json", args.json)
+    check_output_path("--plot", args.plot)
+    if args.plot:
+        check_plot_available()
+    return device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def run(args: argparse.Namespace) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _check(args)
     tokens = args.tokens or (1024 if args.quick else 4096)
     hidden = args.hidden or 7168
     repeats = args.repeats or (5 if args.quick else 11)
+    # routed, shared, a saved copy of each (bf16), two float64 references
+    check_memory("--tokens/--hidden", tokens * hidden * (4 * 2 + 2 * 8), "the combine", device)
     started = time.perf_counter()
     records = bench_combine(tokens, hidden, torch.bfloat16, device, repeats)
     small = (16, 256, 128, 8, 2) if args.quick else (64, 1024, 256, 16, 4)

@@ -144,6 +144,12 @@ class BackendConformanceSuite:
         assert isinstance(backend.name, str)
         assert isinstance(backend.is_available(), bool)
 
+    def test_default_io_is_a_supported_io_backend(self, backend: Backend) -> None:
+        for layout, ios in backend.supported_pairs.items():
+            chosen = backend.default_io(layout)
+            assert chosen in ios, f"default_io({layout.value!r}) = {chosen!r} not in {set(ios)}"
+            assert backend.default_io(layout.value) is chosen  # strings too, same answer
+
     @pytest.mark.parametrize("page_size", [1, 16, 64])
     def test_round_trip_shuffled_pages(self, backend: Backend, page_size: int) -> None:
         if page_size not in self.page_sizes:

@@ -1,0 +1,50 @@
+"""``sgl-bench hicache --backend cuda`` without a GPU: the note and the behaviour agree.
+
+Run in a fresh process without ``TRITON_INTERPRET``, as a user would: the
+command turns the interpreter on itself (before the kernels are defined),
+says so, shrinks the run and marks the GB/s as not meaningful; the round
+trips are still checked bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+
+
+def _bench(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run(
+        [sys.executable, "-m", "sgl_core._cli.main", "hicache", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_cuda_on_cpu_runs_in_the_interpreter_it_announces() -> None:
+    proc = _bench("--backend", "cuda", "--layout", "page_first", "--no-baselines")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "this run set TRITON_INTERPRET=1" in out
+    assert "shrunk to 4 layers x 256 tokens" in out
+    assert "cuda*    page_first/kernel" in out
+    assert "GB/s not meaningful" in out
+    assert "goal " not in out  # no performance goal is judged on interpreter numbers
+    assert "bit-exact: yes" in out
+    assert "Traceback" not in proc.stderr
+
+
+def test_cuda_is_left_out_of_all_with_the_reason() -> None:
+    proc = _bench("--backend", "all", "--layers", "2", "--pages", "2", "--repeats", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "backend 'cuda' left out: no CUDA device here" in proc.stdout
+    assert "cuda " not in proc.stdout.split("backend  layout/io", 1)[1]
