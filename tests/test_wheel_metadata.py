@@ -189,3 +189,40 @@ def _bound_names(tree: ast.Module) -> set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
     return bound
+
+
+LICENSE_TEXT = Path(__file__).resolve().parents[1] / "LICENSE"
+
+
+def test_license_files_are_the_apache_text() -> None:
+    """One Apache-2.0 text: the repository's, copied into each package (what its wheel ships)."""
+    text = LICENSE_TEXT.read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    for dist in DISTS:
+        project = PACKAGES[dist][0]
+        assert (project / "LICENSE").read_text(encoding="utf-8") == text, dist
+
+
+@pytest.mark.parametrize("dist", DISTS)
+def test_wheel_ships_the_license(built_wheels: dict[str, Path], dist: str) -> None:
+    meta = metadata(built_wheels[dist])
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert meta.get_all("License-File") == ["LICENSE"]
+    with zipfile.ZipFile(built_wheels[dist]) as wheel:
+        shipped = wheel.read(f"{_dist_info(wheel)}/licenses/LICENSE").decode()
+    assert shipped == LICENSE_TEXT.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("dist", DISTS)
+def test_long_description_says_what_how_where(built_wheels: dict[str, Path], dist: str) -> None:
+    """The package README is the PyPI page: what it is, how to install it, where the docs are."""
+    meta = metadata(built_wheels[dist])
+    assert meta["Description-Content-Type"] == "text/markdown"
+    body = meta.get_payload()
+    assert isinstance(body, str)
+    assert body.startswith(f"# {dist}")
+    assert "## Install" in body and "python -m pip install" in body
+    assert "docs/design.md" in body
+    assert "DESIGN.md" not in body.replace("docs/design.md", "")
+    assert "../shared" not in body
