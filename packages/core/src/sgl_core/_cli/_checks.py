@@ -7,10 +7,12 @@ allocates pools, writes files or imports a device package.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -18,6 +20,7 @@ from sgl_core._memory import available_host_bytes
 
 __all__ = [
     "EXIT_STATUS",
+    "CliParser",
     "MEMORY_HEADROOM",
     "UsageError",
     "check_device",
@@ -36,6 +39,13 @@ EXIT_STATUS = (
 
 # Leave this much host memory to the rest of the machine when sizing a run.
 MEMORY_HEADROOM = 1 << 30
+
+
+class CliParser(argparse.ArgumentParser):
+    """Reports a usage error in one line (no usage block) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class UsageError(Exception):

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from sgl_core._cli._checks import EXIT_STATUS
+from sgl_core._cli._checks import EXIT_STATUS, CliParser
 from sgl_core._cli._hicache import run_case
 from sgl_core._cli._hicache_plan import Plan, plan_run
 from sgl_core._cli._hicache_table import batch_line, legend, summarize, target_lines
@@ -34,7 +34,7 @@ def _layouts(text: str) -> set[HostLayout]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
     p = sub.add_parser(
         "hicache",
         help="host KV-cache backup/load bandwidth vs a contiguous copy and baselines",

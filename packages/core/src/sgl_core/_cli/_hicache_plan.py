@@ -182,8 +182,7 @@ def plan_run(args: argparse.Namespace) -> Plan:
     cases = list_cases(backends, args.layout, page_sizes)
     if not cases:
         built = "; ".join(
-            f"{b.name}: {', '.join(layout.value for layout in b.supported_pairs)}"
-            for b in backends
+            f"{b.name}: {', '.join(layout.value for layout in b.supported_pairs)}" for b in backends
         )
         raise UsageError(f"no selected backend builds the --layout given (layouts: {built})")
     _check_memory(cfg, cases, device)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sgl_core._cli._checks import (
     EXIT_STATUS,
+    CliParser,
     UsageError,
     check_memory,
     check_output_path,
@@ -24,7 +25,7 @@ __all__ = ["add_parser", "left_out_stores", "run"]
 _ROW_BYTES = (512 + 64) * 2  # one token of one layer: DeepSeek-V3 MLA in bf16
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
     p = sub.add_parser(
         "l3",
         help="L3 page-store set/get GB/s vs memcpy",

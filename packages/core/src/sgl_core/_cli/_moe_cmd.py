@@ -10,6 +10,7 @@ import torch
 
 from sgl_core._cli._checks import (
     EXIT_STATUS,
+    CliParser,
     check_device,
     check_memory,
     check_output_path,
@@ -28,7 +29,7 @@ from sgl_core._cli._report import machine_info, print_table
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
     p = sub.add_parser(
         "moe",
         help="MoE combine (fused vs unfused) and MoE method checks",

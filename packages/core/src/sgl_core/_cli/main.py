@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
 
 from sgl_core._cli import _hicache_cmd, _l3_cmd, _moe_cmd
-from sgl_core._cli._checks import EXIT_STATUS, UsageError
+from sgl_core._cli._checks import EXIT_STATUS, CliParser, UsageError
 from sgl_core.errors import SGLError
 
 __all__ = ["build_parser", "main"]
 
 
-class _Parser(argparse.ArgumentParser):
-    """Reports a usage error in one line (no usage block) and exits 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = CliParser(
         prog="sgl-bench",
         description="Benchmarks of the sgl device packages: host KV-cache transfers, MoE "
         "and L3 page stores.",
