@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-shot GPU check of the docs branch: README example, sgl-bench on a real GPU, exit-2 paths.
+# One-shot GPU check of the README example, sgl-bench on a real GPU and its exit-2 paths.
+# Run from the repository root on a lent GPU machine; needs the wheels in .whl/ (hatchling).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
