@@ -37,6 +37,7 @@ from sgl_core.testing._helpers import (
     fill_device_random,
     host_bytes,
     page_indices,
+    random_bits,
     read_memory,
     same_bytes,
     snapshot,
@@ -159,6 +160,34 @@ class BackendConformanceSuite:
     def test_round_trip_contiguous_runs(self, backend: Backend) -> None:
         for layout, io in self.pairs(backend):
             self.round_trip(backend, layout, io, 16, [1, 2, 3, 5], [4, 5, 6, 0])
+
+    @pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
+    def test_fp8_round_trips(self, backend: Backend, fp8: str) -> None:
+        """fp8 KV caches (DeepSeek deployments) move as bytes: bit-exact on every pair.
+
+        Random bit patterns include fp8 NaNs, so only a byte copy passes.
+        """
+        dtype: torch.dtype = getattr(torch, fp8)
+        setattr(self, "dtype", dtype)  # this test's pools only (pytest: one instance per test)
+        dev = self.make_device_pool(backend, page_size=16, pages=self.device_pages)
+        assert dev.dtype == dtype
+        gen = torch.Generator().manual_seed(11)
+        loc = page_indices([2, 0, 5], 16)
+        nope = random_bits((loc.numel(), 1, dev.kv_lora_rank), dtype, gen)
+        rope = random_bits((loc.numel(), 1, dev.qk_rope_head_dim), dtype, gen)
+        dev.set_mla_kv_buffer(1, loc, nope, rope)
+        got_nope, got_rope = dev.get_mla_kv_buffer(1, loc)
+        assert got_nope.dtype == got_rope.dtype == dtype
+        assert torch.equal(got_nope.cpu().view(torch.uint8), nope.view(torch.uint8))
+        assert torch.equal(got_rope.cpu().view(torch.uint8), rope.view(torch.uint8))
+        for layout, io in self.pairs(backend):
+            for page_size in (p for p in self.page_sizes if p <= 16):
+                self.round_trip(backend, layout, io, page_size, [3, 1, 6], [0, 7, 2])
+            src, host = self.build(backend, layout, 16, seed=12)
+            host.backup_from_device_all_layer(src, page_indices([4], 16), page_indices([1], 16), io)
+            page = host.get_data_page(4 * 16)
+            host.set_from_flat_data_page(9 * 16, page)
+            assert torch.equal(host.get_data_page(9 * 16).view(torch.uint8), page.view(torch.uint8))
 
     def test_empty_transfer_is_a_no_op(self, backend: Backend) -> None:
         empty = torch.empty(0, dtype=torch.int64)
