@@ -51,6 +51,15 @@ def _capability(owner: object, name: str) -> bool:
     )
 
 
+def _finite_real(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be a finite real number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ArgumentTypeError(f"{name} must be a finite real number, got {value!r}")
+    return number
+
+
 def folds_routed_scale(experts: object) -> bool:
     """True when the experts' method leaves ``routed_scaling_factor`` to the combine.
 
@@ -99,17 +108,10 @@ def maybe_fuse_routed_scale_and_shared_add(
             f"shared {tuple(shared.shape)}/{shared.dtype}/{shared.device} must match "
             f"routed {tuple(routed.shape)}/{routed.dtype}/{routed.device}"
         )
-    if (
-        isinstance(routed_scaling_factor, bool)
-        or not isinstance(routed_scaling_factor, numbers.Real)
-        or not math.isfinite(routed_scaling_factor)
-    ):
-        raise ArgumentTypeError(
-            f"routed_scaling_factor must be a finite real number, got {routed_scaling_factor!r}"
-        )
+    factor = _finite_real(routed_scaling_factor, "routed_scaling_factor")
     if folds_routed_scale(experts):
         in_topk = _capability(experts, "should_fuse_routed_scaling_factor_in_topk")
-        scale = 1.0 if in_topk else float(routed_scaling_factor)
+        scale = 1.0 if in_topk else factor
         if shared is not None:
             return shared.add_(routed, alpha=scale)
         return routed.mul_(scale)

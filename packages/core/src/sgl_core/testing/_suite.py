@@ -168,7 +168,8 @@ class BackendConformanceSuite:
         Random bit patterns include fp8 NaNs, so only a byte copy passes.
         """
         dtype: torch.dtype = getattr(torch, fp8)
-        setattr(self, "dtype", dtype)  # this test's pools only (pytest: one instance per test)
+        # this test's pools only (pytest: one instance per test); dtype is a ClassVar to mypy
+        setattr(self, "dtype", dtype)  # noqa: B010
         dev = self.make_device_pool(backend, page_size=16, pages=self.device_pages)
         assert dev.dtype == dtype
         gen = torch.Generator().manual_seed(11)
