@@ -179,3 +179,34 @@ def test_ggml_uses_the_shared_routing_check() -> None:
         method.apply(bank, x, weights.to(DEVICE), ids.float().to(DEVICE))
     with pytest.raises(errors.ShapeMismatchError):
         method.apply(bank, x[:, :16], weights.to(DEVICE), ids.to(DEVICE))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", KERNEL_LAYOUTS)
+def test_per_layer_loads_of_gpu_indices_do_not_synchronize(layout: str) -> None:
+    """With indices on the GPU only the first layer of a batch may synchronize (validation)."""
+    dev, host = pools(layout, seed=4)
+    h_idx = page_indices([3, 0, 4], PS).to(DEVICE)
+    d_idx = page_indices([1, 6, 2], PS).to(DEVICE)
+    host.load_to_device_per_layer(dev, h_idx, d_idx, 0, "kernel")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for layer in range(1, LAYERS):
+            host.load_to_device_per_layer(dev, h_idx, d_idx, layer, "kernel")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    host.synchronize()
+    ref = backend.create_device_pool(
+        size=PAGES * PS,
+        page_size=PS,
+        dtype=torch.bfloat16,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        layer_num=LAYERS,
+    )
+    for layer in range(LAYERS):
+        host.load_to_device_per_layer(ref, h_idx.cpu(), d_idx.cpu(), layer, "kernel")
+        assert torch.equal(
+            device_rows(dev, layer, d_idx.cpu()), device_rows(ref, layer, d_idx.cpu())
+        )
