@@ -11,7 +11,6 @@ import threading
 
 import pytest
 import torch
-from _ggml_oracle import random_blocks, routing
 
 from sgl_core import errors
 from sgl_core.testing import device_rows, fill_device_random, host_bytes, page_indices
@@ -162,23 +161,22 @@ def test_device_arguments_are_typed_errors(device: object) -> None:
 
 
 def test_ggml_uses_the_shared_routing_check() -> None:
-    import numpy as np
-
-    q = GGMLQuantType.Q8_0
-    rng = np.random.default_rng(0)
+    q = GGMLQuantType.Q8_0  # blocks of 32 values in 34 bytes; zero bytes are valid blocks
     e, hidden, inter = 2, 32, 32
-    gu = random_blocks(int(q), e * 2 * inter, hidden, rng).reshape(e, 2 * inter, -1)
-    down = random_blocks(int(q), e * hidden, inter, rng).reshape(e, hidden, -1)
-    bank = GGMLExpertBank(torch.from_numpy(gu), q, torch.from_numpy(down), q).to(DEVICE)
-    weights, ids = routing(3, 1, e)
+    gate_up = torch.zeros(e, 2 * inter, hidden // 32 * 34, dtype=torch.uint8)
+    down = torch.zeros(e, hidden, inter // 32 * 34, dtype=torch.uint8)
+    bank = GGMLExpertBank(gate_up, q, down, q).to(DEVICE)
+    ids = torch.tensor([[0], [1], [0]], dtype=torch.int32, device=DEVICE)
+    weights = torch.ones(3, 1, device=DEVICE)
     x = torch.zeros(3, hidden, device=DEVICE)
     method = GGMLMoEMethod()
     with pytest.raises(errors.IndexOutOfRangeError):
-        method.apply(bank, x, weights.to(DEVICE), torch.full_like(ids, e).to(DEVICE))
+        method.apply(bank, x, weights, torch.full_like(ids, e))
     with pytest.raises(errors.IndexDTypeError):
-        method.apply(bank, x, weights.to(DEVICE), ids.float().to(DEVICE))
+        method.apply(bank, x, weights, ids.float())
     with pytest.raises(errors.ShapeMismatchError):
-        method.apply(bank, x[:, :16], weights.to(DEVICE), ids.to(DEVICE))
+        method.apply(bank, x[:, :16], weights, ids)
+    assert method.apply(bank, x[:0], weights[:0], ids[:0]).shape == (0, hidden)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
