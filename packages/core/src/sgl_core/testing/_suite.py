@@ -27,8 +27,10 @@ from sgl_core._discovery import get_backend
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
 from sgl_core.errors import (
+    DeviceError,
     FreeError,
     PageAlignmentError,
+    PoolSizeError,
     SGLError,
     UnsupportedLayoutError,
 )
@@ -251,6 +253,9 @@ class BackendConformanceSuite:
             ("layer -1", IndexError, lambda: load(dev, good_h, good_d, -1, io)),
             ("layer too big", IndexError, lambda: load(dev, good_h, good_d, self.layer_num, io)),
             ("unknown io backend", ValueError, lambda: backup(dev, good_h, good_d, "warp_drive")),
+            ("meta host", ValueError, lambda: backup(dev, good_h.to("meta"), good_d, io)),
+            ("meta device", ValueError, lambda: load(dev, good_h, good_d.to("meta"), 0, io)),
+            ("float indices", TypeError, lambda: load(dev, good_h.double(), good_d, 0, io)),
         ]
         if other.layer_num == dev.layer_num:
             mismatched = backend.create_device_pool(
@@ -351,6 +356,42 @@ class BackendConformanceSuite:
                     assert torch.equal(
                         device_rows(other, layer, d_idx), device_rows(dev, layer, d_idx)
                     )
+
+    def test_bad_pool_arguments_are_typed_errors(self, backend: Backend) -> None:
+        """Sizing and device arguments: ``sgl_core.errors``, before anything is allocated."""
+        dev = self.make_device_pool(backend, page_size=16, pages=2)
+        layout = next(iter(backend.supported_pairs))
+        for name, value, builtin in (
+            ("host_to_device_ratio", float("nan"), ValueError),
+            ("host_to_device_ratio", float("inf"), ValueError),
+            ("host_to_device_ratio", "2", TypeError),
+            ("host_size_gb", None, TypeError),
+            ("host_size_gb", float("nan"), ValueError),
+            ("host_size_gb", 1e9, ValueError),  # an exabyte: beyond memory
+        ):
+            with pytest.raises(SGLError) as info:
+                backend.create_host_pool(dev, layout=layout, **{name: value})  # type: ignore[arg-type]
+            assert isinstance(info.value, builtin), f"{name}={value!r}: {info.value!r}"
+        for device in ("bogus", 0, "meta"):
+            with pytest.raises(DeviceError):
+                backend.create_device_pool(
+                    size=16,
+                    page_size=16,
+                    dtype=self.dtype,
+                    kv_lora_rank=self.kv_lora_rank,
+                    qk_rope_head_dim=self.qk_rope_head_dim,
+                    layer_num=self.layer_num,
+                    device=device,  # type: ignore[arg-type]
+                )
+        with pytest.raises(PoolSizeError):  # about 1 PB
+            backend.create_device_pool(
+                size=2**40,
+                page_size=16,
+                dtype=self.dtype,
+                kv_lora_rank=512,
+                qk_rope_head_dim=64,
+                layer_num=self.layer_num,
+            )
 
     def test_unsupported_layout_rejected_at_build(self, backend: Backend) -> None:
         dev = self.make_device_pool(backend, page_size=16, pages=2)
