@@ -161,12 +161,16 @@ def test_plan_reused_only_for_equal_indices(monkeypatch: pytest.MonkeyPatch) -> 
     for layer in range(LAYERS):
         host.load_to_device_per_layer(dev, h_idx, d_idx, layer, IO)
     assert len(calls) == 1  # one plan for all layers of the same indices
-    host.load_to_device_per_layer(dev, h_idx.clone(), d_idx.clone(), 0, IO)
-    assert len(calls) == 1  # keyed on values, not identity
-    # A write torch's version counter cannot see (through numpy) is still caught.
-    d_idx.numpy()[:] = page_indices([7, 5], PS).numpy()
-    host.load_to_device_per_layer(dev, h_idx, d_idx, 0, IO)
+    # Keyed on identity (and version), not values: new tensors are validated and planned.
+    h_new, d_new = h_idx.clone(), d_idx.clone()
+    host.load_to_device_per_layer(dev, h_new, d_new, 0, IO)
     assert len(calls) == 2
+    host.load_to_device_per_layer(dev, h_new, d_new, 1, IO)
+    assert len(calls) == 2
+    # A write torch's version counter cannot see (through numpy) is still caught on CPU.
+    d_new.numpy()[:] = page_indices([7, 5], PS).numpy()
+    host.load_to_device_per_layer(dev, h_new, d_new, 0, IO)
+    assert len(calls) == 3
     assert torch.equal(as_bytes(dev.k_buffer[0, [7, 5]]), as_bytes(host.k_buffer[[1, 2], 0]))
 
 

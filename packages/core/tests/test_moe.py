@@ -114,5 +114,5 @@ def test_reference_method_matches_dense_oracle() -> None:
             act = torch.nn.functional.silu(gate_up[:i]) * gate_up[i:]
             expected[tok] += w[tok, slot] * (weights.w2_weight[ex] @ act)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    with pytest.raises(errors.ShapeMismatchError):
+    with pytest.raises(errors.IndexOutOfRangeError):
         sgl_core.TorchMoEMethod().apply(weights, x, w, ids + e)

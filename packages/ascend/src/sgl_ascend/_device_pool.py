@@ -21,7 +21,13 @@ import torch
 
 from sgl_ascend import _npu
 from sgl_core import MLAPoolGeometry
-from sgl_core._validation import check_index_bounds, check_index_tensor, check_layer_id
+from sgl_core._copy import byte_view
+from sgl_core._validation import (
+    check_index_bounds,
+    check_index_device,
+    check_index_tensor,
+    check_layer_id,
+)
 from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
 
 __all__ = ["AscendMLADevicePool"]
@@ -76,7 +82,10 @@ class AscendMLADevicePool(MLAPoolGeometry):
                 self.index_k_scale_buffer = self._zeros((*ipages, 1), torch.float32)
 
     def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.zeros(shape, dtype=dtype, device=self._device)
+        try:
+            return torch.zeros(shape, dtype=dtype, device=self._device)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise PoolSizeError(f"device pool does not fit on {self._device}: {exc}") from None
 
     def _check_indexer(
         self,
@@ -130,12 +139,13 @@ class AscendMLADevicePool(MLAPoolGeometry):
 
     # ------------------------------------------------------------ token rows
     def _rows(self, buffer: torch.Tensor, row: int) -> torch.Tensor:
-        """``(slot_count, 1, dim)`` view of one layer of a 5-D component."""
-        return buffer[row].view(self.slot_count, 1, buffer.shape[-1])
+        """``(slot_count, 1, dim)`` view of one layer of a 5-D component (fp8 as bytes)."""
+        return byte_view(buffer[row].view(self.slot_count, 1, buffer.shape[-1]))
 
     def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
         check_layer_id(layer_id, self.layer_num)
         check_index_tensor(loc, "loc")
+        check_index_device(loc, "loc", self.device)
         check_index_bounds(loc, self.slot_count, "loc")
         return loc.to(self.device)
 
@@ -167,8 +177,8 @@ class AscendMLADevicePool(MLAPoolGeometry):
         self._check_rows("cache_k_rope", cache_k_rope, n, self.qk_rope_head_dim)
         k_rows = self._rows(self.k_buffer, layer_id)
         v_rows = self._rows(self.v_buffer, layer_id)
-        k_rows.index_copy_(0, loc, cache_k_nope.to(self.device, self.dtype))
-        v_rows.index_copy_(0, loc, cache_k_rope.to(self.device, self.dtype))
+        k_rows.index_copy_(0, loc, byte_view(cache_k_nope.to(self.device, self.dtype)))
+        v_rows.index_copy_(0, loc, byte_view(cache_k_rope.to(self.device, self.dtype)))
 
     def get_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor
@@ -176,8 +186,8 @@ class AscendMLADevicePool(MLAPoolGeometry):
         """Copies of the ``(k_nope, k_rope)`` rows at token ``loc``."""
         loc = self._check_loc(layer_id, loc)
         return (
-            self._rows(self.k_buffer, layer_id).index_select(0, loc),
-            self._rows(self.v_buffer, layer_id).index_select(0, loc),
+            self._rows(self.k_buffer, layer_id).index_select(0, loc).view(self.dtype),
+            self._rows(self.v_buffer, layer_id).index_select(0, loc).view(self.dtype),
         )
 
     # --------------------------------------------------------------- indexer
@@ -214,7 +224,7 @@ class AscendMLADevicePool(MLAPoolGeometry):
                 0, loc, index_k_scale.to(self.device, torch.float32)
             )
         self._rows(self.index_k_buffer, slot).index_copy_(
-            0, loc, index_k.to(self.device, self.dtype)
+            0, loc, byte_view(index_k.to(self.device, self.dtype))
         )
 
     def get_index_k_buffer(
@@ -224,7 +234,7 @@ class AscendMLADevicePool(MLAPoolGeometry):
         loc = self._check_loc(layer_id, loc)
         slot = self._indexer_row(layer_id)
         assert self.index_k_buffer is not None
-        keys = self._rows(self.index_k_buffer, slot).index_select(0, loc)
+        keys = self._rows(self.index_k_buffer, slot).index_select(0, loc).view(self.dtype)
         scale_buf = self.index_k_scale_buffer
         scales = None if scale_buf is None else self._rows(scale_buf, slot).index_select(0, loc)
         return keys, scales

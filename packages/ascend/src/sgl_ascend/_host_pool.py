@@ -39,6 +39,7 @@ from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._transfer import PagePlan, backup_rows, load_row, plan_pages
 from sgl_core import HostLayout, IOBackend, MLADevicePool, MLAHostPoolBase
+from sgl_core._validation import check_backed
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 
 __all__ = ["AscendMLAHostPool"]
@@ -94,12 +95,39 @@ class AscendMLAHostPool(MLAHostPoolBase):
         return device_pool
 
     def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
-        theirs = _indexer_config(self._ascend_pool(device_pool))
+        pool = self._ascend_pool(device_pool)
+        theirs = _indexer_config(pool)
         if theirs != self._indexer:
             raise PoolMismatchError(
                 "device_pool indexer (index_head_dim, indexer_layer_ids, has_index_k_scale) = "
                 f"{theirs}, expected {self._indexer}"
             )
+        # The buffers are plain attributes: one replaced, resized or ``set_`` since
+        # the pool was built must still be what the copies address.
+        names = ("k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer")
+        device = pool.k_buffer.device
+        for name, dev, host in zip(names, self._device_buffers(pool), self.buffers, strict=False):
+            expected = (host.shape[1], pool.page_num, *host.shape[2:])
+            if (
+                not isinstance(dev, torch.Tensor)
+                or tuple(dev.shape) != expected
+                or dev.dtype != host.dtype
+                or dev.device != device
+                or not dev.is_contiguous()
+            ):
+                got = (
+                    f"{tuple(dev.shape)} {dev.dtype} on {dev.device}"
+                    if isinstance(dev, torch.Tensor)
+                    else type(dev).__name__
+                )
+                raise PoolMismatchError(
+                    f"device_pool.{name} must be a contiguous {expected} {host.dtype} tensor "
+                    f"on {device}, got {got}"
+                )
+            check_backed(dev, f"device_pool.{name}")
+
+    def _layer_storage(self, device_pool: MLADevicePool, layer_id: int) -> Sequence[torch.Tensor]:
+        return self._device_buffers(self._ascend_pool(device_pool))
 
     def _bytes_per_token(self, device_pool: MLADevicePool) -> int:
         head_dim, layers, scale = self._indexer

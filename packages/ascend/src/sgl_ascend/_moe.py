@@ -101,6 +101,10 @@ class W8A8MoEWeights:
     def num_experts(self) -> int:
         return int(self.w13_weight.shape[0])
 
+    @property
+    def hidden_size(self) -> int:
+        return int(self.w13_weight.shape[2])
+
 
 @dataclasses.dataclass(frozen=True)
 class _Groups:
@@ -183,7 +187,8 @@ class AscendMoEMethod:
         topk_ids: torch.Tensor,
     ) -> torch.Tensor:
         """Unscaled routed output ``(tokens, hidden)`` in ``x.dtype``."""
-        check_routing(x, topk_weights, topk_ids, layer.num_experts)
+        if not check_routing(x, topk_weights, topk_ids, layer.num_experts, layer.hidden_size):
+            return x.new_zeros((0, layer.hidden_size))
         groups = _Groups.of(topk_ids, layer.num_experts)
         rows = x[groups.order // groups.top_k]
         if x.device.type == "npu":
@@ -209,7 +214,8 @@ class AscendW8A8DynamicMoEMethod:
         topk_ids: torch.Tensor,
     ) -> torch.Tensor:
         """Unscaled routed output ``(tokens, hidden)`` in ``x.dtype``."""
-        check_routing(x, topk_weights, topk_ids, layer.num_experts)
+        if not check_routing(x, topk_weights, topk_ids, layer.num_experts, layer.hidden_size):
+            return x.new_zeros((0, layer.hidden_size))
         groups = _Groups.of(topk_ids, layer.num_experts)
         qx, sx = quantize_per_token(x)
         rows, row_scale = qx[groups.order // groups.top_k], sx[groups.order // groups.top_k]

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from sgl_core._devices import parse_device, usable_device
 from sgl_core.errors import BackendUnavailableError
 
 __all__ = [
@@ -70,14 +71,20 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     """``None`` -> the first NPU when one is usable, else CPU; ``"npu[:i]"`` needs torch_npu."""
     if device is None:
         return torch.device("npu") if npu_available() else torch.device("cpu")
-    text = str(device) if isinstance(device, torch.device) else device
-    if text.split(":", 1)[0].strip().lower() == "npu":
-        import_torch_npu()
-        if not npu_available():
-            raise BackendUnavailableError(
-                f"device={text!r}: torch_npu imported but no NPU is visible "
-                "(check the driver, CANN and ASCEND_RT_VISIBLE_DEVICES)"
-            )
+    if isinstance(device, str) and device.split(":", 1)[0].strip().lower() == "npu":
+        text = device  # torch parses "npu" only once torch_npu is imported
+    else:
+        parsed = parse_device(device)
+        assert parsed is not None
+        if parsed.type != "npu":
+            return usable_device(parsed)
+        text = str(parsed)
+    import_torch_npu()
+    if not npu_available():
+        raise BackendUnavailableError(
+            f"device={text!r}: torch_npu imported but no NPU is visible "
+            "(check the driver, CANN and ASCEND_RT_VISIBLE_DEVICES)"
+        )
     return torch.device(text)
 
 

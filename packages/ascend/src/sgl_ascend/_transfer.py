@@ -35,7 +35,14 @@ from collections.abc import Sequence
 import torch
 
 from sgl_ascend import _npu
-from sgl_core._copy import IndexRuns, copy_pairs, memmove_blocks, merge_runs, widen_rows
+from sgl_core._copy import (
+    IndexRuns,
+    byte_view,
+    copy_pairs,
+    memmove_blocks,
+    merge_runs,
+    widen_rows,
+)
 
 __all__ = ["PagePlan", "backup_rows", "load_row", "plan_pages"]
 
@@ -94,11 +101,11 @@ def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePl
     with _npu.transfer_stream(device):
         if _short_runs(plan, per_page, same_device=same):
             dev_pages = plan.device_pages.to(device)
-            for host, dev in pairs:
-                gathered = dev.index_select(1, dev_pages).transpose(0, 1)
+            for host, dev in pairs:  # fp8 has no index kernels: move bytes
+                gathered = byte_view(dev).index_select(1, dev_pages).transpose(0, 1)
                 if gathered.device != host.device:
                     gathered = gathered.contiguous().to(host.device)
-                host.index_copy_(0, plan.host_pages.to(host.device), gathered)
+                byte_view(host).index_copy_(0, plan.host_pages.to(host.device), gathered)
             return
         page_major = [(widen_rows(host), widen_rows(dev).transpose(0, 1)) for host, dev in pairs]
         dst: list[torch.Tensor] = []
@@ -124,8 +131,8 @@ def load_row(triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: Pa
         if _short_runs(plan, per_page, same_device=same):
             dev_pages = plan.device_pages.to(device)
             for host, dev, row in triples:
-                staged = host[:, row].index_select(0, plan.host_pages.to(host.device))
-                dev[row].index_copy_(0, dev_pages, staged.to(device))
+                staged = byte_view(host[:, row]).index_select(0, plan.host_pages.to(host.device))
+                byte_view(dev[row]).index_copy_(0, dev_pages, staged.to(device))
             return
         # One page of one row in its own dtype is big enough for ATen to copy
         # with all cores (faster here than serial wide-int blocks).

@@ -26,6 +26,7 @@ import torch
 
 __all__ = [
     "IndexRuns",
+    "byte_view",
     "copy_blocks",
     "copy_each",
     "copy_pairs",
@@ -81,6 +82,18 @@ def merge_runs(src: torch.Tensor, dst: torch.Tensor, unit: int = 1) -> IndexRuns
     )
 
 
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as ``torch.uint8`` when its dtype is a one-byte float (fp8), else ``t``.
+
+    fp8 KV caches are moved as bytes: torch has no index kernels
+    (``index_copy_``, ``index_select``) for fp8 dtypes on every device, and
+    bytes are what a bit-exact copy moves anyway.
+    """
+    if t.dtype.is_floating_point and t.element_size() == 1:
+        return t.view(torch.uint8)
+    return t
+
+
 def widen_rows(t: torch.Tensor) -> torch.Tensor:
     """``t`` viewed as the widest integer dtype whose items tile its last (row) dim.
 
@@ -92,7 +105,7 @@ def widen_rows(t: torch.Tensor) -> torch.Tensor:
     for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
         if size > t.element_size() and row_bytes % size == 0 and t.stride(-1) == 1:
             return t.view(dtype)
-    return t
+    return byte_view(t)
 
 
 def _pool() -> ThreadPoolExecutor:

@@ -6,9 +6,16 @@ from typing import ClassVar
 
 import torch
 
+from sgl_core._copy import byte_view
+from sgl_core._devices import check_fits, usable_device
 from sgl_core._shapes import MLAShape
-from sgl_core._validation import check_index_bounds, check_index_tensor, check_layer_id
-from sgl_core.errors import PoolMismatchError, PoolSizeError
+from sgl_core._validation import (
+    check_index_bounds,
+    check_index_device,
+    check_index_tensor,
+    check_layer_id,
+)
+from sgl_core.errors import ArgumentTypeError, PoolMismatchError, PoolSizeError
 
 __all__ = ["MLAPoolGeometry", "PerLayerMLADevicePool", "check_pool_geometry"]
 
@@ -45,6 +52,7 @@ class MLAPoolGeometry:
         self._size = size
         self._page_size = page_size
         self._device = device
+        check_fits(self.slot_count * self.shape.layout_dim, device, "device pool")
 
     @property
     def size(self) -> int:
@@ -119,16 +127,20 @@ class PerLayerMLADevicePool(MLAPoolGeometry):
             kv_lora_rank=kv_lora_rank,
             qk_rope_head_dim=qk_rope_head_dim,
             layer_num=layer_num,
-            device=torch.device(device if device is not None else "cpu"),
+            device=usable_device(device),
         )
         layer_shape = (size + page_size, 1, self.shape.kv_cache_dim)
-        if self.layers_in_one_allocation:
-            stacked = torch.zeros((layer_num, *layer_shape), dtype=dtype, device=self._device)
-            self.kv_buffer: list[torch.Tensor] = list(stacked.unbind(0))
-        else:
-            self.kv_buffer = [
-                torch.zeros(layer_shape, dtype=dtype, device=self._device) for _ in range(layer_num)
-            ]
+        try:
+            if self.layers_in_one_allocation:
+                stacked = torch.zeros((layer_num, *layer_shape), dtype=dtype, device=self._device)
+                self.kv_buffer: list[torch.Tensor] = list(stacked.unbind(0))
+            else:
+                self.kv_buffer = [
+                    torch.zeros(layer_shape, dtype=dtype, device=self._device)
+                    for _ in range(layer_num)
+                ]
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise PoolSizeError(f"device pool does not fit on {self._device}: {exc}") from None
 
     @property
     def device(self) -> torch.device:
@@ -140,6 +152,7 @@ class PerLayerMLADevicePool(MLAPoolGeometry):
     def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
         check_layer_id(layer_id, self.layer_num)
         check_index_tensor(loc, "loc")
+        check_index_device(loc, "loc", self.device)
         check_index_bounds(loc, self.slot_count, "loc")
         return loc.to(self.device)
 
@@ -156,16 +169,21 @@ class PerLayerMLADevicePool(MLAPoolGeometry):
             ("cache_k_nope", cache_k_nope, self.kv_lora_rank),
             ("cache_k_rope", cache_k_rope, self.qk_rope_head_dim),
         ):
+            if not isinstance(tensor, torch.Tensor):
+                raise ArgumentTypeError(
+                    f"{name} must be a torch.Tensor, got {type(tensor).__name__}"
+                )
             if tuple(tensor.shape) != (n, 1, dim):
                 raise PoolMismatchError(
                     f"{name} must have shape {(n, 1, dim)}, got {tuple(tensor.shape)}"
                 )
-        rows = torch.cat([cache_k_nope, cache_k_rope], dim=-1).to(self.device, self.dtype)
-        self.kv_buffer[layer_id].index_copy_(0, loc, rows)
+        # fp8 caches move as bytes (no fp8 index kernels); values convert first.
+        parts = [byte_view(t.to(self.device, self.dtype)) for t in (cache_k_nope, cache_k_rope)]
+        byte_view(self.kv_buffer[layer_id]).index_copy_(0, loc, torch.cat(parts, dim=-1))
 
     def get_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         loc = self._check_loc(layer_id, loc)
-        rows = self.kv_buffer[layer_id].index_select(0, loc)
+        rows = byte_view(self.kv_buffer[layer_id]).index_select(0, loc).view(self.dtype)
         return rows[..., : self.kv_lora_rank], rows[..., self.kv_lora_rank :]

@@ -10,6 +10,8 @@ arguments and never has to undo a partial copy.
 from __future__ import annotations
 
 import abc
+import math
+import numbers
 import threading
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
@@ -17,11 +19,13 @@ from typing import ClassVar
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._load_memo import CheckedLoad, tensor_signature
 from sgl_core._memory import available_host_bytes, should_pin
 from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
 from sgl_core._validation import (
     check_index_bounds,
+    check_index_device,
     check_index_pair,
     check_index_tensor,
     check_layer_id,
@@ -44,51 +48,14 @@ __all__ = ["MLAHostPoolBase", "describe_pairs"]
 _MEMORY_HEADROOM = 1 << 30
 
 
-class _CheckedCall:
-    """The arguments of the last load that passed validation (indices copied)."""
-
-    __slots__ = ("device_indices", "fingerprint", "host_indices", "io", "io_backend", "plan")
-
-    def __init__(
-        self,
-        fingerprint: tuple[object, ...],
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        io_backend: IOBackend | str,
-        io: IOBackend,
-    ) -> None:
-        self.fingerprint = fingerprint
-        self.host_indices = host_indices.clone()
-        self.device_indices = device_indices.clone()
-        self.io_backend = io_backend
-        self.io = io
-        # A backend's copy plan for these indices, reused by the next layers' loads.
-        self.plan: object = None
-
-    def matches(
-        self,
-        fingerprint: tuple[object, ...],
-        host_indices: object,
-        device_indices: object,
-        io_backend: IOBackend | str,
-    ) -> bool:
-        return (
-            len(fingerprint) == len(self.fingerprint)
-            and all(a is b for a, b in zip(fingerprint, self.fingerprint, strict=True))
-            and io_backend == self.io_backend
-            and _same_indices(host_indices, self.host_indices)
-            and _same_indices(device_indices, self.device_indices)
-        )
-
-
-def _same_indices(given: object, checked: torch.Tensor) -> bool:
-    return (
-        isinstance(given, torch.Tensor)
-        and given.dtype == checked.dtype
-        and given.shape == checked.shape
-        and given.device == checked.device
-        and bool(torch.equal(given, checked))
-    )
+def _size_argument(name: str, value: object) -> float:
+    """A finite, non-negative real number (``bool`` excluded), or a typed error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be a real number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise PoolSizeError(f"{name} must be finite and not negative, got {value!r}")
+    return number
 
 
 def describe_pairs(pairs: Mapping[HostLayout, frozenset[IOBackend]]) -> str:
@@ -122,15 +89,22 @@ class MLAHostPoolBase(abc.ABC):
             device_pool.dtype,
         )
         self._page_size = device_pool.page_size
-        self._size = self._compute_size(device_pool, host_to_device_ratio, host_size_gb)
+        self._size = self._compute_size(
+            device_pool,
+            _size_argument("host_to_device_ratio", host_to_device_ratio),
+            _size_argument("host_size_gb", host_size_gb),
+        )
         self.pin_memory = should_pin(pin_memory, device_pool.device)
         self._lock = threading.RLock()
         self._allocated = torch.zeros(self._size, dtype=torch.bool)
-        self._last_checked: _CheckedCall | None = None
+        self._last_checked: CheckedLoad | None = None
         # Per thread: a write-back thread and a load thread share one pool.
         self._call_state = threading.local()
         self._free_slots = torch.arange(self._size, dtype=torch.int64)
-        self._allocate_buffers(device_pool)
+        try:
+            self._allocate_buffers(device_pool)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise PoolSizeError(f"host pool of {self._size} tokens does not fit: {exc}") from None
 
     # ----------------------------------------------------------------- hooks
     @abc.abstractmethod
@@ -168,6 +142,10 @@ class MLAHostPoolBase(abc.ABC):
 
     def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:  # noqa: B027
         """Reject device pools whose storage this host pool cannot address."""
+
+    def _layer_storage(self, device_pool: MLADevicePool, layer_id: int) -> Sequence[torch.Tensor]:
+        """The device tensors a load of ``layer_id`` writes (re-checked on the memo path)."""
+        return ()
 
     def _check_io_support(  # noqa: B027
         self, device_pool: MLADevicePool, io_backend: IOBackend
@@ -242,8 +220,6 @@ class MLAHostPoolBase(abc.ABC):
         self, device_pool: MLADevicePool, host_to_device_ratio: float, host_size_gb: float
     ) -> int:
         per_token = self._bytes_per_token(device_pool)
-        if host_size_gb < 0 or host_to_device_ratio < 0:
-            raise PoolSizeError("host_size_gb and host_to_device_ratio must not be negative")
         if host_size_gb > 0:
             tokens = int(host_size_gb * 1e9) // per_token
         else:
@@ -332,23 +308,37 @@ class MLAHostPoolBase(abc.ABC):
         layer_id: int,
         io_backend: IOBackend | str,
     ) -> None:
-        """Host -> device for one layer.
+        """Host -> device for one layer; validated once per batch of layers.
 
-        Engines call this once per layer with the same indices; when the pool,
-        the io backend and the *contents* of both index tensors equal those of
-        the last call that passed validation, only ``layer_id`` is checked again
-        (comparing contents costs far less than re-validating them).
+        Engines call this once per layer with the same index tensors. The first
+        call validates every argument; a later call re-checks only ``layer_id``
+        and the storage of the device tensors the layer's copy writes, provided
+        it passes the same pool, io backend and index tensor *objects*, not
+        modified since (``Tensor._version``, address, shape; and, for CPU index
+        tensors only, equal values). Anything else is validated in full again,
+        e.g. new tensors with equal values, or a layer replaced with
+        ``Tensor.set_``. Index tensors on an accelerator are never read back
+        by this check, so the per-layer path adds no host-device
+        synchronization; the first call of a batch synchronizes once (bounds
+        and duplicate checks). Writes to accelerator index tensors that torch
+        does not see are not detected: do not modify index tensors behind
+        torch's back between the layers of one batch. See ``sgl_core._load_memo``.
         """
         check_layer_id(layer_id, self.layer_num)
         checked = self._last_checked
         fingerprint = self._device_pool_fingerprint(device_pool)
-        if checked is None or not checked.matches(
-            fingerprint, host_indices, device_indices, io_backend
+        if (
+            checked is None
+            or not checked.matches(fingerprint, host_indices, device_indices, io_backend)
+            or checked.storage[layer_id] != self._storage_signature(device_pool, layer_id)
         ):
             io = self._check_transfer(
                 device_pool, host_indices, device_indices, io_backend, "device_indices"
             )
-            checked = _CheckedCall(fingerprint, host_indices, device_indices, io_backend, io)
+            storage = [self._storage_signature(device_pool, i) for i in range(self.layer_num)]
+            checked = CheckedLoad(
+                fingerprint, host_indices, device_indices, io_backend, io, storage
+            )
             self._last_checked = checked
         if host_indices.numel():
             self._call_state.call = checked
@@ -357,8 +347,11 @@ class MLAHostPoolBase(abc.ABC):
             finally:
                 self._call_state.call = None
 
-    def _active_call(self) -> _CheckedCall | None:
-        call: _CheckedCall | None = getattr(self._call_state, "call", None)
+    def _storage_signature(self, device_pool: MLADevicePool, layer_id: int) -> tuple[object, ...]:
+        return tuple(tensor_signature(t) for t in self._layer_storage(device_pool, layer_id))
+
+    def _active_call(self) -> CheckedLoad | None:
+        call: CheckedLoad | None = getattr(self._call_state, "call", None)
         return call
 
     def _cached_plan(self) -> object:
@@ -392,6 +385,8 @@ class MLAHostPoolBase(abc.ABC):
         host_indices, device_indices = check_index_pair(
             host_indices, "host_indices", device_indices, "device_indices"
         )
+        check_index_device(host_indices, "host_indices", device_pool.device)
+        check_index_device(device_indices, "device_indices", device_pool.device)
         check_index_bounds(host_indices, self._size, "host_indices")
         check_index_bounds(
             device_indices, device_pool.size + device_pool.page_size, "device_indices"

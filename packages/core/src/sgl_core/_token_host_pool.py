@@ -25,6 +25,7 @@ from sgl_core._copy import IndexRuns, copy_pairs, memmove_blocks, merge_runs, wi
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase
 from sgl_core._protocols import MLADevicePool
+from sgl_core._validation import check_backed
 from sgl_core.errors import PoolMismatchError
 
 __all__ = ["TokenRowHostPool", "device_layers", "stacked_layers"]
@@ -129,11 +130,17 @@ class TokenRowHostPool(MLAHostPoolBase):
     def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
         expected = (device_pool.size + device_pool.page_size, 1, self.kv_cache_dim)
         for i, layer in enumerate(device_layers(device_pool)):
+            if not isinstance(layer, torch.Tensor):
+                raise PoolMismatchError(f"device_pool.kv_buffer[{i}] is not a torch.Tensor")
             if tuple(layer.shape) != expected or layer.dtype != self.dtype:
                 raise PoolMismatchError(
                     f"device_pool.kv_buffer[{i}] has shape {tuple(layer.shape)} "
                     f"{layer.dtype}, expected {expected} {self.dtype}"
                 )
+            check_backed(layer, f"device_pool.kv_buffer[{i}]")
+
+    def _layer_storage(self, device_pool: MLADevicePool, layer_id: int) -> Sequence[torch.Tensor]:
+        return (device_layers(device_pool)[layer_id],)
 
     # ------------------------------------------------------------ host views
     def host_rows(self, layer_id: int, buffer: torch.Tensor | None = None) -> torch.Tensor | None:

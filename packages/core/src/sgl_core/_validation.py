@@ -6,16 +6,20 @@ import torch
 
 from sgl_core.errors import (
     ArgumentTypeError,
+    DeviceError,
     DuplicateIndexError,
     IndexDTypeError,
     IndexOutOfRangeError,
     IndexShapeError,
     LayerIndexError,
     PageAlignmentError,
+    PoolMismatchError,
 )
 
 __all__ = [
+    "check_backed",
     "check_index_bounds",
+    "check_index_device",
     "check_index_pair",
     "check_index_tensor",
     "check_layer_id",
@@ -32,7 +36,17 @@ def check_index_tensor(indices: object, argument: str) -> torch.Tensor:
         raise IndexDTypeError(f"{argument} must have dtype torch.int64, got {indices.dtype}")
     if indices.dim() != 1:
         raise IndexShapeError(f"{argument} must be 1-D, got shape {tuple(indices.shape)}")
+    if indices.device.type == "meta":
+        raise DeviceError(f"{argument} is a meta tensor: it has no values to index with")
     return indices
+
+
+def check_index_device(indices: torch.Tensor, argument: str, device: torch.device) -> None:
+    """Indices in CPU memory or on the pool's own ``device``."""
+    if indices.device.type != "cpu" and indices.device != device:
+        raise DeviceError(
+            f"{argument} is on {indices.device}; indices must be on the cpu or on {device}"
+        )
 
 
 def check_index_pair(
@@ -102,3 +116,20 @@ def check_layer_id(layer_id: object, layer_num: int) -> int:
     if not 0 <= layer_id < layer_num:
         raise LayerIndexError(f"layer_id={layer_id} is outside [0, {layer_num})")
     return layer_id
+
+
+def check_backed(t: torch.Tensor, name: str) -> None:
+    """``PoolMismatchError`` unless every element of ``t`` lies inside its storage.
+
+    A storage resized in place (``untyped_storage().resize_``) leaves the
+    tensor's shape claiming bytes that are no longer there.
+    """
+    if t.device.type == "meta":
+        raise PoolMismatchError(f"{name} is a meta tensor (no storage)")
+    if t.numel() == 0:
+        return
+    extent = t.storage_offset() + sum(
+        (n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)
+    )
+    if (extent + 1) * t.element_size() > t.untyped_storage().nbytes():
+        raise PoolMismatchError(f"{name} reaches past the end of its storage")

@@ -14,6 +14,7 @@ __all__ = [
     "ArgumentTypeError",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "DeviceError",
     "DuplicateIndexError",
     "FreeError",
     "IndexDTypeError",
@@ -72,6 +73,11 @@ class UnsupportedLayoutError(SGLError, ValueError):
 
 class PoolSizeError(SGLError, ValueError):
     """A requested pool size is zero, not whole pages, or exceeds memory."""
+
+
+class DeviceError(SGLError, ValueError):
+    """A ``device`` that names no usable device (a bad string, an int, ``"meta"``),
+    or a tensor on a device the call cannot read."""
 
 
 class FreeError(SGLError, ValueError):

@@ -8,6 +8,7 @@ from typing import SupportsIndex, overload
 import torch
 
 from sgl_core import PerLayerMLADevicePool
+from sgl_core._devices import parse_device
 from sgl_core._validation import check_layer_id
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError
 from sgl_cuda.kvcacheio import interpreter_active
@@ -32,7 +33,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
             "set TRITON_INTERPRET=1 to run its kernels on CPU tensors, "
             "or use the portable 'torch' backend"
         )
-    resolved = torch.device(device)
+    resolved = parse_device(device)
+    assert resolved is not None
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise BackendUnavailableError(

@@ -151,8 +151,7 @@ class CudaMLAHostPool(TokenRowHostPool):
                 f"io_backend='kernel' needs a CUDA device pool (got {device}); CPU pools "
                 "work only under TRITON_INTERPRET=1"
             )
-        if isinstance(device_pool, CudaMLADevicePool):
-            return
+        # Every layer, also of a CudaMLADevicePool: ``set_`` can make one strided.
         for i, layer in enumerate(device_layers(device_pool)):
             if not layer.is_contiguous() or layer.device != device:
                 raise PoolMismatchError(

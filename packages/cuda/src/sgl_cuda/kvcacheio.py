@@ -39,7 +39,7 @@ from types import ModuleType
 
 import torch
 
-from sgl_core._copy import copy_blocks, merge_runs
+from sgl_core._copy import byte_view, copy_blocks, merge_runs
 from sgl_core.errors import (
     BackendUnavailableError,
     IndexDTypeError,
@@ -48,6 +48,7 @@ from sgl_core.errors import (
     PageAlignmentError,
     ShapeMismatchError,
 )
+from sgl_cuda._launch_lock import interpreter_launch
 
 __all__ = [
     "interpreter_active",
@@ -159,6 +160,22 @@ def _check_layers(num_layers: int) -> int:
 
 
 # ------------------------------------------------------------------ kernels
+def _launch(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    **params: int | bool,
+) -> None:
+    """One launch; rows move as int64 words, so fp8 buffers go in as bytes (tables unchanged).
+
+    Interpreted launches hold one process-wide lock (``_launch_lock``).
+    """
+    kernels = _kernels()
+    with interpreter_launch(bool(kernels.INTERPRETED)):
+        kernels.launch_copy_rows(byte_view(src), byte_view(dst), src_indices, dst_indices, **params)
+
+
 def transfer_kv_per_layer_mla(
     src: torch.Tensor,
     dst: torch.Tensor,
@@ -176,7 +193,7 @@ def transfer_kv_per_layer_mla(
     device = _check_indices(src_indices, dst_indices)
     _check_buffer(src, "src", device)
     _check_buffer(dst, "dst", device)
-    _kernels().launch_copy_rows(
+    _launch(
         src,
         dst,
         src_indices,
@@ -215,7 +232,7 @@ def transfer_kv_per_layer_mla_pf_lf(
     device = _check_indices(src_indices, dst_indices)
     _check_buffer(src, "src", device)
     _check_buffer(dst, "dst", device)
-    _kernels().launch_copy_rows(
+    _launch(
         src,
         dst,
         src_indices,
@@ -251,7 +268,7 @@ def transfer_kv_all_layer_mla(
     device = _check_indices(src_indices, dst_indices)
     _check_table(src_layers, "src_layers", device, layers)
     _check_table(dst_layers, "dst_layers", device, layers)
-    _kernels().launch_copy_rows(
+    _launch(
         src_layers,
         dst_layers,
         src_indices,
@@ -289,7 +306,7 @@ def transfer_kv_all_layer_mla_lf_pf(
     device = _check_indices(src_indices, dst_indices)
     _check_table(src_layers, "src_layers", device, layers)
     _check_buffer(dst, "dst", device)
-    _kernels().launch_copy_rows(
+    _launch(
         src_layers,
         dst,
         src_indices,
@@ -382,10 +399,11 @@ def transfer_kv_direct(
         s_dev = src_idx.to(src_list[0].device, non_blocking=True)
         d_dev = dst_idx.to(dst_list[0].device, non_blocking=True)
         for s_layer, d_layer in zip(src_list, dst_list, strict=True):
-            rows = s_layer.index_select(0, s_dev)
+            # fp8 has no index kernels: gather and scatter its bytes
+            rows = byte_view(s_layer).index_select(0, s_dev)
             # Device -> CPU must complete before the CPU scatter reads ``rows``.
             rows = rows.to(d_layer.device, non_blocking=d_layer.device.type != "cpu")
-            d_layer.index_copy_(0, d_dev, rows)
+            byte_view(d_layer).index_copy_(0, d_dev, rows)
         return
     dst_blocks: list[torch.Tensor] = []
     src_blocks: list[torch.Tensor] = []

@@ -27,8 +27,10 @@ from sgl_core._discovery import get_backend
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
 from sgl_core.errors import (
+    DeviceError,
     FreeError,
     PageAlignmentError,
+    PoolSizeError,
     SGLError,
     UnsupportedLayoutError,
 )
@@ -37,6 +39,7 @@ from sgl_core.testing._helpers import (
     fill_device_random,
     host_bytes,
     page_indices,
+    random_bits,
     read_memory,
     same_bytes,
     snapshot,
@@ -166,6 +169,35 @@ class BackendConformanceSuite:
         for layout, io in self.pairs(backend):
             self.round_trip(backend, layout, io, 16, [1, 2, 3, 5], [4, 5, 6, 0])
 
+    @pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
+    def test_fp8_round_trips(self, backend: Backend, fp8: str) -> None:
+        """fp8 KV caches (DeepSeek deployments) move as bytes: bit-exact on every pair.
+
+        Random bit patterns include fp8 NaNs, so only a byte copy passes.
+        """
+        dtype: torch.dtype = getattr(torch, fp8)
+        # this test's pools only (pytest: one instance per test); dtype is a ClassVar to mypy
+        setattr(self, "dtype", dtype)  # noqa: B010
+        dev = self.make_device_pool(backend, page_size=16, pages=self.device_pages)
+        assert dev.dtype == dtype
+        gen = torch.Generator().manual_seed(11)
+        loc = page_indices([2, 0, 5], 16)
+        nope = random_bits((loc.numel(), 1, dev.kv_lora_rank), dtype, gen)
+        rope = random_bits((loc.numel(), 1, dev.qk_rope_head_dim), dtype, gen)
+        dev.set_mla_kv_buffer(1, loc, nope, rope)
+        got_nope, got_rope = dev.get_mla_kv_buffer(1, loc)
+        assert got_nope.dtype == got_rope.dtype == dtype
+        assert torch.equal(got_nope.cpu().view(torch.uint8), nope.view(torch.uint8))
+        assert torch.equal(got_rope.cpu().view(torch.uint8), rope.view(torch.uint8))
+        for layout, io in self.pairs(backend):
+            for page_size in (p for p in self.page_sizes if p <= 16):
+                self.round_trip(backend, layout, io, page_size, [3, 1, 6], [0, 7, 2])
+            src, host = self.build(backend, layout, 16, seed=12)
+            host.backup_from_device_all_layer(src, page_indices([4], 16), page_indices([1], 16), io)
+            page = host.get_data_page(4 * 16)
+            host.set_from_flat_data_page(9 * 16, page)
+            assert torch.equal(host.get_data_page(9 * 16).view(torch.uint8), page.view(torch.uint8))
+
     def test_empty_transfer_is_a_no_op(self, backend: Backend) -> None:
         empty = torch.empty(0, dtype=torch.int64)
         for layout, io in self.pairs(backend):
@@ -227,6 +259,9 @@ class BackendConformanceSuite:
             ("layer -1", IndexError, lambda: load(dev, good_h, good_d, -1, io)),
             ("layer too big", IndexError, lambda: load(dev, good_h, good_d, self.layer_num, io)),
             ("unknown io backend", ValueError, lambda: backup(dev, good_h, good_d, "warp_drive")),
+            ("meta host", ValueError, lambda: backup(dev, good_h.to("meta"), good_d, io)),
+            ("meta device", ValueError, lambda: load(dev, good_h, good_d.to("meta"), 0, io)),
+            ("float indices", TypeError, lambda: load(dev, good_h.double(), good_d, 0, io)),
         ]
         if other.layer_num == dev.layer_num:
             mismatched = backend.create_device_pool(
@@ -327,6 +362,42 @@ class BackendConformanceSuite:
                     assert torch.equal(
                         device_rows(other, layer, d_idx), device_rows(dev, layer, d_idx)
                     )
+
+    def test_bad_pool_arguments_are_typed_errors(self, backend: Backend) -> None:
+        """Sizing and device arguments: ``sgl_core.errors``, before anything is allocated."""
+        dev = self.make_device_pool(backend, page_size=16, pages=2)
+        layout = next(iter(backend.supported_pairs))
+        for name, value, builtin in (
+            ("host_to_device_ratio", float("nan"), ValueError),
+            ("host_to_device_ratio", float("inf"), ValueError),
+            ("host_to_device_ratio", "2", TypeError),
+            ("host_size_gb", None, TypeError),
+            ("host_size_gb", float("nan"), ValueError),
+            ("host_size_gb", 1e9, ValueError),  # an exabyte: beyond memory
+        ):
+            with pytest.raises(SGLError) as info:
+                backend.create_host_pool(dev, layout=layout, **{name: value})  # type: ignore[arg-type]
+            assert isinstance(info.value, builtin), f"{name}={value!r}: {info.value!r}"
+        for device in ("bogus", 0, "meta"):
+            with pytest.raises(DeviceError):
+                backend.create_device_pool(
+                    size=16,
+                    page_size=16,
+                    dtype=self.dtype,
+                    kv_lora_rank=self.kv_lora_rank,
+                    qk_rope_head_dim=self.qk_rope_head_dim,
+                    layer_num=self.layer_num,
+                    device=device,  # type: ignore[arg-type]
+                )
+        with pytest.raises(PoolSizeError):  # about 1 PB
+            backend.create_device_pool(
+                size=2**40,
+                page_size=16,
+                dtype=self.dtype,
+                kv_lora_rank=512,
+                qk_rope_head_dim=64,
+                layer_num=self.layer_num,
+            )
 
     def test_unsupported_layout_rejected_at_build(self, backend: Backend) -> None:
         dev = self.make_device_pool(backend, page_size=16, pages=2)

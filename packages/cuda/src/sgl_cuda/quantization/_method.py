@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.nn.functional as F
 
-from sgl_core.errors import ArgumentTypeError, IndexDTypeError, IndexShapeError, ShapeMismatchError
+from sgl_core._moe import check_routing
+from sgl_core.errors import ArgumentTypeError, ShapeMismatchError
 from sgl_cuda.quantization._ops import ggml_moe_a8_vec
 from sgl_cuda.quantization._types import GGMLQuantType, block_format, resolve_quant_type
 
@@ -119,21 +120,7 @@ class GGMLMoEMethod:
         """
         if not isinstance(layer, GGMLExpertBank):
             raise ArgumentTypeError(f"layer must be a GGMLExpertBank, got {type(layer).__name__}")
-        if x.dim() != 2 or x.shape[1] != layer.hidden_size:
-            raise ShapeMismatchError(
-                f"x must be (tokens, hidden={layer.hidden_size}), got {tuple(x.shape)}"
-            )
-        if topk_ids.dtype not in (torch.int32, torch.int64):
-            raise IndexDTypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
-        if (
-            topk_ids.dim() != 2
-            or topk_ids.shape[0] != x.shape[0]
-            or topk_weights.shape != topk_ids.shape
-        ):
-            raise IndexShapeError(
-                f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
-                f"must both be (tokens={x.shape[0]}, top_k)"
-            )
+        check_routing(x, topk_weights, topk_ids, layer.num_experts, layer.hidden_size)
         tokens, top_k = topk_ids.shape
         hidden, inter = layer.hidden_size, layer.intermediate_size
         if tokens == 0:
