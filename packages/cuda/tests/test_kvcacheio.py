@@ -8,14 +8,15 @@ a fixed layer stride) would read or write the wrong bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
 
 from sgl_core.errors import IndexDTypeError, IndexShapeError, PageAlignmentError, SGLError
-from sgl_cuda import kvcacheio
+from sgl_cuda import _copy_engine, kvcacheio
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LAYERS = 3
@@ -199,12 +200,25 @@ def test_empty_indices_are_a_no_op() -> None:
 
 
 # ---------------------------------------------------------------------- direct
-@pytest.fixture(params=["slices", "gather"])
-def direct_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run direct copies through run slices (threshold 0) and gather/scatter (huge)."""
-    threshold = 0 if request.param == "slices" else 1 << 40
+@pytest.fixture(params=["slices", "gather", "batch"])
+def direct_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run direct copies through run slices (threshold 0), gather/scatter (huge) and
+    the batched copy engine (threshold 0; on CPU it falls back to the slices)."""
+    threshold = 1 << 40 if request.param == "gather" else 0
     monkeypatch.setattr(kvcacheio, "_SHORT_RUN_BYTES", threshold)
-    return str(request.param)
+    batch = request.param == "batch"
+    monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "batch" if batch else "foreach")
+    issued: list[int] = []
+    real_issue = _copy_engine._issue
+
+    def counting_issue(*args: Any, **kwargs: Any) -> None:
+        issued.append(1)
+        real_issue(*args, **kwargs)
+
+    monkeypatch.setattr(_copy_engine, "_issue", counting_issue)
+    yield str(request.param)
+    # With the runtime's batched copy present, the batch mode must really use it.
+    assert bool(issued) == (batch and _copy_engine.available())
 
 
 @cases
