@@ -4,7 +4,7 @@
 # SM budget), the GGML bench and one ncu profile; every step has its own timeout.
 # Writes at most 8 files under $OUT: gpu.txt (env + step status), cuda_tests.log,
 # hicache.json, hicache.log, ggml.json, ggml.log, ncu.txt. Needs .whl/*.whl
-# (gguf, hatchling). Worst case 7.4 min: 15+25 pip, 15 env, 125 tests, 105 hicache,
+# (gguf, hatchling). Worst case 7.6 min: 15+25 pip, 15 env, 135 tests, 100 hicache,
 # 130 ggml, 35 ncu (each overridable: TEST_TIMEOUT, HICACHE_TIMEOUT, GGML_TIMEOUT, NCU_TIMEOUT).
 # CPU dry run of the python steps: GPU_CHECK_TINY=1 TRITON_INTERPRET=1 (see tests).
 set -u
@@ -40,10 +40,10 @@ print('cudart', rt.version if rt else None, 'batch', _copy_engine.available(), r
 
 TESTS=packages/cuda/tests
 [ "$TINY" = 1 ] && TESTS="packages/cuda/tests/test_copy_engine.py"
-timeout ${TEST_TIMEOUT:-125} $PY -m pytest $TESTS -q -p no:cacheprovider -rfE \
+timeout ${TEST_TIMEOUT:-135} $PY -m pytest $TESTS -q -p no:cacheprovider -rfE \
   --durations=5 > "$OUT/cuda_tests.log" 2>&1; step "cuda tests" $?
 
-timeout ${HICACHE_TIMEOUT:-105} $PY packages/cuda/benchmarks/gpu_hicache.py "$OUT/hicache.json" \
+timeout ${HICACHE_TIMEOUT:-100} $PY packages/cuda/benchmarks/gpu_hicache.py "$OUT/hicache.json" \
   $DEV ${HICACHE_ARGS:-} > "$OUT/hicache.log" 2>&1; step "hicache" $?
 
 GGML_DEV=""

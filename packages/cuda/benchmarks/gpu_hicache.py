@@ -28,6 +28,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -78,7 +79,7 @@ class Clock:
     """Per-call milliseconds of GPU work via CUDA events (perf_counter on CPU)."""
 
     device: torch.device
-    samples: dict[str, list[float]] = field(default_factory=dict)
+    cpu_ms: list[float] = field(default_factory=list)  # host time to issue, per call
 
     @property
     def cuda(self) -> bool:
@@ -94,21 +95,26 @@ class Clock:
         if self.cuda:
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
             start.record()
+            t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
+            self.cpu_ms.append((time.perf_counter() - t0) * 1e3 / calls)
             end.record()
             end.synchronize()
             return float(start.elapsed_time(end)) / calls
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        return (time.perf_counter() - t0) * 1e3 / calls
+        ms = (time.perf_counter() - t0) * 1e3 / calls
+        self.cpu_ms.append(ms)
+        return ms
 
     def time(
         self, fn: Callable[[], object], reps: int, calls: int = 1, warmup: int = 1
     ) -> list[float]:
         for _ in range(warmup):
             fn()
+        self.cpu_ms = []
         return [self.sample(fn, calls) for _ in range(reps)]
 
 
@@ -384,8 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                             new = bench_pair(case, layout, io, mode, shape, clock)
                             rows.extend(new)
                             print_rows(new, header=False)
-                        except Exception as exc:  # keep going: one failure must not hide the rest
-                            err = f"{type(exc).__name__}: {exc}"[:300]
+                        except Exception:  # keep going: one failure must not hide the rest
+                            err = traceback.format_exc(limit=-3)[-800:]
                             rows.append(
                                 Row(
                                     page,
@@ -416,8 +422,8 @@ def main(argv: list[str] | None = None) -> int:
                 t1 = time.perf_counter()
                 try:
                     extras[name] = fn(case, shape, clock)
-                except Exception as exc:
-                    extras[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                except Exception:
+                    extras[name] = {"error": traceback.format_exc(limit=-4)[-1500:]}
                 print(f"  {name}: {time.perf_counter() - t1:.1f}s", file=sys.stderr)
                 dump()
         dump()

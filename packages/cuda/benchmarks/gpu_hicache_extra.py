@@ -32,15 +32,14 @@ from gpu_hicache import (
 )
 
 from sgl_core import HostLayout, IOBackend
-from sgl_cuda import _cudart, kvcacheio
+from sgl_cuda import _copy_engine, _cudart, kvcacheio
 from sgl_cuda._triton import kvcacheio as tk
 
 # (block_r, block_w, num_warps, layers_inner); None: the wrapper's default.
 LOAD_TILES: list[tuple[int | None, int | None, int, bool | None]] = [
-    (None, None, 4, None),
+    (None, None, 4, None),  # today's default: 64 x 16, 4 warps
     (32, 16, 4, None),
     (16, 16, 4, None),
-    (128, 16, 8, None),
     (64, 16, 8, None),
     (32, 16, 2, None),
     (16, 16, 1, None),
@@ -48,15 +47,12 @@ LOAD_TILES: list[tuple[int | None, int | None, int, bool | None]] = [
     (16, 64, 4, None),
     (8, 256, 4, None),
     (16, 256, 8, None),
-    (4, 256, 2, None),
 ]
 BACKUP_TILES: list[tuple[int | None, int | None, int, bool | None]] = [
-    (None, None, 4, None),
     (None, None, 4, True),
     (None, None, 4, False),
     (32, 16, 4, None),
     (16, 256, 8, None),
-    (64, 16, 8, None),
 ]
 
 
@@ -65,7 +61,9 @@ def runtime_version() -> int:
     return rt.version if rt is not None else 0
 
 
-def _stats(nbytes: int, ms: list[float], copy: list[float]) -> dict[str, Any]:
+def _stats(
+    nbytes: int, ms: list[float], copy: list[float], cpu: list[float] | None = None
+) -> dict[str, Any]:
     best, med = min(ms), statistics.median(ms)
     return {
         "best_ms": best,
@@ -73,6 +71,7 @@ def _stats(nbytes: int, ms: list[float], copy: list[float]) -> dict[str, Any]:
         "gbps": gbps(nbytes, best),
         "ratio": min(copy) / best if best > 0 else 0.0,
         "ratio_median": statistics.median(copy) / med if med > 0 else 0.0,
+        "cpu_ms": statistics.median(cpu) if cpu else 0.0,
     }
 
 
@@ -140,10 +139,23 @@ def sweep(case: Case, shape: Shape, clock: Clock) -> dict[str, Any]:
                 lambda: host.load_to_device_per_layer(dev, h_dev, d2_dev, layer, "kernel"),
             ),
             (
-                "index upload only",
+                "pool, CPU indices, upload per call",
+                lambda: _no_reuse(
+                    host, lambda: host.load_to_device_per_layer(dev, h_cpu, d2_cpu, layer, "kernel")
+                ),
+            ),
+            (
+                "index upload only (pageable)",
                 lambda: (
                     h_cpu.to(dev.device, non_blocking=True),
                     d2_cpu.to(dev.device, non_blocking=True),
+                ),
+            ),
+            (
+                "index upload only (pinned)",
+                lambda: (
+                    _pinned(h_cpu).to(dev.device, non_blocking=True),
+                    _pinned(d2_cpu).to(dev.device, non_blocking=True),
                 ),
             ),
         ]
@@ -181,14 +193,14 @@ def sweep(case: Case, shape: Shape, clock: Clock) -> dict[str, Any]:
             zero_dev_rows(dev, d2_cpu)
             ms = clock.time(fn, shape.reps, calls=calls)
             clock.sync()
-            exact = name == "index upload only" or load_exact(dev, case.d_idx, d2_cpu, [layer])
+            exact = name.startswith("index upload") or load_exact(dev, case.d_idx, d2_cpu, [layer])
             out.append(
                 {
                     "layout": layout.value,
                     "op": "load_one_layer",
                     "variant": name,
                     "exact": exact,
-                    **_stats(case.layer_bytes, ms, copy_h2d),
+                    **_stats(case.layer_bytes, ms, copy_h2d, clock.cpu_ms),
                 }
             )
         bargs, bkw = _launch_args(case, layout, 0, True, d_dev, h_dev)
@@ -204,10 +216,106 @@ def sweep(case: Case, shape: Shape, clock: Clock) -> dict[str, Any]:
                     "op": "backup_all_layers",
                     "variant": f"launch {br}x{bw} w{nw} inner={li}",
                     "exact": exact,
-                    **_stats(case.all_bytes, ms, copy_d2h_all),
+                    **_stats(case.all_bytes, ms, copy_d2h_all, clock.cpu_ms),
                 }
             )
+    out.extend(_direct_variants(case, shape, clock, layer, calls))
     return {"rows": out}
+
+
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    return t.pin_memory() if torch.cuda.is_available() else t
+
+
+def _no_reuse(host: Any, fn: Any) -> None:
+    host.reuse_index_uploads = False
+    try:
+        fn()
+    finally:
+        host.reuse_index_uploads = True
+
+
+def _direct_variants(
+    case: Case, shape: Shape, clock: Clock, layer: int, calls: int
+) -> list[dict[str, Any]]:
+    """Per-layer direct loads through the pool per mode, and the batched copy alone."""
+    dev, ps = case.dev, case.page
+    h_cpu, d2_cpu = case.h_idx, case.d2_idx
+    copy_h2d = case.copies[case.layer_bytes][1]
+    out = []
+    row = case.hosts[HostLayout.LAYER_FIRST].shape.token_stride_size
+    lf = case.hosts[HostLayout.LAYER_FIRST]
+    pfd = case.hosts[HostLayout.PAGE_FIRST_DIRECT]
+    for host in (lf, pfd):
+        host.backup_from_device_all_layer(dev, h_cpu, case.d_idx, IOBackend.DIRECT)
+        host.synchronize()
+    # The batched copy alone: address arrays built once, then only the runtime call.
+    runs = _copy_engine.token_runs(h_cpu, d2_cpu)
+    base = lambda t: torch.tensor([t.data_ptr()], dtype=torch.int64)  # noqa: E731
+    lf_arrays = _copy_engine.layer_pieces(
+        base(lf.data_refs[layer]), base(dev.kv_buffer[layer]), runs, row
+    )
+    pages = h_cpu[::ps] // ps
+    es = pfd.kv_buffer.element_size()
+    addr = pfd.kv_buffer.data_ptr() + pages[:, None] * (pfd.kv_buffer.stride(0) * es)
+    addr = addr + layer * pfd.kv_buffer.stride(1) * es
+    pfd_arrays = _copy_engine.page_pieces(
+        addr, base(dev.kv_buffer[layer]), d2_cpu[::ps], row, row * ps
+    )
+    variants: list[tuple[str, str, Any]] = []
+    for name, host in (("layer_first", lf), ("page_first_direct", pfd)):
+        for mode in ("batch", "batch-plain", "foreach"):
+            variants.append(
+                (
+                    name,
+                    f"pool direct {mode}",
+                    (
+                        mode,
+                        lambda h=host: h.load_to_device_per_layer(
+                            dev, h_cpu, d2_cpu, layer, "direct"
+                        ),
+                    ),
+                )
+            )
+        if _copy_engine.available():
+            arrays = lf_arrays if host is lf else pfd_arrays
+            for mode in ("batch", "batch-plain"):
+                variants.append(
+                    (
+                        name,
+                        f"batch call only ({mode})",
+                        (
+                            mode,
+                            lambda a=arrays, m=mode: _copy_engine._issue(
+                                a[0],
+                                a[1],
+                                a[2],
+                                dev.device,
+                                m,
+                                src_on_device=False,
+                                dst_on_device=True,
+                            ),
+                        ),
+                    )
+                )
+    for layout, name, (mode, fn) in variants:
+        set_mode(mode)
+        zero_dev_rows(dev, d2_cpu)
+        slow = mode == "foreach"
+        ms = clock.time(fn, 2 if slow else shape.reps, calls=2 if slow else calls)
+        clock.sync()
+        exact = load_exact(dev, case.d_idx, d2_cpu, [layer])
+        out.append(
+            {
+                "layout": layout,
+                "op": "load_one_layer",
+                "variant": name,
+                "exact": exact,
+                **_stats(case.layer_bytes, ms, copy_h2d, clock.cpu_ms),
+            }
+        )
+    set_mode("batch")
+    return out
 
 
 def sm_budget(case: Case, shape: Shape, clock: Clock) -> dict[str, Any]:
@@ -377,13 +485,14 @@ def print_extras(extras: dict[str, Any]) -> None:
     if sw.get("rows"):
         print("\nsweep (page mid; ratio = best vs best pinned copy_ of the same bytes)")
         print(
-            f"{'layout':<12}{'op':<18}{'variant':<32}{'best ms':>9}{'GB/s':>7}{'ratio':>7}"
-            f"{'r.med':>7} exact"
+            f"{'layout':<18}{'op':<18}{'variant':<36}{'best ms':>9}{'GB/s':>7}{'ratio':>7}"
+            f"{'r.med':>7}{'cpu ms':>8} exact"
         )
         for r in sw["rows"]:
             print(
-                f"{r['layout']:<12}{r['op']:<18}{r['variant']:<32}{r['best_ms']:>9.3f}"
-                f"{r['gbps']:>7.1f}{r['ratio']:>7.2f}{r['ratio_median']:>7.2f} {r['exact']}"
+                f"{r['layout']:<18}{r['op']:<18}{r['variant']:<36}{r['best_ms']:>9.3f}"
+                f"{r['gbps']:>7.1f}{r['ratio']:>7.2f}{r['ratio_median']:>7.2f}{r['cpu_ms']:>8.3f}"
+                f" {r['exact']}"
             )
     sm = extras.get("smbudget", {})
     if "error" in sm:

@@ -34,7 +34,7 @@ def test_tiny_run_writes_exact_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert ("page_first_direct", "direct", "foreach") in modes
     assert ("layer_first", "direct", "batch") in modes
     assert all(r["exact"] and not r["error"] for r in rows)
-    assert len(data["sweep"]["rows"]) > 20 and all(r["exact"] for r in data["sweep"]["rows"])
+    assert len(data["sweep"]["rows"]) > 30 and all(r["exact"] for r in data["sweep"]["rows"])
     assert len(data["smbudget"]["rows"]) == 11
     assert gpu_hicache.main([str(out), "--device", "cpu", "--tiny", "--ncu-target"]) == 0
     sys.modules.pop("gpu_hicache_extra", None)

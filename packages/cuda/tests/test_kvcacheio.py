@@ -208,6 +208,7 @@ def direct_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(kvcacheio, "_SHORT_RUN_BYTES", threshold)
     batch = request.param == "batch"
     monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "batch" if batch else "foreach")
+    monkeypatch.setattr(_copy_engine, "MAX_BATCH", 3)  # several runtime calls per transfer
     issued: list[int] = []
     real_issue = _copy_engine._issue
 

@@ -43,6 +43,8 @@ __all__ = [
 
 MODES = ("batch", "batch-plain", "foreach")
 _ENV = "SGL_CUDA_DIRECT_COPY"
+# Copies per runtime call: bounds the arrays the driver walks in one call.
+MAX_BATCH = 1 << 14
 _side_lock = threading.Lock()
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
@@ -170,16 +172,19 @@ def _issue(
         if current.cuda_stream == 0:  # the legacy stream: the API refuses it
             stream = _side_stream(index)
             stream.wait_stream(current)
-        rt.memcpy_batch(
-            dst,
-            src,
-            size,
-            stream.cuda_stream,
-            device_index=index,
-            src_on_device=src_on_device,
-            dst_on_device=dst_on_device,
-            prefer_overlap=mode == "batch",
-        )
+        src, dst, size = src.contiguous(), dst.contiguous(), size.contiguous()
+        for lo in range(0, size.numel(), MAX_BATCH):
+            hi = lo + MAX_BATCH
+            rt.memcpy_batch(
+                dst[lo:hi],
+                src[lo:hi],
+                size[lo:hi],
+                stream.cuda_stream,
+                device_index=index,
+                src_on_device=src_on_device,
+                dst_on_device=dst_on_device,
+                prefer_overlap=mode == "batch",
+            )
         if stream is not current:
             current.wait_stream(stream)
 
