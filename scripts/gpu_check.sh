@@ -54,6 +54,7 @@ timeout ${GGML_TIMEOUT:-130} $PY packages/cuda/benchmarks/gpu_ggml_moe.py --json
 if command -v ncu > /dev/null && [ "$TINY" != 1 ]; then
   timeout ${NCU_TIMEOUT:-35} ncu --clock-control none --kernel-name regex:_copy_rows_kernel \
     --launch-skip 1 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section LaunchStats --section Occupancy \
     $PY packages/cuda/benchmarks/gpu_hicache.py /dev/null --ncu-target > "$OUT/ncu.txt" 2>&1
   step "ncu" $?
 else
@@ -65,8 +66,12 @@ echo "=== summary ($(($(date +%s) - T0))s)"
 cat "$OUT/gpu.txt"
 echo "=== cuda tests"; tail -4 "$OUT/cuda_tests.log"
 echo "=== ncu (per-layer loads: layer_first, page_first)"
-grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|L2 Hit|Mem Busy|Max Bandwidth|Block Size|Grid Size|Registers" \
-  "$OUT/ncu.txt" | head -40
+grep -E "^  [_a-z]|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth|Block Size|Grid Size|Registers Per|Waves Per SM|Theoretical Occupancy|==ERROR|==WARNING" \
+  "$OUT/ncu.txt" | grep -v "^    ---" | head -50
 echo "=== ggml"; tail -12 "$OUT/ggml.log"
-echo "=== hicache"; sed -n '/^=== results/,$p' "$OUT/hicache.log" | tail -130
-grep -q "^=== results" "$OUT/hicache.log" || tail -40 "$OUT/hicache.log"
+echo "=== hicache"
+if grep -q "^=== compact" "$OUT/hicache.log"; then
+  sed -n '/^=== compact/,$p' "$OUT/hicache.log"
+else
+  tail -30 "$OUT/hicache.log"
+fi

@@ -437,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     extra.print_extras(extras)
     dump()
     ok = all(r.exact for r in rows) and extra.extras_exact(extras)
+    extra.print_compact(rows, extras)
     print(
         f"{'all bit-exact' if ok else 'MISMATCH OR ERROR'}; {meta['seconds']:.1f}s; "
         f"wrote {args.json_out}"

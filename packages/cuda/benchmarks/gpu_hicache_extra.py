@@ -187,7 +187,10 @@ def sweep(case: Case, shape: Shape, clock: Clock) -> dict[str, Any]:
         for br, bw, nw, li in LOAD_TILES:
             tile = {"block_r": br, "block_w": bw, "num_warps": nw, "layers_inner": li}
             variants.append(
-                (f"launch {br}x{bw} w{nw}", lambda t=tile: tk.launch_copy_rows(*args, **kw, **t))
+                (
+                    _tile_name(kw["words"], br, bw, nw),
+                    lambda t=tile: tk.launch_copy_rows(*args, **kw, **t),
+                )
             )
         for name, fn in variants:
             zero_dev_rows(dev, d2_cpu)
@@ -214,13 +217,20 @@ def sweep(case: Case, shape: Shape, clock: Clock) -> dict[str, Any]:
                 {
                     "layout": layout.value,
                     "op": "backup_all_layers",
-                    "variant": f"launch {br}x{bw} w{nw} inner={li}",
+                    "variant": f"{_tile_name(bkw['words'], br, bw, nw)} inner={li}",
                     "exact": exact,
                     **_stats(case.all_bytes, ms, copy_d2h_all, clock.cpu_ms),
                 }
             )
     out.extend(_direct_variants(case, shape, clock, layer, calls))
-    return {"rows": out}
+    return {"page": case.page, "rows": out}
+
+
+def _tile_name(words: int, br: int | None, bw: int | None, nw: int) -> str:
+    default_r, default_w, _ = tk.tile_for(words)
+    r, w = br or default_r, bw or default_w
+    flag = " (default)" if (r, w, nw) == (default_r, default_w, 4) else ""
+    return f"launch {r}x{w} w{nw}{flag}"
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:
@@ -509,4 +519,67 @@ def print_extras(extras: dict[str, Any]) -> None:
         for r in sm["rows"]:
             print(
                 f"{r['io']:<34}{r['mode']:<12}{r['io_alone_gbps']:>11.1f}{r['io_contended_gbps']:>10.1f}{r['io_units_inside_window']:>6}{r['matmul_slowdown']:>12.3f}"
+            )
+
+
+def print_compact(rows: list[Any], extras: dict[str, Any]) -> None:
+    """The few lines to read first (the GPU check prints only these)."""
+    print("=== compact: ratio to a pinned copy_ of the same bytes, best/median")
+    by_key: dict[tuple[int, str], dict[str, Any]] = {}
+    for r in rows:
+        by_key.setdefault((r.page, f"{r.layout}/{r.io}/{r.mode}"), {})[r.op] = r
+    for (page, key), ops in by_key.items():
+        cells = []
+        for op, label in (
+            ("backup_all_layers", "backup"),
+            ("load_all_layers", "load_all"),
+            ("load_one_layer", "load_one"),
+        ):
+            r = ops.get(op)
+            cells.append(f"{label} {r.ratio:.2f}/{r.ratio_median:.2f}" if r else f"{label} -")
+        err = ops.get("error")
+        exact = all(r.exact for r in ops.values())
+        tail = (
+            f" ERROR {err.error.splitlines()[-1][:80]}" if err else ("" if exact else " MISMATCH")
+        )
+        print(f"{page:>4} {key:<37}" + "  ".join(cells) + tail)
+    sw = extras.get("sweep", {})
+    if "error" in sw:
+        print("sweep ERROR", sw["error"].splitlines()[-1][:200])
+    srows = sw.get("rows", [])
+    keep = []
+    for layout in ("layer_first", "page_first"):
+        loads = [r for r in srows if r["layout"] == layout and r["op"] == "load_one_layer"]
+        tiles = sorted(
+            (r for r in loads if r["variant"].startswith("launch ")), key=lambda r: r["best_ms"]
+        )
+        keep += [r for r in loads if r["variant"].startswith(("pool,", "index", "kvcacheio"))]
+        default = [r for r in tiles if r["variant"].endswith("(default)")]
+        keep += default + [r for r in tiles[:3] if r not in default]
+        keep += [r for r in srows if r["layout"] == layout and r["op"] == "backup_all_layers"]
+    keep += [r for r in srows if r["variant"].startswith(("pool direct", "batch call"))]
+    if keep:
+        print(
+            f"sweep (page {sw.get('page', '?')}): ratio best/median, GPU ms per call, "
+            "CPU ms to issue"
+        )
+    for r in keep:
+        print(
+            f"  {r['layout'][:11]:<12}{r['op'][:8]:<9}{r['variant'][:36]:<37}"
+            f"{r['ratio']:.2f}/{r['ratio_median']:.2f} {r['best_ms']:.3f}ms cpu {r['cpu_ms']:.3f}"
+            f"{'' if r['exact'] else ' MISMATCH'}"
+        )
+    sm = extras.get("smbudget", {})
+    if "error" in sm:
+        print("smbudget ERROR", sm["error"].splitlines()[-1][:200])
+    if sm.get("rows"):
+        print(
+            "SM budget: matmul slowdown beside each io; io GB/s alone -> contended "
+            f"({sm['gemm_tflops']:.0f} TFLOP/s alone)"
+        )
+        for r in sm["rows"]:
+            print(
+                f"  {r['io']:<32}{r['mode']:<12}x{r['matmul_slowdown']:.3f}  "
+                f"{r['io_alone_gbps']:.1f} -> {r['io_contended_gbps']:.1f} GB/s "
+                f"({r['io_units_inside_window']})"
             )
