@@ -14,6 +14,7 @@ mkdir -p "$OUT"
 PY=${PY:-python3}
 TINY=${GPU_CHECK_TINY:-0}
 SITE=${GPU_CHECK_SITE:-/tmp/sgl-gpu-site}
+mkdir -p "$SITE"
 T0=$(date +%s)
 step() { echo "$1 rc=$2 ($(($(date +%s) - T0))s)" >> "$OUT/gpu.txt"; }
 
@@ -25,9 +26,16 @@ else
   timeout 15 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE/whl" .whl/*.whl >> "$OUT/gpu.txt" 2>&1; step "pip wheels" $?
   export PYTHONPATH=$SITE/whl
-  timeout 25 $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
-    --target "$SITE/sgl" packages/core packages/cuda >> "$OUT/gpu.txt" 2>&1; step "pip sgl" $?
-  export PYTHONPATH=$SITE/sgl:$SITE/whl
+  timeout 25 $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade \
+    --target "$SITE/sgl" packages/core packages/cuda > "$SITE.pip.log" 2>&1
+  rc=$?; step "pip sgl" $rc
+  if [ $rc = 0 ]; then
+    export PYTHONPATH=$SITE/sgl:$SITE/whl
+  else  # pure Python packages: run from the sources rather than not at all
+    tail -3 "$SITE.pip.log" >> "$OUT/gpu.txt"
+    echo "install failed: running from packages/*/src" >> "$OUT/gpu.txt"
+    export PYTHONPATH=$PWD/packages/core/src:$PWD/packages/cuda/src:$SITE/whl
+  fi
   DEV=""
 fi
 {
