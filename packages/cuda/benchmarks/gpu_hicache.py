@@ -72,6 +72,7 @@ class Row:
     ratio_median: float  # median / median copy
     exact: bool
     error: str = ""
+    cpu_ms: float = 0.0  # median host time to issue one call (the op's whole Python path)
 
 
 @dataclass
@@ -263,14 +264,17 @@ def bench_pair(
 
     zero_host_rows(host, h_idx)
     backup_ms = clock.time(backup, reps, warmup=0 if slow else 1)
+    cpu = {"backup_all_layers": statistics.median(clock.cpu_ms)}
     host.synchronize()
     exact_backup = backup_exact(dev, host, h_idx, d_idx)
     zero_dev_rows(dev, d2_idx)
     load_all_ms = clock.time(load_all, reps, warmup=0 if slow else 1)
+    cpu["load_all_layers"] = statistics.median(clock.cpu_ms)
     clock.sync()
     exact_load = load_exact(dev, d_idx, d2_idx, list(range(layers)))
     zero_dev_rows(dev, d2_idx)
     load_one_ms = clock.time(load_one, reps, calls=2 if slow else 10)
+    cpu["load_one_layer"] = statistics.median(clock.cpu_ms)
     clock.sync()
     exact_one = load_exact(dev, d_idx, d2_idx, [layers // 2])
     rows = []
@@ -280,7 +284,9 @@ def bench_pair(
         ("load_one_layer", case.layer_bytes, load_one_ms, exact_one, 1),
     ):
         copy = case.copies[nbytes][direction]
-        rows.append(make_row(case.page, layout.value, io.value, mode, op, nbytes, ms, copy, exact))
+        row = make_row(case.page, layout.value, io.value, mode, op, nbytes, ms, copy, exact)
+        row.cpu_ms = cpu[op]
+        rows.append(row)
     return rows
 
 
@@ -318,12 +324,13 @@ def print_rows(rows: list[Row], header: bool = True) -> None:
     if header:
         print(
             f"{'page':>5} {'layout':<18}{'io':<7}{'mode':<12}{'op':<18}{'MB':>8}{'best ms':>9}"
-            f"{'GB/s':>7}{'copy':>7}{'ratio':>7}{'r.med':>7}  exact"
+            f"{'GB/s':>7}{'copy':>7}{'ratio':>7}{'r.med':>7}{'cpu ms':>8}  exact"
         )
     for r in rows:
         print(
             f"{r.page:>5} {r.layout:<18}{r.io:<7}{r.mode:<12}{r.op:<18}{r.nbytes / 1e6:>8.1f}"
             f"{r.best_ms:>9.3f}{r.gbps:>7.1f}{r.copy_gbps:>7.1f}{r.ratio:>7.2f}{r.ratio_median:>7.2f}"
+            f"{r.cpu_ms:>8.3f}"
             f"  {r.exact}{' ' + r.error if r.error else ''}"
         )
 

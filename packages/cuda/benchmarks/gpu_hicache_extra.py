@@ -145,6 +145,10 @@ def sweep(case: Case, shape: Shape, clock: Clock) -> dict[str, Any]:
                 ),
             ),
             (
+                "pool path before: pageable upload per call",
+                lambda: _old_load(host, dev, h_cpu, d2_cpu, layer),
+            ),
+            (
                 "index upload only (pageable)",
                 lambda: (
                     h_cpu.to(dev.device, non_blocking=True),
@@ -231,6 +235,22 @@ def _tile_name(words: int, br: int | None, bw: int | None, nw: int) -> str:
     r, w = br or default_r, bw or default_w
     flag = " (default)" if (r, w, nw) == (default_r, default_w, 4) else ""
     return f"launch {r}x{w} w{nw}{flag}"
+
+
+def _old_load(host: Any, dev: Any, h_cpu: torch.Tensor, d_cpu: torch.Tensor, layer: int) -> None:
+    """The pool's per-layer kernel load as it was: pageable index uploads on every call."""
+    device = dev.device
+    h_idx = h_cpu.to(device, non_blocking=True)
+    d_idx = d_cpu.to(device, non_blocking=True)
+    item = host.shape.token_stride_size
+    if host.layout is HostLayout.LAYER_FIRST:
+        kvcacheio.transfer_kv_per_layer_mla(
+            host.kv_buffer[layer], dev.kv_buffer[layer], h_idx, d_idx, item
+        )
+    else:
+        kvcacheio.transfer_kv_per_layer_mla_pf_lf(
+            host.kv_buffer, dev.kv_buffer[layer], h_idx, d_idx, layer, item, host.shape.layout_dim
+        )
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:
@@ -553,7 +573,11 @@ def print_compact(rows: list[Any], extras: dict[str, Any]) -> None:
         tiles = sorted(
             (r for r in loads if r["variant"].startswith("launch ")), key=lambda r: r["best_ms"]
         )
-        keep += [r for r in loads if r["variant"].startswith(("pool,", "index", "kvcacheio"))]
+        keep += [
+            r
+            for r in loads
+            if r["variant"].startswith(("pool,", "pool path", "index", "kvcacheio"))
+        ]
         default = [r for r in tiles if r["variant"].endswith("(default)")]
         keep += default + [r for r in tiles[:3] if r not in default]
         keep += [r for r in srows if r["layout"] == layout and r["op"] == "backup_all_layers"]

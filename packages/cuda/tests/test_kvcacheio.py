@@ -131,6 +131,62 @@ def test_per_layer_mla_pf_lf(dtype: torch.dtype, page_size: int) -> None:
     assert not torch.equal(raw(b.dev[1][d]), raw(b.host_pf[h, 1]))
 
 
+@pytest.mark.parametrize(
+    ("block_r", "block_w", "num_warps", "layers_inner"),
+    [(8, 4, 1, None), (4, 64, 2, True), (16, 8, 8, False), (2, 2, 4, True)],
+)
+def test_launch_tunables(
+    block_r: int, block_w: int, num_warps: int, layers_inner: bool | None
+) -> None:
+    """Any tile (masked or not), warp count and grid order moves the same bytes."""
+    from sgl_cuda._triton import kvcacheio as triton_kvcacheio
+
+    b = make(16, torch.bfloat16, dim=20)  # 5 words a row: every tile above masks or splits
+    h, d = shuffled_pages(16, 3)
+    h_dev, d_dev = h.to(DEVICE), d.to(DEVICE)
+    words = b.item // 8
+    tile = {
+        "block_r": block_r,
+        "block_w": block_w,
+        "num_warps": num_warps,
+        "layers_inner": layers_inner,
+    }
+    common = {"words": words, "layer_offset": 0, "src_layer_w": 0, "dst_layer_w": 0}
+    before = b.dev[1].cpu()
+    triton_kvcacheio.launch_copy_rows(
+        b.host_lf[1],
+        b.dev[1],
+        h_dev,
+        d_dev,
+        num_layers=1,
+        src_row_w=words,
+        dst_row_w=words,
+        src_table=False,
+        dst_table=False,
+        **common,
+        **tile,
+    )
+    sync()
+    expect_rows(before, b.dev[1], d, b.host_lf[1][h])
+    host_before = [t.clone() for t in b.host_lf]
+    triton_kvcacheio.launch_copy_rows(
+        ptrs(b.dev),
+        ptrs(b.host_lf),
+        d_dev,
+        h_dev,
+        num_layers=LAYERS,
+        src_row_w=words,
+        dst_row_w=words,
+        src_table=True,
+        dst_table=True,
+        **common,
+        **tile,
+    )
+    sync()
+    for layer in range(LAYERS):
+        expect_rows(host_before[layer], b.host_lf[layer], h, b.dev[layer][d_dev])
+
+
 @cases
 def test_all_layer_mla(dtype: torch.dtype, page_size: int) -> None:
     b = make(page_size, dtype)
