@@ -70,16 +70,18 @@ else
   step "ncu target (no ncu)" $?
 fi
 
-echo "=== summary ($(($(date +%s) - T0))s)"
-cat "$OUT/gpu.txt"
-echo "=== cuda tests"; tail -4 "$OUT/cuda_tests.log"
-echo "=== ncu (per-layer loads: layer_first, page_first)"
-grep -E "^  [_a-z]|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth|Block Size|Grid Size|Registers Per|Waves Per SM|Theoretical Occupancy|==ERROR|==WARNING" \
-  "$OUT/ncu.txt" | grep -v "^    ---" | head -50
-echo "=== ggml"; tail -12 "$OUT/ggml.log"
+# Printed last to first in importance: the run's output keeps only its last 12,000 chars.
+echo "=== ncu (per-layer loads: layer_first, then page_first)"
+grep -E "_copy_rows_kernel|  Duration|DRAM Throughput|  Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|  Grid Size|Waves Per SM|Mem Busy|Max Bandwidth|L2 Hit Rate|==ERROR" \
+  "$OUT/ncu.txt" | cut -c1-110 | head -30
+echo "=== ggml"; tail -10 "$OUT/ggml.log" | cut -c1-160
 echo "=== hicache"
 if grep -q "^=== compact" "$OUT/hicache.log"; then
   sed -n '/^=== compact/,$p' "$OUT/hicache.log"
 else
-  tail -30 "$OUT/hicache.log"
+  tail -30 "$OUT/hicache.log" | cut -c1-200
 fi
+echo "=== cuda tests"; grep -E "^(FAILED|ERROR)" "$OUT/cuda_tests.log" | cut -c1-160 | head -15
+tail -2 "$OUT/cuda_tests.log" | cut -c1-200
+echo "=== steps ($(($(date +%s) - T0))s)"
+cat "$OUT/gpu.txt"

@@ -573,14 +573,15 @@ def print_compact(rows: list[Any], extras: dict[str, Any]) -> None:
         tiles = sorted(
             (r for r in loads if r["variant"].startswith("launch ")), key=lambda r: r["best_ms"]
         )
-        keep += [
-            r
-            for r in loads
-            if r["variant"].startswith(("pool,", "pool path", "index", "kvcacheio"))
-        ]
+        lead = ("pool,", "pool path", "index upload only (pageable)", "kvcacheio")
+        keep += [r for r in loads if r["variant"].startswith(lead)]
         default = [r for r in tiles if r["variant"].endswith("(default)")]
         keep += default + [r for r in tiles[:3] if r not in default]
-        keep += [r for r in srows if r["layout"] == layout and r["op"] == "backup_all_layers"]
+        backups = [r for r in srows if r["layout"] == layout and r["op"] == "backup_all_layers"]
+        best = sorted(backups, key=lambda r: r["best_ms"])[:1]
+        keep += [r for r in backups if "(default)" in r["variant"]] + [
+            r for r in best if "(default)" not in r["variant"]
+        ]
     keep += [r for r in srows if r["variant"].startswith(("pool direct", "batch call"))]
     if keep:
         print(
@@ -589,8 +590,8 @@ def print_compact(rows: list[Any], extras: dict[str, Any]) -> None:
         )
     for r in keep:
         print(
-            f"  {r['layout'][:11]:<12}{r['op'][:8]:<9}{r['variant'][:36]:<37}"
-            f"{r['ratio']:.2f}/{r['ratio_median']:.2f} {r['best_ms']:.3f}ms cpu {r['cpu_ms']:.3f}"
+            f" {r['layout'][:11]:<12}{r['op'].split('_')[0]:<7}{r['variant'][:40]:<41}"
+            f"{r['ratio']:.2f}/{r['ratio_median']:.2f} {r['best_ms']:.3f} cpu {r['cpu_ms']:.3f}"
             f"{'' if r['exact'] else ' MISMATCH'}"
         )
     sm = extras.get("smbudget", {})
