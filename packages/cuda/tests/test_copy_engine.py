@@ -188,3 +188,38 @@ def test_find_libcudart_does_not_raise() -> None:
     """On a machine without CUDA this is None; with it, a library with the version call."""
     lib = _cudart.find_libcudart()
     assert lib is None or hasattr(lib, "cudaRuntimeGetVersion")
+
+
+@pytest.mark.skipif(not _copy_engine.available(), reason="needs cudaMemcpyBatchAsync (CUDA 12.8+)")
+@pytest.mark.parametrize("mode", ["batch", "batch-plain"])
+@pytest.mark.parametrize("side", [False, True])
+def test_issue_on_gpu_orders_with_the_stream(mode: str, side: bool) -> None:
+    """A batch after device work on the same stream sees its result, both directions,
+    on the legacy default stream (through the side stream) and on a user stream."""
+    device = torch.device("cuda")
+    n, piece = 64, 4096
+    dev = torch.zeros(n * piece, dtype=torch.uint8, device=device)
+    host = torch.zeros(n * piece, dtype=torch.uint8).pin_memory()
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(7))
+    base_d, base_h = dev.data_ptr(), host.data_ptr()
+    src = base_d + torch.arange(n, dtype=torch.int64) * piece
+    dst = base_h + perm * piece
+    size = torch.full((n,), piece, dtype=torch.int64)
+    stream = torch.cuda.Stream() if side else torch.cuda.current_stream()
+    with torch.cuda.stream(stream):
+        dev.copy_(torch.arange(n * piece, device=device).to(torch.uint8))  # queued first
+        _copy_engine._issue(src, dst, size, device, mode, src_on_device=True, dst_on_device=False)
+        back = torch.empty_like(dev)
+        _copy_engine._issue(
+            base_h + perm * piece,
+            back.data_ptr() + torch.arange(n, dtype=torch.int64) * piece,
+            size,
+            device,
+            mode,
+            src_on_device=False,
+            dst_on_device=True,
+        )
+    torch.cuda.synchronize()
+    expected = dev.cpu().view(n, piece)
+    assert torch.equal(host.view(n, piece)[perm], expected)
+    assert torch.equal(back.cpu(), dev.cpu())
