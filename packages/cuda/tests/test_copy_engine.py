@@ -123,7 +123,7 @@ def test_cpu_tensors_fall_back() -> None:
     assert not _copy_engine.layer_first(layers, layers, idx, idx, "batch", 0)
     host = torch.zeros(2, 2, 4, 1, 4)
     assert not _copy_engine.page_first(
-        host, torch.tensor([0]), [layers[0]], idx, idx, 4, "batch", to_host=False
+        [(host, torch.tensor([0]), [layers[0]])], idx, idx, 4, "batch", to_host=False
     )
 
 

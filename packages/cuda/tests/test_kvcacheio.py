@@ -334,6 +334,8 @@ def test_direct_two_components() -> None:
     gen = torch.Generator().manual_seed(11)
     dev = [bits((5 * ps, 1, 8), torch.float16, gen).to(DEVICE) for _ in range(2 * LAYERS)]
     hosts = [torch.zeros(3, LAYERS, ps, 1, 8, dtype=torch.float16) for _ in range(2)]
+    if DEVICE.type == "cuda":  # pinned: both components go in one batched copy
+        hosts = [h.pin_memory() for h in hosts]
     d, h = pages([4, 1], ps), pages([2, 0], ps)
     kvcacheio.transfer_kv_all_layer_direct_lf_pf(dev, hosts, d.to(DEVICE), h, ps)
     sync()

@@ -239,9 +239,7 @@ def layer_first(
 
 
 def page_first(
-    host: torch.Tensor,
-    layer_ids: torch.Tensor,
-    dev_layers: Sequence[torch.Tensor],
+    parts: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[torch.Tensor]]],
     host_idx: torch.Tensor,
     dev_idx: torch.Tensor,
     page_size: int,
@@ -249,25 +247,49 @@ def page_first(
     *,
     to_host: bool,
 ) -> bool:
-    """Whole pages between a page-first-direct ``host`` and per-layer device buffers.
+    """Whole pages between page-first-direct host buffers and per-layer device buffers.
 
-    ``host`` is ``(page_num, layer_num, page_size, ...)``; ``dev_layers[j]``
-    pairs with host layer ``layer_ids[j]``. ``host_idx``/``dev_idx`` are CPU
-    token indices, a whole number of pages; each page's first token names it.
-    Returns False (nothing copied) when the batched copy cannot run.
+    Each part is ``(host, layer_ids, dev_layers)`` (one per component: MLA 1,
+    K/V 2): ``host`` is ``(page_num, layer_num, page_size, ...)`` and
+    ``dev_layers[j]`` pairs with host layer ``layer_ids[j]``. ``host_idx`` /
+    ``dev_idx`` are CPU token indices, a whole number of pages; each page's
+    first token names it. All parts go in one batch; returns False (nothing
+    copied) when any part cannot.
     """
-    if mode == "foreach" or not dev_layers or not available():
+    if mode == "foreach" or not parts or not available():
         return False
-    device = _device_of([host, *dev_layers])
-    if device is None or host.device.type == "cuda" or not host.is_contiguous():
+    pieces = [_page_part(*part, host_idx, dev_idx, page_size) for part in parts]
+    device = _device_of([t for host, _, layers in parts for t in (host, *layers)])
+    if device is None or any(p is None for p in pieces):
         return False
+    h = torch.cat([p[0] for p in pieces if p is not None])
+    d = torch.cat([p[1] for p in pieces if p is not None])
+    size = torch.cat([p[2] for p in pieces if p is not None])
+    if to_host:
+        src, dst, size = merge_adjacent(d, h, size)
+    else:
+        src, dst, size = merge_adjacent(h, d, size)
+    _issue(src, dst, size, device, mode, src_on_device=to_host, dst_on_device=not to_host)
+    return True
+
+
+def _page_part(
+    host: torch.Tensor,
+    layer_ids: torch.Tensor,
+    dev_layers: Sequence[torch.Tensor],
+    host_idx: torch.Tensor,
+    dev_idx: torch.Tensor,
+    page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(host, device, bytes) of one component's pieces, or None when it cannot batch."""
+    if not dev_layers or host.device.type == "cuda" or not host.is_contiguous():
+        return None
     if not all(t.is_contiguous() and t.device.type == "cuda" for t in dev_layers):
-        return False
+        return None
     es = host.element_size()
     row_bytes = host[0, 0, 0].numel() * es
     if any(t[0].numel() * t.element_size() != row_bytes for t in dev_layers):
-        return False
-    page_bytes = row_bytes * page_size
+        return None
     pages = host_idx[::page_size] // page_size
     starts = dev_idx[::page_size]
     if pages.numel() and (
@@ -277,16 +299,10 @@ def page_first(
         or int(layer_ids.max()) >= host.shape[1]
         or not _within(starts, torch.full_like(starts, page_size), dev_layers)
     ):
-        return False  # the caller's slicing path raises for it
+        return None  # the caller's slicing path raises for it
     host_addr = (
         host.data_ptr()
         + pages[:, None] * (host.stride(0) * es)
         + layer_ids[None, :] * (host.stride(1) * es)
     )
-    h, d, size = page_pieces(host_addr, _bases(dev_layers), starts, row_bytes, page_bytes)
-    if to_host:
-        src, dst, size = merge_adjacent(d, h, size)
-    else:
-        src, dst, size = merge_adjacent(h, d, size)
-    _issue(src, dst, size, device, mode, src_on_device=to_host, dst_on_device=not to_host)
-    return True
+    return page_pieces(host_addr, _bases(dev_layers), starts, row_bytes, row_bytes * page_size)

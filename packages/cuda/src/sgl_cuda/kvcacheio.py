@@ -469,19 +469,11 @@ def transfer_kv_per_layer_direct_pf_lf(
     hosts = list(src_ptrs)
     groups = _split_components(list(dst_ptrs), hosts, "dst_ptrs")
     src_idx, dst_idx = _page_indices(src_indices, dst_indices, ps)
-    if all(
-        _copy_engine.page_first(
-            host,
-            _layer_range(layer_id, len(layers)),
-            layers,
-            src_idx,
-            dst_idx,
-            ps,
-            copy_mode,
-            to_host=False,
-        )
+    parts = [
+        (host, _layer_range(layer_id, len(layers)), layers)
         for host, layers in zip(hosts, groups, strict=True)
-    ):
+    ]
+    if _copy_engine.page_first(parts, src_idx, dst_idx, ps, copy_mode, to_host=False):
         return
     runs = _page_runs(src_idx, dst_idx, ps)
     dst_blocks: list[torch.Tensor] = []
@@ -518,19 +510,11 @@ def transfer_kv_all_layer_direct_lf_pf(
     hosts = list(dst_ptrs)
     groups = _split_components(list(src_ptrs), hosts, "src_ptrs")
     src_idx, dst_idx = _page_indices(src_indices, dst_indices, ps)
-    if all(
-        _copy_engine.page_first(
-            host,
-            _layer_range(0, len(layers)),
-            layers,
-            dst_idx,
-            src_idx,
-            ps,
-            copy_mode,
-            to_host=True,
-        )
+    parts = [
+        (host, _layer_range(0, len(layers)), layers)
         for host, layers in zip(hosts, groups, strict=True)
-    ):
+    ]
+    if _copy_engine.page_first(parts, dst_idx, src_idx, ps, copy_mode, to_host=True):
         return
     runs = _page_runs(src_idx, dst_idx, ps)
     dst_blocks: list[torch.Tensor] = []
