@@ -380,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def dump() -> None:  # after every step: a timeout still leaves what was measured
         meta["seconds"] = time.perf_counter() - t_start
+        meta["batched_copy_disabled"] = _copy_engine.disabled_reason()
         with open(args.json_out, "w", encoding="utf-8") as out:
             json.dump({"meta": meta, "rows": [asdict(r) for r in rows], **extras}, out, indent=1)
 
@@ -445,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     dump()
     ok = all(r.exact for r in rows) and extra.extras_exact(extras)
     extra.print_compact(rows, extras)
+    print(
+        f"batched copy available at start: {meta['batched_copy_available']}, "
+        f"cudart {meta['cuda_runtime']}; switched off: {_copy_engine.disabled_reason() or 'no'}"
+    )
     print(
         f"{'all bit-exact' if ok else 'MISMATCH OR ERROR'}; {meta['seconds']:.1f}s; "
         f"wrote {args.json_out}"

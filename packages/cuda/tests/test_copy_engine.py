@@ -223,3 +223,26 @@ def test_issue_on_gpu_orders_with_the_stream(mode: str, side: bool) -> None:
     expected = dev.cpu().view(n, piece)
     assert torch.equal(host.view(n, piece)[perm], expected)
     assert torch.equal(back.cpu(), dev.cpu())
+
+
+def test_runtime_error_switches_batching_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing batch call falls back (False: the caller copies) and stays off, with the reason."""
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise _cudart.BatchCopyError("cudaMemcpyBatchAsync of 2 copies failed: test")
+
+    monkeypatch.setattr(_copy_engine, "_issue", failing)
+    monkeypatch.setattr(_copy_engine, "_disabled", "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        _cudart, "runtime", lambda: _cudart.Runtime(cast(ctypes.CDLL, FakeLib()), 13000)
+    )
+    assert _copy_engine.available()
+    one = torch.ones(1, dtype=torch.int64)
+    with pytest.warns(RuntimeWarning, match="switched off"):
+        ok = _copy_engine._issue_or_disable(
+            one, one, one, torch.device("cuda", 0), "batch", src_on_device=True, dst_on_device=False
+        )
+    assert not ok
+    assert "test" in _copy_engine.disabled_reason()
+    assert not _copy_engine.available()

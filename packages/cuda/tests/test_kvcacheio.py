@@ -276,6 +276,7 @@ def direct_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     yield str(request.param)
     # With the runtime's batched copy present, the batch mode must really use it.
     assert bool(issued) == (batch and _copy_engine.available())
+    assert _copy_engine.disabled_reason() == ""
 
 
 @cases

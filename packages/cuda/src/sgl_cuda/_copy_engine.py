@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -32,6 +33,7 @@ from sgl_cuda import _cudart
 __all__ = [
     "MODES",
     "available",
+    "disabled_reason",
     "layer_first",
     "layer_pieces",
     "merge_adjacent",
@@ -46,6 +48,8 @@ _ENV = "SGL_CUDA_DIRECT_COPY"
 # Copies per runtime call: bounds the arrays the driver walks in one call.
 MAX_BATCH = 1 << 14
 _side_lock = threading.Lock()
+# Why the batched path was switched off for this process (a runtime error), or "".
+_disabled = ""
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
 
@@ -58,8 +62,8 @@ def resolve_mode(mode: str | None) -> str:
 
 
 def available() -> bool:
-    """Whether this process's CUDA runtime has ``cudaMemcpyBatchAsync``."""
-    if not torch.cuda.is_available():
+    """Whether this process's CUDA runtime has ``cudaMemcpyBatchAsync`` (and it has not failed)."""
+    if _disabled or not torch.cuda.is_available():
         return False
     rt = _cudart.runtime()
     return rt is not None and rt.has_batch
@@ -189,6 +193,42 @@ def _issue(
             current.wait_stream(stream)
 
 
+def disabled_reason() -> str:
+    """The runtime error that switched the batched path off, or "" while it is on."""
+    return _disabled
+
+
+def _issue_or_disable(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    size: torch.Tensor,
+    device: torch.device,
+    mode: str,
+    *,
+    src_on_device: bool,
+    dst_on_device: bool,
+) -> bool:
+    """Queue the batch; on a runtime error switch the path off and return False.
+
+    The caller then copies every piece its own way: copies are idempotent, so
+    pieces an earlier chunk already queued are just written twice, in order.
+    """
+    global _disabled
+    try:
+        _issue(
+            src, dst, size, device, mode, src_on_device=src_on_device, dst_on_device=dst_on_device
+        )
+    except _cudart.BatchCopyError as exc:
+        _disabled = str(exc)
+        warnings.warn(
+            f"batched copies switched off, using one copy per piece: {exc}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
 def _side_stream(index: int) -> torch.cuda.Stream:
     with _side_lock:
         stream = _side_streams.get(index)
@@ -226,7 +266,7 @@ def layer_first(
     if row_bytes * src_idx.numel() // max(1, runs[0].numel()) < short_run_bytes:
         return False
     src, dst, size = layer_pieces(_bases(src_layers), _bases(dst_layers), runs, row_bytes)
-    _issue(
+    return _issue_or_disable(
         src,
         dst,
         size,
@@ -235,7 +275,6 @@ def layer_first(
         src_on_device=src_layers[0].device.type == "cuda",
         dst_on_device=dst_layers[0].device.type == "cuda",
     )
-    return True
 
 
 def page_first(
@@ -269,8 +308,9 @@ def page_first(
         src, dst, size = merge_adjacent(d, h, size)
     else:
         src, dst, size = merge_adjacent(h, d, size)
-    _issue(src, dst, size, device, mode, src_on_device=to_host, dst_on_device=not to_host)
-    return True
+    return _issue_or_disable(
+        src, dst, size, device, mode, src_on_device=to_host, dst_on_device=not to_host
+    )
 
 
 def _page_part(
