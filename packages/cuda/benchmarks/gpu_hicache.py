@@ -394,6 +394,28 @@ def main(argv: list[str] | None = None) -> int:
                     modes = direct_modes(page, foreach_pages) if io is IOBackend.DIRECT else ["-"]
                     for mode in modes:
                         t1 = time.perf_counter()
+                        if mode.startswith("batch") and clock.cuda and not _copy_engine.available():
+                            # It would time the per-piece path (slow) under a batch label.
+                            why = _copy_engine.disabled_reason() or "no cudaMemcpyBatchAsync"
+                            rows.append(
+                                Row(
+                                    page,
+                                    layout.value,
+                                    io.value,
+                                    mode,
+                                    "error",
+                                    0,
+                                    0,
+                                    0,
+                                    0,
+                                    0,
+                                    0,
+                                    0,
+                                    False,
+                                    f"skipped: {why}",
+                                )
+                            )
+                            continue
                         try:
                             new = bench_pair(case, layout, io, mode, shape, clock)
                             rows.extend(new)
