@@ -20,6 +20,7 @@ copies flagged to prefer overlap with compute, i.e. copy engines),
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import warnings
@@ -90,7 +91,13 @@ def merge_adjacent(
     """Join each piece to the previous one when both its addresses continue it."""
     if src.numel() < 2:
         return src, dst, size
-    cont = (src[1:] == src[:-1] + size[:-1]) & (dst[1:] == dst[:-1] + size[:-1])
+    ends = src[:-1] + size[:-1]
+    cont = src[1:] == ends
+    if not bool(cont.any()):  # the usual case: nothing to join, no more passes
+        return src, dst, size
+    cont &= dst[1:] == dst[:-1] + size[:-1]
+    if not bool(cont.any()):
+        return src, dst, size
     first = torch.cat([torch.ones(1, dtype=torch.bool), ~cont])
     seg = torch.cumsum(first.to(torch.int64), 0) - 1
     merged = torch.zeros(int(seg[-1]) + 1, dtype=torch.int64).index_add_(0, seg, size)
@@ -142,6 +149,11 @@ def _device_of(tensors: Sequence[torch.Tensor]) -> torch.device | None:
         elif t.device.type != "cpu" or not t.is_pinned():
             return None
     return device
+
+
+def _row_bytes(t: torch.Tensor, lead: int) -> int:
+    """Bytes of one row: the dims after the ``lead`` leading ones (no view is made)."""
+    return math.prod(t.shape[lead:]) * t.element_size()
 
 
 def _within(starts: torch.Tensor, counts: torch.Tensor, layers: Sequence[torch.Tensor]) -> bool:
@@ -257,8 +269,8 @@ def layer_first(
     device = _device_of(layers)
     if device is None or not all(t.is_contiguous() and t.dim() >= 1 for t in layers):
         return False
-    row_bytes = src_layers[0][0].numel() * src_layers[0].element_size()
-    if any(t[0].numel() * t.element_size() != row_bytes for t in layers):
+    row_bytes = _row_bytes(src_layers[0], 1)
+    if any(_row_bytes(t, 1) != row_bytes for t in layers):
         return False
     runs = token_runs(src_idx, dst_idx)
     if not (_within(runs[0], runs[2], src_layers) and _within(runs[1], runs[2], dst_layers)):
@@ -327,8 +339,8 @@ def _page_part(
     if not all(t.is_contiguous() and t.device.type == "cuda" for t in dev_layers):
         return None
     es = host.element_size()
-    row_bytes = host[0, 0, 0].numel() * es
-    if any(t[0].numel() * t.element_size() != row_bytes for t in dev_layers):
+    row_bytes = _row_bytes(host, 3)
+    if any(_row_bytes(t, 1) != row_bytes for t in dev_layers):
         return None
     pages = host_idx[::page_size] // page_size
     starts = dev_idx[::page_size]
