@@ -189,20 +189,24 @@ def _issue(
             stream = _side_stream(index)
             stream.wait_stream(current)
         src, dst, size = src.contiguous(), dst.contiguous(), size.contiguous()
-        for lo in range(0, size.numel(), MAX_BATCH):
-            hi = lo + MAX_BATCH
-            rt.memcpy_batch(
-                dst[lo:hi],
-                src[lo:hi],
-                size[lo:hi],
-                stream.cuda_stream,
-                device_index=index,
-                src_on_device=src_on_device,
-                dst_on_device=dst_on_device,
-                prefer_overlap=mode == "batch",
-            )
-        if stream is not current:
-            current.wait_stream(stream)
+        try:
+            for lo in range(0, size.numel(), MAX_BATCH):
+                hi = lo + MAX_BATCH
+                rt.memcpy_batch(
+                    dst[lo:hi],
+                    src[lo:hi],
+                    size[lo:hi],
+                    stream.cuda_stream,
+                    device_index=index,
+                    src_on_device=src_on_device,
+                    dst_on_device=dst_on_device,
+                    prefer_overlap=mode == "batch",
+                )
+        finally:
+            # Also after a failed chunk: chunks already queued stay ordered before
+            # whatever the current stream does next (e.g. the per-piece fallback).
+            if stream is not current:
+                current.wait_stream(stream)
 
 
 def disabled_reason() -> str:
