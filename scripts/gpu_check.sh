@@ -51,8 +51,9 @@ TESTS=packages/cuda/tests
 timeout ${TEST_TIMEOUT:-135} $PY -m pytest $TESTS -q -p no:cacheprovider -rfE \
   --durations=5 > "$OUT/cuda_tests.log" 2>&1; step "cuda tests" $?
 
-timeout ${HICACHE_TIMEOUT:-100} $PY packages/cuda/benchmarks/gpu_hicache.py "$OUT/hicache.json" \
-  $DEV ${HICACHE_ARGS:-} > "$OUT/hicache.log" 2>&1; step "hicache" $?
+HT=${HICACHE_TIMEOUT:-100}
+timeout $HT $PY packages/cuda/benchmarks/gpu_hicache.py "$OUT/hicache.json" \
+  --budget-s $((HT * 7 / 10)) $DEV ${HICACHE_ARGS:-} > "$OUT/hicache.log" 2>&1; step "hicache" $?
 
 GGML_DEV=""
 [ "$TINY" = 1 ] && GGML_DEV="--help"
@@ -78,8 +79,9 @@ echo "=== ggml"; tail -10 "$OUT/ggml.log" | cut -c1-160
 echo "=== hicache"
 if grep -q "^=== compact" "$OUT/hicache.log"; then
   sed -n '/^=== compact/,$p' "$OUT/hicache.log"
-else
-  tail -30 "$OUT/hicache.log" | cut -c1-200
+else  # killed by its timeout: summarize what it saved after each step
+  tail -12 "$OUT/hicache.log" | cut -c1-200
+  timeout 20 $PY packages/cuda/benchmarks/gpu_hicache.py "$OUT/hicache.json" --summarize 2>&1 | tail -60
 fi
 echo "=== cuda tests"; grep -E "^(FAILED|ERROR)" "$OUT/cuda_tests.log" | cut -c1-160 | head -15
 tail -2 "$OUT/cuda_tests.log" | cut -c1-200

@@ -346,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--foreach-pages", default="64", help="page sizes that also run foreach")
     parser.add_argument("--skip", default="", help="comma list of: main,sweep,smbudget")
     parser.add_argument("--ncu-target", action="store_true", help="only a few per-layer loads")
+    parser.add_argument(
+        "--budget-s", type=float, default=0.0, help="start no new page size after this many s"
+    )
+    parser.add_argument(
+        "--summarize", action="store_true", help="print the compact summary of json_out only"
+    )
     args = parser.parse_args(argv)
 
     import gpu_hicache_extra as extra  # the sibling module (sweep, SM budget, ncu target)
@@ -360,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if args.ncu_target:
         extra.ncu_target(shape, device)
+        return 0
+    if args.summarize:
+        with open(args.json_out, encoding="utf-8") as f:
+            saved = json.load(f)
+        extra.print_compact([Row(**r) for r in saved["rows"]], saved)
         return 0
     skip = set(filter(None, args.skip.split(",")))
     foreach_pages = [int(p) for p in args.foreach_pages.split(",") if p]
@@ -386,6 +397,10 @@ def main(argv: list[str] | None = None) -> int:
 
     for page in shape.page_sizes:
         t0 = time.perf_counter()
+        if args.budget_s and t0 - t_start > args.budget_s:
+            print(f"page {page}: skipped, {t0 - t_start:.0f}s > --budget-s", file=sys.stderr)
+            meta.setdefault("skipped_pages", []).append(page)
+            continue
         case = make_case(shape, page, device, clock, gen)
         print(f"page {page}: pools + copies {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         if "main" not in skip:
@@ -420,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
                             new = bench_pair(case, layout, io, mode, shape, clock)
                             rows.extend(new)
                             print_rows(new, header=False)
+                            dump()
                         except Exception:  # keep going: one failure must not hide the rest
                             err = traceback.format_exc(limit=-3)[-800:]
                             rows.append(
