@@ -36,5 +36,10 @@ def test_tiny_run_writes_exact_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert all(r["exact"] and not r["error"] for r in rows)
     assert len(data["sweep"]["rows"]) > 30 and all(r["exact"] for r in data["sweep"]["rows"])
     assert len(data["smbudget"]["rows"]) == 11
+    assert gpu_hicache.main([str(out), "--summarize"]) == 0  # the script's fallback view
     assert gpu_hicache.main([str(out), "--device", "cpu", "--tiny", "--ncu-target"]) == 0
+    # Past --budget-s no page size starts; what was measured is still written.
+    argv = [str(out), "--device", "cpu", "--tiny", "--pages", "4,8", "--budget-s", "1e-9"]
+    assert gpu_hicache.main([*argv, "--skip", "sweep,smbudget"]) == 0
+    assert json.loads(out.read_text())["meta"]["skipped_pages"] == [4, 8]
     sys.modules.pop("gpu_hicache_extra", None)
