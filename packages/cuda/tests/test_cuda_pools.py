@@ -263,3 +263,50 @@ def test_kernel_io_rejects_unusable_device(monkeypatch: pytest.MonkeyPatch) -> N
         idx = page_indices([0], 4)
         with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET"):
             host.backup_from_device_all_layer(dev, idx, idx, "kernel")
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_per_layer_loads_upload_indices_once(reuse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA, the layers of one validated load share one index upload (two tensors);
+    changed index contents (even in the same tensor) upload again and load the new rows."""
+    from sgl_cuda import _host_pool
+
+    uploads: list[int] = []
+    real = _host_pool._upload
+
+    def counting(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
+        uploads.append(indices.numel())
+        return real(indices, device)
+
+    monkeypatch.setattr(_host_pool, "_upload", counting)
+    dev = make_pool(layers=4, pages=4)
+    fill_device_random(dev, 4)
+    host = backend.create_host_pool(dev, layout="layer_first")
+    host.reuse_index_uploads = reuse
+    h_idx, d_idx = page_indices([5, 0, 2], 4), page_indices([1, 3, 2], 4)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "kernel")
+    uploads.clear()
+    dst = make_pool(layers=4, pages=4)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()] if DEVICE.type == "cuda" else []
+    for layer in range(4):
+        if streams:  # alternate streams: a reused upload must be ordered on each
+            with torch.cuda.stream(streams[layer % 2]):
+                host.load_to_device_per_layer(dst, h_idx, d_idx, layer, "kernel")
+        else:
+            host.load_to_device_per_layer(dst, h_idx, d_idx, layer, "kernel")
+    cached = reuse and DEVICE.type == "cuda"
+    assert len(uploads) == (2 if cached else 8)
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    for layer in range(4):
+        assert torch.equal(device_rows(dst, layer, d_idx), device_rows(dev, layer, d_idx))
+    # Same tensor objects, new contents: host pages 5, 0, 2 now land on device page 0.
+    d_idx.copy_(page_indices([0, 3, 2], 4))
+    uploads.clear()
+    host.load_to_device_per_layer(dst, h_idx, d_idx, 1, "kernel")
+    assert len(uploads) == 2
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    assert torch.equal(
+        device_rows(dst, 1, page_indices([0], 4)), device_rows(dev, 1, page_indices([1], 4))
+    )

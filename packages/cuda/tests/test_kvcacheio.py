@@ -8,14 +8,15 @@ a fixed layer stride) would read or write the wrong bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
 
 from sgl_core.errors import IndexDTypeError, IndexShapeError, PageAlignmentError, SGLError
-from sgl_cuda import kvcacheio
+from sgl_cuda import _copy_engine, kvcacheio
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LAYERS = 3
@@ -130,6 +131,62 @@ def test_per_layer_mla_pf_lf(dtype: torch.dtype, page_size: int) -> None:
     assert not torch.equal(raw(b.dev[1][d]), raw(b.host_pf[h, 1]))
 
 
+@pytest.mark.parametrize(
+    ("block_r", "block_w", "num_warps", "layers_inner"),
+    [(8, 4, 1, None), (4, 64, 2, True), (16, 2, 8, False)],
+)
+def test_launch_tunables(
+    block_r: int, block_w: int, num_warps: int, layers_inner: bool | None
+) -> None:
+    """Any tile (masked or not), warp count and grid order moves the same bytes."""
+    from sgl_cuda._triton import kvcacheio as triton_kvcacheio
+
+    b = make(16, torch.bfloat16, dim=20)  # 5 words a row: every tile above masks or splits
+    h, d = shuffled_pages(16, 3)
+    h_dev, d_dev = h.to(DEVICE), d.to(DEVICE)
+    words = b.item // 8
+    tile = {
+        "block_r": block_r,
+        "block_w": block_w,
+        "num_warps": num_warps,
+        "layers_inner": layers_inner,
+    }
+    common = {"words": words, "layer_offset": 0, "src_layer_w": 0, "dst_layer_w": 0}
+    before = b.dev[1].cpu()
+    triton_kvcacheio.launch_copy_rows(
+        b.host_lf[1],
+        b.dev[1],
+        h_dev,
+        d_dev,
+        num_layers=1,
+        src_row_w=words,
+        dst_row_w=words,
+        src_table=False,
+        dst_table=False,
+        **common,
+        **tile,
+    )
+    sync()
+    expect_rows(before, b.dev[1], d, b.host_lf[1][h])
+    host_before = [t.clone() for t in b.host_lf]
+    triton_kvcacheio.launch_copy_rows(
+        ptrs(b.dev),
+        ptrs(b.host_lf),
+        d_dev,
+        h_dev,
+        num_layers=LAYERS,
+        src_row_w=words,
+        dst_row_w=words,
+        src_table=True,
+        dst_table=True,
+        **common,
+        **tile,
+    )
+    sync()
+    for layer in range(LAYERS):
+        expect_rows(host_before[layer], b.host_lf[layer], h, b.dev[layer][d_dev])
+
+
 @cases
 def test_all_layer_mla(dtype: torch.dtype, page_size: int) -> None:
     b = make(page_size, dtype)
@@ -199,12 +256,27 @@ def test_empty_indices_are_a_no_op() -> None:
 
 
 # ---------------------------------------------------------------------- direct
-@pytest.fixture(params=["slices", "gather"])
-def direct_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run direct copies through run slices (threshold 0) and gather/scatter (huge)."""
-    threshold = 0 if request.param == "slices" else 1 << 40
+@pytest.fixture(params=["slices", "gather", "batch"])
+def direct_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run direct copies through run slices (threshold 0), gather/scatter (huge) and
+    the batched copy engine (threshold 0; on CPU it falls back to the slices)."""
+    threshold = 1 << 40 if request.param == "gather" else 0
     monkeypatch.setattr(kvcacheio, "_SHORT_RUN_BYTES", threshold)
-    return str(request.param)
+    batch = request.param == "batch"
+    monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "batch" if batch else "foreach")
+    monkeypatch.setattr(_copy_engine, "MAX_BATCH", 3)  # several runtime calls per transfer
+    issued: list[int] = []
+    real_issue = _copy_engine._issue
+
+    def counting_issue(*args: Any, **kwargs: Any) -> None:
+        issued.append(1)
+        real_issue(*args, **kwargs)
+
+    monkeypatch.setattr(_copy_engine, "_issue", counting_issue)
+    yield str(request.param)
+    # With the runtime's batched copy present, the batch mode must really use it.
+    assert bool(issued) == (batch and _copy_engine.available())
+    assert _copy_engine.disabled_reason() == ""
 
 
 @cases
@@ -263,6 +335,8 @@ def test_direct_two_components() -> None:
     gen = torch.Generator().manual_seed(11)
     dev = [bits((5 * ps, 1, 8), torch.float16, gen).to(DEVICE) for _ in range(2 * LAYERS)]
     hosts = [torch.zeros(3, LAYERS, ps, 1, 8, dtype=torch.float16) for _ in range(2)]
+    if DEVICE.type == "cuda":  # pinned: both components go in one batched copy
+        hosts = [h.pin_memory() for h in hosts]
     d, h = pages([4, 1], ps), pages([2, 0], ps)
     kvcacheio.transfer_kv_all_layer_direct_lf_pf(dev, hosts, d.to(DEVICE), h, ps)
     sync()

@@ -36,6 +36,34 @@ from sgl_cuda._device_pool import CudaMLADevicePool
 __all__ = ["CudaMLAHostPool"]
 
 
+class _DeviceIndices:
+    """Device copies of a validated load's indices, reused by the next layers' loads."""
+
+    __slots__ = ("device", "device_indices", "event", "host_indices", "stream")
+
+    def __init__(
+        self,
+        device: torch.device,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        stream: torch.cuda.Stream,
+    ) -> None:
+        self.device = device
+        self.host_indices = host_indices
+        self.device_indices = device_indices
+        self.stream = stream
+        self.event = stream.record_event()
+
+
+def _upload(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``indices`` on ``device``; from CPU through pinned memory, so the copy is async."""
+    if indices.device == device:
+        return indices.contiguous()
+    if device.type == "cuda" and indices.device.type == "cpu" and not indices.is_pinned():
+        indices = indices.pin_memory()
+    return indices.to(device, non_blocking=True).contiguous()
+
+
 class CudaMLAHostPool(TokenRowHostPool):
     """Host (L2) copy of a per-layer MLA device pool, for the ``cuda`` backend.
 
@@ -53,6 +81,8 @@ class CudaMLAHostPool(TokenRowHostPool):
 
     data_refs: list[torch.Tensor]
     data_ptrs: torch.Tensor
+    # Per-layer loads of the same (already validated) indices reuse their device copies.
+    reuse_index_uploads: bool = True
 
     def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
         super()._allocate_buffers(device_pool)
@@ -178,8 +208,7 @@ class CudaMLAHostPool(TokenRowHostPool):
             self._direct(device_pool, host_indices, device_indices, None, to_host=True)
             return
         device = device_pool.device
-        h_idx = host_indices.to(device, non_blocking=True).contiguous()
-        d_idx = device_indices.to(device, non_blocking=True).contiguous()
+        h_idx, d_idx = _upload(host_indices, device), _upload(device_indices, device)
         item = self.shape.token_stride_size
         if self.layout is HostLayout.LAYER_FIRST:
             kvcacheio.transfer_kv_all_layer_mla(
@@ -212,9 +241,7 @@ class CudaMLAHostPool(TokenRowHostPool):
         if io_backend is IOBackend.DIRECT:
             self._direct(device_pool, host_indices, device_indices, layer_id, to_host=False)
             return
-        device = device_pool.device
-        h_idx = host_indices.to(device, non_blocking=True).contiguous()
-        d_idx = device_indices.to(device, non_blocking=True).contiguous()
+        h_idx, d_idx = self._load_indices(device_pool.device, host_indices, device_indices)
         item = self.shape.token_stride_size
         dst = device_layers(device_pool)[layer_id]
         if self.layout is HostLayout.LAYER_FIRST:
@@ -223,6 +250,27 @@ class CudaMLAHostPool(TokenRowHostPool):
             kvcacheio.transfer_kv_per_layer_mla_pf_lf(
                 self.kv_buffer, dst, h_idx, d_idx, layer_id, item, self.shape.layout_dim
             )
+
+    def _load_indices(
+        self, device: torch.device, host_indices: torch.Tensor, device_indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device copies of a load's indices: uploaded once per validated call."""
+        if device.type != "cuda":
+            return _upload(host_indices, device), _upload(device_indices, device)
+        stream = torch.cuda.current_stream(device)
+        cached = self._cached_plan() if self.reuse_index_uploads else None
+        if isinstance(cached, _DeviceIndices) and cached.device == device:
+            if cached.stream != stream:
+                # Uploaded on another stream: order after it, and keep the memory
+                # alive until this stream is done with it.
+                stream.wait_event(cached.event)
+                cached.host_indices.record_stream(stream)
+                cached.device_indices.record_stream(stream)
+            return cached.host_indices, cached.device_indices
+        h_idx, d_idx = _upload(host_indices, device), _upload(device_indices, device)
+        if self.reuse_index_uploads:
+            self._store_plan(_DeviceIndices(device, h_idx, d_idx, stream))
+        return h_idx, d_idx
 
     def _direct(
         self,

@@ -48,6 +48,7 @@ from sgl_core.errors import (
     PageAlignmentError,
     ShapeMismatchError,
 )
+from sgl_cuda import _copy_engine
 from sgl_cuda._launch_lock import interpreter_launch
 
 __all__ = [
@@ -374,6 +375,8 @@ def transfer_kv_direct(
     src_indices: torch.Tensor,
     dst_indices: torch.Tensor,
     page_size: int,
+    *,
+    mode: str | None = None,
 ) -> None:
     """Row ``src_layers[l][src_indices[i]]`` -> ``dst_layers[l][dst_indices[i]]`` for every l.
 
@@ -382,8 +385,12 @@ def transfer_kv_direct(
     tokens) each layer is one gather and one scatter instead. Any pairing
     works; ``page_size`` is accepted for the upstream signature and only
     checked to be positive. Unchecked: bounds, duplicates, layer shapes.
+
+    With CUDA >= 12.8 and long runs, every (layer, run) piece goes in one
+    batched copy-engine call (``mode``: see ``sgl_cuda._copy_engine``).
     """
     _check_page_size(page_size)
+    copy_mode = _copy_engine.resolve_mode(mode)
     src_list, dst_list = list(src_layers), list(dst_layers)
     if len(src_list) != len(dst_list):
         raise ShapeMismatchError(
@@ -392,6 +399,8 @@ def transfer_kv_direct(
     src_idx, dst_idx = _cpu_indices(src_indices, dst_indices)
     n = src_idx.numel()
     if n == 0 or not src_list:
+        return
+    if _copy_engine.layer_first(src_list, dst_list, src_idx, dst_idx, copy_mode, _SHORT_RUN_BYTES):
         return
     runs = merge_runs(src_idx, dst_idx)
     row_bytes = src_list[0][0].numel() * src_list[0].element_size()
@@ -414,14 +423,24 @@ def transfer_kv_direct(
     _copy_pairs(dst_blocks, src_blocks)
 
 
-def _page_runs(
+def _page_indices(
     src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int
-) -> list[tuple[int, int, int]]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     src_idx, dst_idx = _cpu_indices(src_indices, dst_indices)
     if src_idx.numel() % page_size:
         raise PageAlignmentError(
             f"{src_idx.numel()} indices are not a whole number of pages of {page_size}"
         )
+    return src_idx, dst_idx
+
+
+def _layer_range(first: int, count: int) -> torch.Tensor:
+    return torch.arange(first, first + count, dtype=torch.int64)
+
+
+def _page_runs(
+    src_idx: torch.Tensor, dst_idx: torch.Tensor, page_size: int
+) -> list[tuple[int, int, int]]:
     runs = merge_runs(src_idx[::page_size], dst_idx[::page_size], unit=page_size)
     return list(runs)
 
@@ -447,6 +466,8 @@ def transfer_kv_per_layer_direct_pf_lf(
     dst_indices: torch.Tensor,
     layer_id: int,
     page_size: int,
+    *,
+    mode: str | None = None,
 ) -> None:
     """Page-first-direct host -> per-layer device, whole pages, from layer ``layer_id``.
 
@@ -455,14 +476,24 @@ def transfer_kv_per_layer_direct_pf_lf(
     buffer(s) for layers ``layer_id, layer_id + 1, ...`` (one per layer and
     component). Each run of consecutive pages on both sides is one slice copy.
     Indices must be whole, aligned pages (only the count is checked here);
-    unchecked: bounds, duplicates, page alignment of each run.
+    unchecked: bounds, duplicates, page alignment of each run. With CUDA >= 12.8
+    all pieces go in one batched copy-engine call (``mode``: see
+    ``sgl_cuda._copy_engine``).
     """
     ps = _check_page_size(page_size)
+    copy_mode = _copy_engine.resolve_mode(mode)
     if isinstance(layer_id, bool) or not isinstance(layer_id, int) or layer_id < 0:
         raise LayerIndexError(f"layer_id must be a non-negative int, got {layer_id!r}")
     hosts = list(src_ptrs)
     groups = _split_components(list(dst_ptrs), hosts, "dst_ptrs")
-    runs = _page_runs(src_indices, dst_indices, ps)
+    src_idx, dst_idx = _page_indices(src_indices, dst_indices, ps)
+    parts = [
+        (host, _layer_range(layer_id, len(layers)), layers)
+        for host, layers in zip(hosts, groups, strict=True)
+    ]
+    if _copy_engine.page_first(parts, src_idx, dst_idx, ps, copy_mode, to_host=False):
+        return
+    runs = _page_runs(src_idx, dst_idx, ps)
     dst_blocks: list[torch.Tensor] = []
     src_blocks: list[torch.Tensor] = []
     for host, layers in zip(hosts, groups, strict=True):
@@ -480,18 +511,30 @@ def transfer_kv_all_layer_direct_lf_pf(
     src_indices: torch.Tensor,
     dst_indices: torch.Tensor,
     page_size: int,
+    *,
+    mode: str | None = None,
 ) -> None:
     """Per-layer device -> page-first-direct host, every layer, whole pages.
 
     ``src_ptrs`` holds the per-layer buffers (``k_layers + v_layers`` for two
     components); ``dst_ptrs`` the page-first-direct buffer(s). Each run of
     consecutive pages on both sides is one slice copy per layer. Unchecked:
-    bounds, duplicates, page alignment of each run.
+    bounds, duplicates, page alignment of each run. With CUDA >= 12.8 all
+    pieces go in one batched copy-engine call (``mode``: see
+    ``sgl_cuda._copy_engine``).
     """
     ps = _check_page_size(page_size)
+    copy_mode = _copy_engine.resolve_mode(mode)
     hosts = list(dst_ptrs)
     groups = _split_components(list(src_ptrs), hosts, "src_ptrs")
-    runs = _page_runs(src_indices, dst_indices, ps)
+    src_idx, dst_idx = _page_indices(src_indices, dst_indices, ps)
+    parts = [
+        (host, _layer_range(0, len(layers)), layers)
+        for host, layers in zip(hosts, groups, strict=True)
+    ]
+    if _copy_engine.page_first(parts, dst_idx, src_idx, ps, copy_mode, to_host=True):
+        return
+    runs = _page_runs(src_idx, dst_idx, ps)
     dst_blocks: list[torch.Tensor] = []
     src_blocks: list[torch.Tensor] = []
     for host, layers in zip(hosts, groups, strict=True):

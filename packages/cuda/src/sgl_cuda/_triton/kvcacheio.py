@@ -118,16 +118,29 @@ def launch_copy_rows(
     dst_layer_w,
     src_table,
     dst_table,
+    block_r=None,
+    block_w=None,
+    num_warps=4,
+    layers_inner=None,
 ):
-    """One launch copying ``len(src_idx)`` rows of ``num_layers`` layers."""
+    """One launch copying ``len(src_idx)`` rows of ``num_layers`` layers.
+
+    The tile (``block_r`` rows x ``block_w`` words, powers of two), ``num_warps``
+    and the grid order (``layers_inner``) default to :func:`tile_for` and the
+    page-first rule; the GPU sweep passes them explicitly.
+    """
     n = src_idx.numel()
     if n == 0 or num_layers == 0:
         return
-    block_r, block_w, mask_w = tile_for(words)
-    layers_inner = num_layers > 1 and (
-        (not src_table and 0 < src_layer_w < src_row_w)
-        or (not dst_table and 0 < dst_layer_w < dst_row_w)
-    )
+    default_r, default_w, _ = tile_for(words)
+    block_w = default_w if block_w is None else block_w
+    block_r = default_r if block_r is None else block_r
+    mask_w = words % block_w != 0
+    if layers_inner is None:
+        layers_inner = num_layers > 1 and (
+            (not src_table and 0 < src_layer_w < src_row_w)
+            or (not dst_table and 0 < dst_layer_w < dst_row_w)
+        )
     if layers_inner:
         grid: tuple[int, ...] = (triton.cdiv(n, block_r) * num_layers,)
     else:
@@ -142,7 +155,7 @@ def launch_copy_rows(
         "LAYERS_INNER": layers_inner,
     }
     if not INTERPRETED:
-        kwargs["num_warps"] = 4
+        kwargs["num_warps"] = num_warps
     args = (
         src,
         dst,

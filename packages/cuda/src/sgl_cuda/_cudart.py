@@ -1,0 +1,201 @@
+"""``cudaMemcpyBatchAsync`` through the CUDA runtime torch already loaded (ctypes).
+
+The only module that touches ctypes. It finds ``libcudart`` in this order: the
+copy already mapped into the process (``/proc/self/maps``: torch's own), torch's
+``lib`` directory, the ``nvidia`` wheel directories next to torch, then the
+loader's search path. The batch call exists from CUDA 12.8; 12.8-12.9 take an
+extra ``size_t* failIdx`` argument that CUDA 13 removed, so the argument list is
+chosen from ``cudaRuntimeGetVersion``.
+
+Pointer, size and attribute arrays are read by the runtime during the call, so
+plain (pageable) CPU int64 tensors are enough. The legacy NULL stream is not
+allowed by the API; :mod:`sgl_cuda._copy_engine` handles that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "BatchCopyError",
+    "MEM_DEVICE",
+    "MEM_HOST",
+    "Runtime",
+    "find_libcudart",
+    "runtime",
+]
+
+# cudaMemLocationType
+MEM_NONE = 0
+MEM_DEVICE = 1
+MEM_HOST = 2
+_SRC_ACCESS_ORDER_STREAM = 1
+_FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1
+_FIRST_BATCH_VERSION = 12080
+_NO_FAIL_IDX_VERSION = 13000
+
+
+class BatchCopyError(RuntimeError):
+    """The CUDA runtime rejected a batched copy (no copy of the batch is guaranteed done)."""
+
+
+class _MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class MemcpyAttributes(ctypes.Structure):
+    """``struct cudaMemcpyAttributes`` (driver_types.h, CUDA 12.8 and 13)."""
+
+    _fields_ = [
+        ("srcAccessOrder", ctypes.c_int),
+        ("srcLocHint", _MemLocation),
+        ("dstLocHint", _MemLocation),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+def _mapped_cudart() -> list[str]:
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if os.path.isfile(p))
+
+
+def _candidate_paths() -> list[str]:
+    found = _mapped_cudart()
+    torch_dir = os.path.dirname(torch.__file__)
+    site = os.path.dirname(torch_dir)
+    patterns = [
+        os.path.join(torch_dir, "lib", "libcudart.so*"),
+        os.path.join(site, "nvidia", "cu*", "lib", "libcudart.so*"),
+        os.path.join(site, "nvidia", "cuda_runtime", "lib", "libcudart.so*"),
+    ]
+    for pattern in patterns:
+        found.extend(sorted(glob.glob(pattern), reverse=True))
+    found.extend(["libcudart.so", "libcudart.so.13", "libcudart.so.12"])
+    return found
+
+
+def find_libcudart() -> ctypes.CDLL | None:
+    """The first loadable ``libcudart`` of :func:`_candidate_paths`, or None."""
+    for path in _candidate_paths():
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A loaded runtime: its version and (when present) the batched-copy entry point."""
+
+    lib: ctypes.CDLL
+    version: int
+
+    @property
+    def has_batch(self) -> bool:
+        return self.version >= _FIRST_BATCH_VERSION and hasattr(self.lib, "cudaMemcpyBatchAsync")
+
+    def error_string(self, code: int) -> str:
+        name = self.lib.cudaGetErrorString(code)  # restype set at load: bytes or None
+        return name.decode() if isinstance(name, bytes) else f"cudaError {code}"
+
+    def memcpy_batch(
+        self,
+        dsts: torch.Tensor,
+        srcs: torch.Tensor,
+        sizes: torch.Tensor,
+        stream: int,
+        *,
+        device_index: int,
+        src_on_device: bool,
+        dst_on_device: bool,
+        prefer_overlap: bool = True,
+    ) -> None:
+        """Queue ``sizes[i]`` bytes ``srcs[i] -> dsts[i]`` for every i on ``stream``.
+
+        ``dsts``/``srcs``/``sizes`` are contiguous CPU int64 tensors of equal
+        length (addresses and byte counts). ``stream`` must not be 0 (legacy).
+        """
+        count = sizes.numel()
+        for name, t in (("dsts", dsts), ("srcs", srcs), ("sizes", sizes)):
+            if t.device.type != "cpu" or t.dtype != torch.int64 or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous CPU int64 tensor")
+            if t.numel() != count:
+                raise ValueError("dsts, srcs and sizes must have equal length")
+        if count == 0:
+            return
+        if stream == 0:
+            raise ValueError("cudaMemcpyBatchAsync does not accept the legacy NULL stream")
+        attr = MemcpyAttributes()
+        attr.srcAccessOrder = _SRC_ACCESS_ORDER_STREAM
+        attr.srcLocHint = _location(src_on_device, device_index)
+        attr.dstLocHint = _location(dst_on_device, device_index)
+        attr.flags = _FLAG_PREFER_OVERLAP_WITH_COMPUTE if prefer_overlap else 0
+        attr_idx = ctypes.c_size_t(0)
+        ptr = ctypes.c_void_p
+        args: list[object] = [
+            ptr(dsts.data_ptr()),
+            ptr(srcs.data_ptr()),
+            ptr(sizes.data_ptr()),
+            ctypes.c_size_t(count),
+            ctypes.byref(attr),
+            ctypes.byref(attr_idx),
+            ctypes.c_size_t(1),
+        ]
+        fail_idx = ctypes.c_size_t(0)
+        if self.version < _NO_FAIL_IDX_VERSION:
+            args.append(ctypes.byref(fail_idx))
+        args.append(ptr(stream))
+        code = int(self.lib.cudaMemcpyBatchAsync(*args))
+        if code:
+            where = f" (copy {fail_idx.value})" if self.version < _NO_FAIL_IDX_VERSION else ""
+            raise BatchCopyError(
+                f"cudaMemcpyBatchAsync of {count} copies failed{where}: "
+                f"{self.error_string(code)} ({code})"
+            )
+
+
+def _location(on_device: bool, device_index: int) -> _MemLocation:
+    if on_device:
+        return _MemLocation(MEM_DEVICE, device_index)
+    return _MemLocation(MEM_HOST, 0)
+
+
+_lock = threading.Lock()
+_loaded: list[Runtime | None] = []
+
+
+def runtime() -> Runtime | None:
+    """The process's CUDA runtime (loaded once), or None when none can be loaded."""
+    with _lock:
+        if not _loaded:
+            _loaded.append(_load())
+        return _loaded[0]
+
+
+def _load() -> Runtime | None:
+    lib = find_libcudart()
+    if lib is None:
+        return None
+    version = ctypes.c_int(0)
+    try:
+        lib.cudaRuntimeGetVersion.restype = ctypes.c_int
+        if lib.cudaRuntimeGetVersion(ctypes.byref(version)) != 0:
+            return None
+    except AttributeError:
+        return None
+    lib.cudaGetErrorString.restype = ctypes.c_char_p
+    lib.cudaGetErrorString.argtypes = [ctypes.c_int]
+    if hasattr(lib, "cudaMemcpyBatchAsync"):
+        lib.cudaMemcpyBatchAsync.restype = ctypes.c_int
+    return Runtime(lib, int(version.value))
