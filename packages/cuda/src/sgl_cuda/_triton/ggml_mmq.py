@@ -27,7 +27,7 @@ from sgl_cuda._triton.ggml import _decode_q, _group_scale_min, _interpreting
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps). BLOCK_M is also the alignment block
 # the caller pads each expert's pairs to. tl.dot needs M, N >= 16 on a GPU.
 GPU_TILE_DEFAULT = (32, 64, 64, 4)
-_INTERP_TILE = (16, 32, 32, 1)
+_INTERP_TILE = (16, 128, 32, 1)
 
 
 def default_tile() -> tuple[int, int, int, int]:
