@@ -37,11 +37,12 @@ Tile = tuple[int, int, int, int]
 # f16 scale offsets inside a block, per type (the rest of the bytes: any value is valid)
 _F16_OFFSETS = {GGMLQuantType.Q4_K: (0, 2), GGMLQuantType.Q8_0: (0,)}
 SWEEP_TILES: list[Tile] = [
-    (16, 64, 64, 4),
-    (64, 64, 64, 4),
-    (32, 128, 64, 8),
+    (16, 256, 32, 4),
+    (16, 64, 32, 4),
+    (32, 128, 32, 4),
+    (16, 128, 64, 4),
     (64, 128, 32, 8),
-    (128, 64, 64, 8),
+    (16, 128, 32, 8),
 ]
 SWEEP_TOKENS = (128, 512, 2048)
 

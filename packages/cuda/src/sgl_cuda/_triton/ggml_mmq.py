@@ -26,7 +26,10 @@ from sgl_cuda._triton.ggml import _decode_q, _group_scale_min, _interpreting
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps). BLOCK_M is also the alignment block
 # the caller pads each expert's pairs to. tl.dot needs M, N >= 16 on a GPU.
-GPU_TILE_DEFAULT = (32, 64, 64, 4)
+# The default is the fewest sm_90 instructions per decoded weight among the
+# tiles compiled (ptxas, no spills); a GPU sweep (benchmarks/gpu_ggml_moe.py)
+# decides between it and the others.
+GPU_TILE_DEFAULT = (16, 128, 32, 4)
 _INTERP_TILE = (16, 128, 32, 1)
 
 
@@ -36,19 +39,27 @@ def default_tile() -> tuple[int, int, int, int]:
 
 
 @triton.jit
+def _has_min(QTYPE: tl.constexpr):
+    # Q4_1, Q5_1, Q2_K, Q4_K, Q5_K: weights are scale * q + min
+    return QTYPE == 3 or QTYPE == 7 or QTYPE == 10 or QTYPE == 12 or QTYPE == 13  # noqa: PLR1714
+
+
+@triton.jit
 def _scaled_group_dot(acc, qa, qw, da, pg, i, gmask, G: tl.constexpr, QTYPE: tl.constexpr):
     """``acc += d_a * (scale * (q_a . q_w) + min * sum(q_a))`` for one Q8_1 block.
 
     ``qa (BM, 32)`` int8, ``qw (32, BN)`` int8, ``da (BM,)``; ``pg (BN,)`` the
     weight-block pointers and ``i (BN,)`` the index of the block's first weight.
+    Written as ``(d_a * scale) * isum [+ (d_a * sum(q_a)) * min]`` so each
+    accumulator element costs one multiply and one or two FMAs.
     """
     if G == 32:
-        isum = tl.dot(qa, qw, out_dtype=tl.int32)
-        asum = tl.sum(qa.to(tl.int32), axis=1)
+        isum = tl.dot(qa, qw, out_dtype=tl.int32).to(tl.float32)
         scale, mn = _group_scale_min(pg, i, gmask, QTYPE)
-        acc += da[:, None] * (
-            scale[None, :] * isum.to(tl.float32) + mn[None, :] * asum.to(tl.float32)[:, None]
-        )
+        acc += (da[:, None] * scale[None, :]) * isum
+        if _has_min(QTYPE):
+            asum = tl.sum(qa.to(tl.int32), axis=1).to(tl.float32)
+            acc += (da * asum)[:, None] * mn[None, :]
     else:  # G == 16: two scale groups per Q8_1 block
         lo = (tl.arange(0, 32) < 16)[None, :]
         qa_lo = tl.where(lo, qa, tl.zeros_like(qa))
@@ -57,14 +68,13 @@ def _scaled_group_dot(acc, qa, qw, da, pg, i, gmask, G: tl.constexpr, QTYPE: tl.
         s_hi, m_hi = _group_scale_min(pg, i + 16, gmask, QTYPE)
         i_lo = tl.dot(qa_lo, qw, out_dtype=tl.int32).to(tl.float32)
         i_hi = tl.dot(qa_hi, qw, out_dtype=tl.int32).to(tl.float32)
-        a_lo = tl.sum(qa_lo.to(tl.int32), axis=1).to(tl.float32)[:, None]
-        a_hi = tl.sum(qa_hi.to(tl.int32), axis=1).to(tl.float32)[:, None]
-        acc += da[:, None] * (
-            s_lo[None, :] * i_lo
-            + m_lo[None, :] * a_lo
-            + s_hi[None, :] * i_hi
-            + m_hi[None, :] * a_hi
-        )
+        acc += (da[:, None] * s_lo[None, :]) * i_lo
+        acc += (da[:, None] * s_hi[None, :]) * i_hi
+        if _has_min(QTYPE):
+            a_lo = tl.sum(qa_lo.to(tl.int32), axis=1).to(tl.float32)
+            a_hi = tl.sum(qa_hi.to(tl.int32), axis=1).to(tl.float32)
+            acc += (da * a_lo)[:, None] * m_lo[None, :]
+            acc += (da * a_hi)[:, None] * m_hi[None, :]
     return acc
 
 
@@ -119,15 +129,18 @@ def _moe_a8_mmq_kernel(
     for k0 in range(0, K, BLOCK_K):
         for s in tl.static_range(BLOCK_K // 32):
             kb = k0 + s * 32  # first weight of this Q8_1 block
-            kk = kb + lane
-            k_ok = kk < K
-            qa = tl.load(
-                xq_rows[:, None] + kk[None, :], mask=m_mask[:, None] & k_ok[None, :], other=0
-            )
-            da = tl.load(xd_rows + kb // 32, mask=m_mask & (kb < K), other=0.0)
-            p = row_base[None, :] + ((kk // QK) * BB)[:, None]
-            qw = _decode_q(p, (kk % QK)[:, None], k_ok[:, None] & n_mask[None, :], QTYPE)
-            pg = row_base + (kb // QK) * BB
+            # K is a multiple of 32: a Q8_1 block is either whole or past the end
+            a_ok = m_mask & (kb < K)
+            w_ok = n_mask & (kb < K)
+            qa = tl.load(xq_rows[:, None] + (kb + lane)[None, :], mask=a_ok[:, None], other=0)
+            da = tl.load(xd_rows + kb // 32, mask=a_ok, other=0.0)
+            # one Q8_1 block never straddles a weight block (QK is 32 or 256):
+            # the block pointer is per row, the in-block index per lane
+            pg = row_base + (kb // QK) * BB  # (BN,)
+            # 32 consecutive in-block indices from a multiple of 32: lets the
+            # compiler see the 32 contiguous bytes and vectorize their loads
+            i = tl.multiple_of(kb % QK, 32) + lane  # (32,)
+            qw = _decode_q(pg[None, :], i[:, None], w_ok[None, :], QTYPE)
             acc = _scaled_group_dot(
                 acc,
                 qa,
@@ -135,7 +148,7 @@ def _moe_a8_mmq_kernel(
                 da,
                 pg,
                 zero_n + kb % QK,
-                n_mask & (kb < K),
+                w_ok,
                 G,
                 QTYPE,
             )
