@@ -113,7 +113,10 @@ def bench_type(
     iters: int,
     sweep: bool,
     deadline: float,
-) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    records: list[dict[str, object]],
+    sweeps: list[dict[str, object]],
+    save: Callable[[], None],
+) -> None:
     h, inter, e, top_k = shape
     gen = torch.Generator(device=device).manual_seed(int(qtype))
     bank = GGMLExpertBank(
@@ -124,8 +127,6 @@ def bench_type(
     )
     expert_bytes = (bank.gate_up[0].numel() + bank.down[0].numel()) * 1  # uint8
     batched, vec = GGMLMoEMethod(batched_threshold=0), GGMLMoEMethod(batched_threshold=1 << 62)
-    records: list[dict[str, object]] = []
-    sweeps: list[dict[str, object]] = []
     cases = {}
     for tokens in token_list:
         x = (torch.randn(tokens, h, device=device, generator=gen) * 4).to(torch.bfloat16)
@@ -168,6 +169,7 @@ def bench_type(
             "err_vec_vs_dequant": e_vd,
         }
         records.append(rec)
+        save()
         print(
             f"{qtype.name} T={tokens:5d}  batched {tokens / t_b:9.0f} tok/s "
             f"({distinct / t_b / 1e9:7.1f} GB/s)  vec {tokens / t_v:9.0f} tok/s "
@@ -202,13 +204,13 @@ def bench_type(
                         "err_vs_default_tile": err,
                     }
                 )
+                save()
                 print(
                     f"{qtype.name} T={tokens:5d} tile {tile}: {tokens / t:9.0f} tok/s "
                     f"({distinct / t / 1e9:7.1f} GB/s) err {err['max_rel']:.1e}",
                     flush=True,
                 )
                 assert err["rel_l2"] < 5e-3, f"tile {tile} disagrees with the default: {err}"
-    return records, sweeps
 
 
 def main() -> None:
@@ -234,9 +236,27 @@ def main() -> None:
     iters = args.iters or iters
     records: list[dict[str, object]] = []
     sweeps: list[dict[str, object]] = []
-    quants = [GGMLQuantType[q] for q in args.quants.split(",")]
-    for qtype in quants:
-        r, s = bench_type(
+
+    def save() -> None:
+        """Rewrite the JSON after every measurement: a run cut short keeps its rows."""
+        if not args.json:
+            return
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "device": str(device),
+                    "name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                    "default_tile": list(_default_tile()),
+                    "total_s": time.perf_counter() - start,
+                    "records": records,
+                    "tile_sweep": sweeps,
+                },
+                f,
+                indent=2,
+            )
+
+    for qtype in [GGMLQuantType[q] for q in args.quants.split(",")]:
+        bench_type(
             qtype,
             shape,
             token_list,
@@ -244,27 +264,14 @@ def main() -> None:
             iters,
             not args.no_sweep,
             start + args.budget_s,
+            records,
+            sweeps,
+            save,
         )
-        records += r
-        sweeps += s
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    total = time.perf_counter() - start
-    print(f"total {total:.1f} s")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "device": str(device),
-                    "name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                    "default_tile": list(_default_tile()),
-                    "total_s": total,
-                    "records": records,
-                    "tile_sweep": sweeps,
-                },
-                f,
-                indent=2,
-            )
+    save()
+    print(f"total {time.perf_counter() - start:.1f} s")
 
 
 def _default_tile() -> Tile:
