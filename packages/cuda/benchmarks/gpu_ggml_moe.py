@@ -38,11 +38,11 @@ Tile = tuple[int, int, int, int]
 _F16_OFFSETS = {GGMLQuantType.Q4_K: (0, 2), GGMLQuantType.Q8_0: (0,)}
 SWEEP_TILES: list[Tile] = [
     (16, 256, 32, 4),
-    (16, 64, 32, 4),
-    (32, 128, 32, 4),
     (16, 128, 64, 4),
+    (32, 128, 32, 4),
+    (16, 256, 32, 8),
+    (32, 256, 32, 8),
     (64, 128, 32, 8),
-    (16, 128, 32, 8),
 ]
 SWEEP_TOKENS = (128, 512, 2048)
 
@@ -161,6 +161,9 @@ def bench_type(
             "vec_tokens_per_s": tokens / t_v,
             "dequant_tokens_per_s": tokens / t_d,
             "batched_over_vec": t_v / t_b,
+            "default_method_path": "batched"
+            if tokens > GGMLMoEMethod().batched_threshold
+            else "vec",
             "batched_weight_gb_per_s": distinct / t_b / 1e9,
             "vec_weight_gb_per_s": distinct / t_v / 1e9,
             "batched_first_call_s": first_call_s,
@@ -190,7 +193,13 @@ def bench_type(
             for tokens in sweep_tokens:
                 x, w, ids = cases[tokens]
                 ref = batched.apply(bank, x, w, ids)
-                err = errors(method.apply(bank, x, w, ids), ref)
+                try:
+                    err = errors(method.apply(bank, x, w, ids), ref)
+                except Exception as exc:  # a tile that fails to compile is a result too
+                    sweeps.append({"quant": qtype.name, "tile": list(tile), "error": repr(exc)})
+                    save()
+                    print(f"{qtype.name} tile {tile}: {exc!r}", flush=True)
+                    break
                 t = timed(lambda: method.apply(bank, x, w, ids), device, iters)  # noqa: B023
                 distinct = int(torch.unique(ids).numel()) * expert_bytes
                 sweeps.append(
