@@ -36,11 +36,12 @@ from sgl_cuda.quantization._types import block_format
 Tile = tuple[int, int, int, int]
 # f16 scale offsets inside a block, per type (the rest of the bytes: any value is valid)
 _F16_OFFSETS = {GGMLQuantType.Q4_K: (0, 2), GGMLQuantType.Q8_0: (0,)}
-SWEEP_TILES: list[Tile] = [
-    (16, 256, 32, 4),
+SWEEP_TILES: list[Tile] = [  # each type's default tile is skipped (measured already)
+    (16, 128, 32, 4),
     (16, 128, 64, 4),
+    (16, 256, 32, 4),
+    (16, 256, 64, 4),
     (32, 128, 32, 4),
-    (16, 256, 32, 8),
     (32, 256, 32, 8),
     (64, 128, 32, 8),
 ]
@@ -185,7 +186,8 @@ def bench_type(
 
     if sweep:
         sweep_tokens = [t for t in SWEEP_TOKENS if t in cases] or [max(cases)]
-        for tile in SWEEP_TILES[:1] if device.type == "cpu" else SWEEP_TILES:
+        tiles = [t for t in SWEEP_TILES if t != _default_tile(qtype)]
+        for tile in tiles[:1] if device.type == "cpu" else tiles:
             if time.perf_counter() > deadline:
                 print(f"{qtype.name}: time budget spent, sweep stopped before {tile}")
                 break
@@ -245,6 +247,7 @@ def main() -> None:
     iters = args.iters or iters
     records: list[dict[str, object]] = []
     sweeps: list[dict[str, object]] = []
+    quants = [GGMLQuantType[q] for q in args.quants.split(",")]
 
     def save() -> None:
         """Rewrite the JSON after every measurement: a run cut short keeps its rows."""
@@ -255,7 +258,7 @@ def main() -> None:
                 {
                     "device": str(device),
                     "name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                    "default_tile": list(_default_tile()),
+                    "default_tiles": {q.name: list(_default_tile(q)) for q in quants},
                     "total_s": time.perf_counter() - start,
                     "records": records,
                     "tile_sweep": sweeps,
@@ -264,7 +267,7 @@ def main() -> None:
                 indent=2,
             )
 
-    for qtype in [GGMLQuantType[q] for q in args.quants.split(",")]:
+    for qtype in quants:
         bench_type(
             qtype,
             shape,
@@ -283,10 +286,10 @@ def main() -> None:
     print(f"total {time.perf_counter() - start:.1f} s")
 
 
-def _default_tile() -> Tile:
+def _default_tile(qtype: GGMLQuantType) -> Tile:
     from sgl_cuda._triton.ggml_mmq import default_tile
 
-    return default_tile()
+    return default_tile(int(qtype))
 
 
 if __name__ == "__main__":

@@ -208,3 +208,23 @@ def test_iq4_random_blocks_cover_every_index() -> None:
         w = random_blocks(qtype, 8, BLOCK_SIZE[qtype], rng)
         nib = w[:, skip:]
         assert set(np.unique(nib & 15)) == set(range(16))
+
+
+def test_method_realigns_when_the_types_tiles_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    # down's default tile pads pairs to 32, gate_up's to 16: down must get its own alignment
+    from sgl_cuda._triton import ggml_mmq
+
+    tiles = {int(Q.Q4_K): (16, 64, 32, 1), int(Q.Q8_0): (32, 64, 32, 1)}
+    monkeypatch.setattr(ggml_mmq, "default_tile", lambda q: tiles[q])
+    hidden, inter, e, tokens, top_k = 256, 32, 4, 5, 2
+    bank, wgu, wd = make_bank(Q.Q4_K, Q.Q8_0, e, hidden, inter, seed=6)
+    weights, ids = routing(tokens, top_k, e, seed=6)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(6))
+    y = GGMLMoEMethod(batched_threshold=0).apply(
+        bank.to(DEVICE), x.to(DEVICE), weights.to(DEVICE), ids.to(DEVICE)
+    )
+    emulated = float_reference(
+        x.numpy(), wgu, wd, weights.double().numpy(), ids.numpy(), emulate=True
+    )
+    rel = np.linalg.norm(y.cpu().double().numpy() - emulated) / np.linalg.norm(emulated)
+    assert rel < 2e-4

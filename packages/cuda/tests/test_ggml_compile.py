@@ -32,7 +32,7 @@ _SCRIPT = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from sgl_cuda._triton.ggml import _moe_a8_vec_kernel
-    from sgl_cuda._triton.ggml_mmq import GPU_TILE_DEFAULT, _moe_a8_mmq_kernel
+    from sgl_cuda._triton.ggml_mmq import _moe_a8_mmq_kernel, default_tile
     from sgl_cuda.quantization import GGMLQuantType
     from sgl_cuda.quantization._types import block_format
 
@@ -49,8 +49,8 @@ _SCRIPT = textwrap.dedent(
                               options={"num_warps": num_warps}).asm
 
     results = {}
-    bm, bn, bk, warps = GPU_TILE_DEFAULT
     for t in GGMLQuantType:
+        bm, bn, bk, warps = default_tile(int(t))
         f = block_format(t)
         c = {"QTYPE": int(t), "QK": f.block_size, "BB": f.block_bytes, "G": f.group_size}
         try:

@@ -26,16 +26,20 @@ from sgl_cuda._triton.ggml import _decode_q, _group_scale_min, _interpreting
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps). BLOCK_M is also the alignment block
 # the caller pads each expert's pairs to. tl.dot needs M, N >= 16 on a GPU.
-# The default is the fewest sm_90 instructions per decoded weight among the
-# tiles compiled (ptxas, no spills); a GPU sweep (benchmarks/gpu_ggml_moe.py)
-# decides between it and the others.
+# The defaults are the fewest sm_90 instructions per decoded weight among the
+# tiles compiled without spills (ptxas); Q4_K gains from 64-wide K steps (its
+# nibble half is then known at compile time). A GPU sweep
+# (benchmarks/gpu_ggml_moe.py) decides between them and the others.
 GPU_TILE_DEFAULT = (16, 128, 32, 4)
+GPU_TILES = {12: (16, 128, 64, 4)}  # GGML type id 12 = Q4_K
 _INTERP_TILE = (16, 128, 32, 1)
 
 
-def default_tile() -> tuple[int, int, int, int]:
+def default_tile(quant_type: int) -> tuple[int, int, int, int]:
     """The ``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` a launch uses unless told."""
-    return _INTERP_TILE if _interpreting() else GPU_TILE_DEFAULT
+    if _interpreting():
+        return _INTERP_TILE
+    return GPU_TILES.get(quant_type, GPU_TILE_DEFAULT)
 
 
 @triton.jit
@@ -140,11 +144,24 @@ def _moe_a8_mmq_kernel(
             # 32 consecutive in-block indices from a multiple of 32: lets the
             # compiler see the 32 contiguous bytes and vectorize their loads
             i = tl.multiple_of(kb % QK, 32) + lane  # (32,)
-            qw = _decode_q(pg[None, :], i[:, None], w_ok[None, :], QTYPE)
+            if QTYPE == 12 and BLOCK_K % 64 == 0:
+                # Q4_K with 64-aligned steps: the nibble half is s % 2, a constant
+                # (same bytes and nibbles as _decode_q, without the variable shift)
+                raw = tl.load(
+                    pg[None, :] + 16 + (tl.multiple_of(kb % QK, 64) // 64) * 32 + lane[:, None],
+                    mask=w_ok[None, :],
+                    other=0,
+                )
+                if s % 2 == 0:
+                    qw = (raw & 15).to(tl.int8, bitcast=True)
+                else:
+                    qw = (raw >> 4).to(tl.int8, bitcast=True)
+            else:
+                qw = _decode_q(pg[None, :], i[:, None], w_ok[None, :], QTYPE).to(tl.int8)
             acc = _scaled_group_dot(
                 acc,
                 qa,
-                qw.to(tl.int8),
+                qw,
                 da,
                 pg,
                 zero_n + kb % QK,

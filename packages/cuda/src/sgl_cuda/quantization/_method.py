@@ -205,8 +205,9 @@ def _batched(
 ) -> torch.Tensor:
     """``(tokens * top_k, H)`` down outputs with the expert-grouped kernel.
 
-    One alignment serves both matmuls: down's rows are the pairs themselves
-    (``top_k = 1``), so the same sorted pair ids index them.
+    One alignment serves both matmuls when their tiles share BLOCK_M: down's
+    rows are the pairs themselves (``top_k = 1``), so the same sorted pair ids
+    index them.
     """
     tokens, top_k = ids.shape
     inter, pairs, e = layer.intermediate_size, tokens * top_k, layer.num_experts
@@ -214,13 +215,11 @@ def _batched(
     if lo < 0 or hi >= e:
         raise IndexOutOfRangeError(f"topk_ids must lie in [0, {e}), got range [{lo}, {hi}]")
     block_m = ggml_moe_get_block_size(layer.gate_up_type, tile)
-    sorted_ids, expert_ids, npad = moe_align_block_size(ids, block_m, e)
+    aligned = moe_align_block_size(ids, block_m, e)
     gate_up = ggml_moe_a8(
         x,
         layer.gate_up,
-        sorted_ids,
-        expert_ids,
-        npad,
+        *aligned,
         layer.gate_up_type,
         2 * inter,
         top_k,
@@ -228,13 +227,14 @@ def _batched(
         tile=tile,
         check_ids=False,
     )
+    down_m = ggml_moe_get_block_size(layer.down_type, tile)
+    if down_m != block_m:  # the two types' default tiles pad pairs differently
+        aligned = moe_align_block_size(ids, down_m, e)
     act = _silu_and_mul(gate_up, inter)
     return ggml_moe_a8(
         act,
         layer.down,
-        sorted_ids,
-        expert_ids,
-        npad,
+        *aligned,
         layer.down_type,
         layer.hidden_size,
         1,

@@ -13,18 +13,18 @@ Tile = tuple[int, int, int, int]
 
 
 def ggml_moe_get_block_size(quant_type: int, tile: Tile | None = None) -> int:
-    """The ``block_m`` to align pairs with for :func:`ggml_moe_a8` (the tile's BLOCK_M).
+    """The ``block_m`` to align pairs with for :func:`ggml_moe_a8` of ``quant_type``.
 
-    ``quant_type`` is validated; every type currently shares one tile.
+    That is the BLOCK_M of ``tile`` or of the type's default tile.
     """
     from sgl_cuda.quantization._types import resolve_quant_type
 
-    resolve_quant_type(quant_type)
+    qtype = resolve_quant_type(quant_type)
     if tile is not None:
         return tile[0]
     from sgl_cuda._triton import ggml_mmq
 
-    return ggml_mmq.default_tile()[0]
+    return ggml_mmq.default_tile(int(qtype))[0]
 
 
 def _check_index(name: str, t: torch.Tensor) -> None:
@@ -114,6 +114,6 @@ def ggml_moe_a8(
         block_size=fmt.block_size,
         block_bytes=fmt.block_bytes,
         group_size=fmt.group_size,
-        tile=tile if tile is not None else ggml_mmq.default_tile(),
+        tile=tile if tile is not None else ggml_mmq.default_tile(int(qtype)),
     )
     return out
