@@ -34,6 +34,9 @@ from sgl_cuda.quantization import GGMLExpertBank, GGMLMoEMethod, GGMLQuantType, 
 from sgl_cuda.quantization._types import block_format
 
 Tile = tuple[int, int, int, int]
+_event: Callable[..., torch.cuda.Event] = torch.cuda.Event
+Case = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # x, topk weights, topk ids
+Measured = tuple[GGMLExpertBank, dict[int, Case], int]  # bank, cases by T, bytes/expert
 # f16 scale offsets inside a block, per type (the rest of the bytes: any value is valid)
 _F16_OFFSETS = {GGMLQuantType.Q4_K: (0, 2), GGMLQuantType.Q8_0: (0,)}
 SWEEP_TILES: list[Tile] = [  # each type's default tile is skipped (measured already)
@@ -84,7 +87,7 @@ def timed(fn: Callable[[], object], device: torch.device, iters: int) -> float:
     times = []
     for _ in range(iters):
         if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = _event(enable_timing=True), _event(enable_timing=True)
             start.record()
             fn()
             end.record()
@@ -94,7 +97,7 @@ def timed(fn: Callable[[], object], device: torch.device, iters: int) -> float:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return float(statistics.median(times))
 
 
 def errors(a: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
@@ -112,12 +115,10 @@ def bench_type(
     token_list: list[int],
     device: torch.device,
     iters: int,
-    sweep: bool,
-    deadline: float,
     records: list[dict[str, object]],
-    sweeps: list[dict[str, object]],
     save: Callable[[], None],
-) -> None:
+) -> Measured:
+    """Batched vs vec vs dequant+matmul at every token count; the bank and cases."""
     h, inter, e, top_k = shape
     gen = torch.Generator(device=device).manual_seed(int(qtype))
     bank = GGMLExpertBank(
@@ -128,7 +129,7 @@ def bench_type(
     )
     expert_bytes = (bank.gate_up[0].numel() + bank.down[0].numel()) * 1  # uint8
     batched, vec = GGMLMoEMethod(batched_threshold=0), GGMLMoEMethod(batched_threshold=1 << 62)
-    cases = {}
+    cases: dict[int, Case] = {}
     for tokens in token_list:
         x = (torch.randn(tokens, h, device=device, generator=gen) * 4).to(torch.bfloat16)
         ids = torch.stack(
@@ -184,44 +185,58 @@ def bench_type(
         assert e_bv["rel_l2"] < 5e-3, f"batched and vec paths disagree: {e_bv}"
         assert e_bd["rel_l2"] < 5e-2 and e_vd["rel_l2"] < 5e-2, (e_bd, e_vd)
 
-    if sweep:
-        sweep_tokens = [t for t in SWEEP_TOKENS if t in cases] or [max(cases)]
-        tiles = [t for t in SWEEP_TILES if t != _default_tile(qtype)]
-        for tile in tiles[:1] if device.type == "cpu" else tiles:
-            if time.perf_counter() > deadline:
-                print(f"{qtype.name}: time budget spent, sweep stopped before {tile}")
-                break
-            method = GGMLMoEMethod(batched_threshold=0, tile=tile)
-            for tokens in sweep_tokens:
-                x, w, ids = cases[tokens]
-                ref = batched.apply(bank, x, w, ids)
-                try:
-                    err = errors(method.apply(bank, x, w, ids), ref)
-                except Exception as exc:  # a tile that fails to compile is a result too
-                    sweeps.append({"quant": qtype.name, "tile": list(tile), "error": repr(exc)})
-                    save()
-                    print(f"{qtype.name} tile {tile}: {exc!r}", flush=True)
-                    break
-                t = timed(lambda: method.apply(bank, x, w, ids), device, iters)  # noqa: B023
-                distinct = int(torch.unique(ids).numel()) * expert_bytes
-                sweeps.append(
-                    {
-                        "quant": qtype.name,
-                        "tokens": tokens,
-                        "tile": list(tile),
-                        "batched_s": t,
-                        "batched_tokens_per_s": tokens / t,
-                        "batched_weight_gb_per_s": distinct / t / 1e9,
-                        "err_vs_default_tile": err,
-                    }
-                )
+    return bank, cases, expert_bytes
+
+
+def sweep_tiles(
+    qtype: GGMLQuantType,
+    measured: Measured,
+    tiles: list[Tile],
+    device: torch.device,
+    iters: int,
+    deadline: float,
+    sweeps: list[dict[str, object]],
+    save: Callable[[], None],
+) -> None:
+    """Time batched ``tiles`` at the larger token counts while time is left."""
+    bank, cases, expert_bytes = measured
+    batched = GGMLMoEMethod(batched_threshold=0)
+    sweep_tokens = [t for t in SWEEP_TOKENS if t in cases] or [max(cases)]
+    for tile in tiles:
+        if time.perf_counter() > deadline:
+            print(f"{qtype.name}: time budget spent, sweep stopped before {tile}")
+            break
+        method = GGMLMoEMethod(batched_threshold=0, tile=tile)
+        for tokens in sweep_tokens:
+            x, w, ids = cases[tokens]
+            ref = batched.apply(bank, x, w, ids)
+            try:
+                err = errors(method.apply(bank, x, w, ids), ref)
+            except Exception as exc:  # a tile that fails to compile is a result too
+                sweeps.append({"quant": qtype.name, "tile": list(tile), "error": repr(exc)})
                 save()
-                print(
-                    f"{qtype.name} T={tokens:5d} tile {tile}: {tokens / t:9.0f} tok/s "
-                    f"({distinct / t / 1e9:7.1f} GB/s) err {err['max_rel']:.1e}",
-                    flush=True,
-                )
-                assert err["rel_l2"] < 5e-3, f"tile {tile} disagrees with the default: {err}"
+                print(f"{qtype.name} tile {tile}: {exc!r}", flush=True)
+                break
+            t = timed(lambda: method.apply(bank, x, w, ids), device, iters)  # noqa: B023
+            distinct = int(torch.unique(ids).numel()) * expert_bytes
+            sweeps.append(
+                {
+                    "quant": qtype.name,
+                    "tokens": tokens,
+                    "tile": list(tile),
+                    "batched_s": t,
+                    "batched_tokens_per_s": tokens / t,
+                    "batched_weight_gb_per_s": distinct / t / 1e9,
+                    "err_vs_default_tile": err,
+                }
+            )
+            save()
+            print(
+                f"{qtype.name} T={tokens:5d} tile {tile}: {tokens / t:9.0f} tok/s "
+                f"({distinct / t / 1e9:7.1f} GB/s) err {err['max_rel']:.1e}",
+                flush=True,
+            )
+            assert err["rel_l2"] < 5e-3, f"tile {tile} disagrees with the default: {err}"
 
 
 def main() -> None:
@@ -267,21 +282,16 @@ def main() -> None:
                 indent=2,
             )
 
-    for qtype in quants:
-        bench_type(
-            qtype,
-            shape,
-            token_list,
-            device,
-            iters,
-            not args.no_sweep,
-            start + args.budget_s,
-            records,
-            sweeps,
-            save,
-        )
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    # every type's main table first, then tile sweeps in what is left of the budget
+    measured = {q: bench_type(q, shape, token_list, device, iters, records, save) for q in quants}
+    # tile by tile across the types, so a spent budget cuts every type's sweep alike;
+    # a CPU logic check tries one tile (64-wide K steps: Q4_K's own decode path)
+    tiles = [SWEEP_TILES[1]] if device.type == "cpu" else SWEEP_TILES
+    for tile in [] if args.no_sweep else tiles:
+        for qtype in quants:
+            if tile != _default_tile(qtype):
+                deadline = start + args.budget_s
+                sweep_tiles(qtype, measured[qtype], [tile], device, iters, deadline, sweeps, save)
     save()
     print(f"total {time.perf_counter() - start:.1f} s")
 
