@@ -2,7 +2,8 @@
 
 ``gguf.quants`` documents every block format in numpy: it quantizes the legacy
 formats and dequantizes all of them. It has no K-quant quantizer, so K-quant
-test weights are random (valid) block bytes with small, finite f16 scales.
+test weights (and IQ4_NL/IQ4_XS ones, which it cannot quantize either) are
+random (valid) block bytes with small, finite f16 scales.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ gguf: Any = pytest.importorskip("gguf")
 
 LEGACY = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0"}
 KQUANT = {10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
-ALL_TYPES = {**LEGACY, **KQUANT}
-BLOCK_SIZE = {t: (256 if t in KQUANT else 32) for t in ALL_TYPES}
+IQUANT = {20: "IQ4_NL", 23: "IQ4_XS"}
+ALL_TYPES = {**LEGACY, **KQUANT, **IQUANT}
+BLOCK_SIZE = {t: (32 if t in LEGACY or t == 20 else 256) for t in ALL_TYPES}
 
-# byte offsets of the f16 super-block scale (d) and, where present, min scale (dmin)
-_KQUANT_F16 = {10: (80, 82), 11: (108,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+# byte offsets of the f16 (super-)block scale (d) and, where present, min scale (dmin)
+_RANDOM_F16 = {10: (80, 82), 11: (108,), 12: (0, 2), 13: (0, 2), 14: (208,), 20: (0,), 23: (0,)}
 
 
 def _qtype(t: int) -> Any:
@@ -35,11 +37,12 @@ def random_blocks(qtype: int, rows: int, k: int, rng: np.random.Generator) -> np
         data = rng.standard_normal((rows, k)).astype(np.float32)
         out: np.ndarray = gguf.quants.quantize(data, _qtype(qtype))
         return out
-    block_bytes = gguf.GGML_QUANT_SIZES[_qtype(qtype)][1]
-    blocks = rng.integers(0, 256, size=(rows, k // 256, block_bytes), dtype=np.uint8)
-    for off in _KQUANT_F16[qtype]:
-        scale = rng.uniform(2e-4, 2e-3, size=(rows, k // 256)).astype(np.float16)
-        blocks[:, :, off : off + 2] = scale.view(np.uint8).reshape(rows, k // 256, 2)
+    qk, block_bytes = gguf.GGML_QUANT_SIZES[_qtype(qtype)]
+    nb = k // qk
+    blocks = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
+    for off in _RANDOM_F16[qtype]:
+        scale = rng.uniform(2e-4, 2e-3, size=(rows, nb)).astype(np.float16)
+        blocks[:, :, off : off + 2] = scale.view(np.uint8).reshape(rows, nb, 2)
     return blocks.reshape(rows, -1)
 
 

@@ -18,6 +18,10 @@ block, little-endian f16 scales) follow ggml's ``block_q*`` structs:
 * Q4_K (256 w, 144 B): d@0, dmin@2, 6-bit scales/mins@4 (12 B, per 32 w), nibbles@16
 * Q5_K (256 w, 176 B): as Q4_K plus qh@16, nibbles@48
 * Q6_K (256 w, 210 B): low nibbles@0, 2-bit highs@128, int8 scales@192 (per 16 w), d@208
+* IQ4_NL (32 w, 18 B): d@0, nibbles@2 as Q4_0, w = d * KVALUES[q] (a fixed
+  16-entry non-linear int8 table)
+* IQ4_XS (256 w, 136 B): d@0, scales_h u16@2 (2 bits per 32 w), scales_l@4
+  (4 bits per 32 w), nibbles@8 (16 B per 32 w, as Q4_0), w = d*(ls-32)*KVALUES[q]
 """
 
 from __future__ import annotations
@@ -63,6 +67,22 @@ def _f16(p, m):
 
 
 @triton.jit
+def _iq4_value(nib):
+    """IQ4 non-linear value of a 4-bit index: ``KVALUES[nib]``.
+
+    The 16 int8 table entries are packed little-endian into four int32 words
+    (no gather from a table pointer, so both kernels keep their signatures).
+    """
+    word = tl.where(
+        nib < 8,
+        tl.where(nib < 4, -1079142271, -152379953),  # -127 -104 -83 -65 | -49 -35 -22 -10
+        tl.where(nib < 12, 639175937, 1901675829),  # 1 13 25 38 | 53 69 89 113
+    )
+    b = (word >> ((nib % 4) * 8)) & 255
+    return b - ((b >> 7) << 8)
+
+
+@triton.jit
 def _decode_q(p, i, m, QTYPE: tl.constexpr):
     """Signed integer quant value of weight ``i`` of the block at ``p``."""
     if QTYPE == 2:  # Q4_0
@@ -91,6 +111,10 @@ def _decode_q(p, i, m, QTYPE: tl.constexpr):
         lo = (_u8(p + 48 + (i // 64) * 32 + i % 32, m) >> (((i // 32) % 2) * 4)) & 15
         hb = (_u8(p + 16 + i % 32, m) >> (i // 32)) & 1
         q = lo | (hb << 4)
+    elif QTYPE == 20:  # IQ4_NL
+        q = _iq4_value((_u8(p + 2 + i % 16, m) >> ((i // 16) * 4)) & 15)
+    elif QTYPE == 23:  # IQ4_XS
+        q = _iq4_value((_u8(p + 8 + (i // 32) * 16 + i % 16, m) >> (((i % 32) // 16) * 4)) & 15)
     else:  # Q6_K (14)
         lo = (_u8(p + (i // 128) * 64 + i % 64, m) >> (((i % 128) // 64) * 4)) & 15
         hi = (_u8(p + 128 + (i // 128) * 32 + i % 32, m) >> (((i % 128) // 32) * 2)) & 3
@@ -105,7 +129,7 @@ def _group_scale_min(p, i, m, QTYPE: tl.constexpr):
     A group's weights are ``scale * q + min``.
     """
     # `in` is not a Triton-compilable comparison, hence the chained ==
-    if QTYPE == 2 or QTYPE == 6 or QTYPE == 8:  # noqa: PLR1714  (Q4_0, Q5_0, Q8_0)
+    if QTYPE == 2 or QTYPE == 6 or QTYPE == 8 or QTYPE == 20:  # noqa: PLR1714  (Q4_0, Q5_0, Q8_0, IQ4_NL)
         scale = _f16(p, m)
         mn = scale * 0.0
     elif QTYPE == 3 or QTYPE == 7:  # noqa: PLR1714  (Q4_1, Q5_1)
@@ -130,6 +154,12 @@ def _group_scale_min(p, i, m, QTYPE: tl.constexpr):
         mv = tl.where(j < 4, b & 63, (b >> 4) | ((a >> 6) << 4))
         scale = _f16(p, m) * sc.to(tl.float32)
         mn = -(_f16(p + 2, m) * mv.to(tl.float32))
+    elif QTYPE == 23:  # IQ4_XS: 6-bit scale per 32 w, low 4 bits @4, high 2 bits @2
+        j = i // 32
+        lo = (_u8(p + 4 + j // 2, m) >> ((j % 2) * 4)) & 15
+        hi = (_u8(p + 2 + j // 4, m) >> ((j % 4) * 2)) & 3
+        scale = _f16(p, m) * ((lo | (hi << 4)) - 32).to(tl.float32)
+        mn = scale * 0.0
     else:  # Q6_K
         scale = _f16(p + 208, m) * _i8(p + 192 + i // 16, m).to(tl.float32)
         mn = scale * 0.0

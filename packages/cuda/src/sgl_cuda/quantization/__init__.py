@@ -1,4 +1,5 @@
-"""GGML (GGUF block-quantized) MoE for CUDA: the ``ggml_moe_a8_vec`` kernel,
+"""GGML (GGUF block-quantized) MoE for CUDA: the ``ggml_moe_a8_vec`` and
+expert-grouped ``ggml_moe_a8`` kernels (with ``moe_align_block_size``),
 :class:`GGMLMoEMethod`, and a loader of expert banks from ``.gguf`` files.
 
 Importing this package imports neither Triton nor ``gguf``: the kernel module
@@ -7,10 +8,12 @@ is imported at the first launch and ``gguf`` inside the loader.
 
 from __future__ import annotations
 
+from sgl_cuda.quantization._align import moe_align_block_size
 from sgl_cuda.quantization._dequant import dequantize_ggml
 from sgl_cuda.quantization._gguf_loader import load_ggml_expert_bank
 from sgl_cuda.quantization._method import GGMLExpertBank, GGMLMoEMethod
 from sgl_cuda.quantization._ops import ggml_moe_a8_vec
+from sgl_cuda.quantization._ops_batched import ggml_moe_a8, ggml_moe_get_block_size
 from sgl_cuda.quantization._types import GGMLQuantType
 
 __all__ = [
@@ -18,6 +21,9 @@ __all__ = [
     "GGMLMoEMethod",
     "GGMLQuantType",
     "dequantize_ggml",
+    "ggml_moe_a8",
     "ggml_moe_a8_vec",
+    "ggml_moe_get_block_size",
     "load_ggml_expert_bank",
+    "moe_align_block_size",
 ]

@@ -48,9 +48,28 @@ def _kquant_scale_min(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc.float(), mn.float()
 
 
+# IQ4_NL/IQ4_XS: the non-linear value of each 4-bit index (ggml's kvalues_iq4nl)
+_IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4(nibbles: torch.Tensor) -> torch.Tensor:
+    table = torch.tensor(_IQ4_VALUES, dtype=torch.float32, device=nibbles.device)
+    return table[nibbles.long()]
+
+
 def _decode(b: torch.Tensor, qtype: GGMLQuantType) -> torch.Tensor:
     """float32 ``(n_blocks, block_size)`` from uint8 ``(n_blocks, block_bytes)``."""
     dev = b.device
+    if qtype == _T.IQ4_NL:
+        return _f16(b, 0) * _iq4(_nibbles32(b, 2))
+    if qtype == _T.IQ4_XS:
+        j = _idx(8, dev)
+        lo = (b[:, 4 + j // 2].int() >> ((j % 2) * 4)) & 15
+        hi = (b[:, 2 + j // 4].int() >> ((j % 4) * 2)) & 3
+        dl = _f16(b, 0) * ((lo | (hi << 4)) - 32).float()  # (n, 8): one scale per 32
+        qs = b[:, 8:136].reshape(-1, 8, 16).int()
+        q = _iq4(torch.cat([qs & 15, qs >> 4], dim=2))  # (n, 8, 32)
+        return (dl[:, :, None] * q).reshape(-1, 256)
     if qtype in (_T.Q4_0, _T.Q4_1):
         off = 2 if qtype == _T.Q4_0 else 4
         q = _nibbles32(b, off).float()

@@ -10,7 +10,9 @@ import torch.nn.functional as F
 
 from sgl_core._moe import check_routing
 from sgl_core.errors import ArgumentTypeError, ShapeMismatchError
+from sgl_cuda.quantization._align import moe_align_block_size
 from sgl_cuda.quantization._ops import ggml_moe_a8_vec
+from sgl_cuda.quantization._ops_batched import ggml_moe_a8, ggml_moe_get_block_size
 from sgl_cuda.quantization._types import GGMLQuantType, block_format, resolve_quant_type
 
 __all__ = ["GGMLExpertBank", "GGMLMoEMethod"]
@@ -96,15 +98,34 @@ class GGMLExpertBank:
 
 
 class GGMLMoEMethod:
-    """Routed experts from GGUF-quantized weights with the ``ggml_moe_a8_vec`` kernel.
+    """Routed experts from GGUF-quantized weights with the GGML MoE kernels.
 
     ``apply`` = gate_up (kernel) -> SiLU-and-mul -> down (kernel, ``top_k=1``
     over ``tokens*top_k`` rows) -> times ``topk_weights`` -> sum over top_k.
     It never applies ``routed_scaling_factor``: the combine folds it into the
     shared-expert add, hence ``fuses_routed_scale_and_shared_add = True``.
+
+    Up to ``batched_threshold`` tokens both matmuls use ``ggml_moe_a8_vec``
+    (one program per token-expert pair); above it, ``ggml_moe_a8`` on pairs
+    aligned by expert, which reads each weight block once per ``BLOCK_M``
+    pairs of an expert. ``tile`` overrides the batched kernel's
+    ``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)``. Both paths compute the same
+    Q8_1 numerics.
     """
 
     fuses_routed_scale_and_shared_add: ClassVar[bool] = True
+
+    def __init__(
+        self, batched_threshold: int = 64, tile: tuple[int, int, int, int] | None = None
+    ) -> None:
+        if isinstance(batched_threshold, bool) or not isinstance(batched_threshold, int):
+            raise ArgumentTypeError(
+                f"batched_threshold must be an int, got {type(batched_threshold).__name__}"
+            )
+        if batched_threshold < 0:
+            raise ShapeMismatchError(f"batched_threshold must be >= 0, got {batched_threshold}")
+        self.batched_threshold = batched_threshold
+        self.tile = tile
 
     def apply(
         self,
@@ -122,28 +143,84 @@ class GGMLMoEMethod:
             raise ArgumentTypeError(f"layer must be a GGMLExpertBank, got {type(layer).__name__}")
         check_routing(x, topk_weights, topk_ids, layer.num_experts, layer.hidden_size)
         tokens, top_k = topk_ids.shape
-        hidden, inter = layer.hidden_size, layer.intermediate_size
+        hidden = layer.hidden_size
         if tokens == 0:
             return x.new_zeros((0, hidden))
         ids = topk_ids.to(torch.int32)
-        gate_up = ggml_moe_a8_vec(
-            x, layer.gate_up, ids, top_k, layer.gate_up_type, 2 * inter, tokens
-        )
-        # SiLU-and-mul in float32: the down kernel re-quantizes it to Q8_1 anyway
-        act = F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()
-        pairs = tokens * top_k
-        down = ggml_moe_a8_vec(
-            act,
-            layer.down,
-            ids.reshape(pairs, 1),
-            1,
-            layer.down_type,
-            hidden,
-            pairs,
-            check_ids=False,
-        )
+        if tokens > self.batched_threshold:
+            down = _batched(layer, x, ids, self.tile)
+        else:
+            down = _vec(layer, x, ids)
         routed = down.view(tokens, top_k, hidden) * topk_weights.to(torch.float32).unsqueeze(-1)
         return routed.sum(dim=1).to(x.dtype)
+
+
+def _silu_and_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    # in float32: the down kernel re-quantizes it to Q8_1 anyway
+    return F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()
+
+
+def _vec(layer: GGMLExpertBank, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``(tokens * top_k, H)`` down outputs with the per-pair kernel."""
+    tokens, top_k = ids.shape
+    inter, pairs = layer.intermediate_size, tokens * top_k
+    gate_up = ggml_moe_a8_vec(x, layer.gate_up, ids, top_k, layer.gate_up_type, 2 * inter, tokens)
+    act = _silu_and_mul(gate_up, inter)
+    return ggml_moe_a8_vec(
+        act,
+        layer.down,
+        ids.reshape(pairs, 1),
+        1,
+        layer.down_type,
+        layer.hidden_size,
+        pairs,
+        check_ids=False,
+    )
+
+
+def _batched(
+    layer: GGMLExpertBank,
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    tile: tuple[int, int, int, int] | None,
+) -> torch.Tensor:
+    """``(tokens * top_k, H)`` down outputs with the expert-grouped kernel.
+
+    One alignment serves both matmuls when their tiles share BLOCK_M: down's
+    rows are the pairs themselves (``top_k = 1``), so the same sorted pair ids
+    index them.
+    """
+    tokens, top_k = ids.shape
+    inter, pairs, e = layer.intermediate_size, tokens * top_k, layer.num_experts
+    # ids were range-checked by check_routing in apply()
+    block_m = ggml_moe_get_block_size(layer.gate_up_type, tile)
+    aligned = moe_align_block_size(ids, block_m, e)
+    gate_up = ggml_moe_a8(
+        x,
+        layer.gate_up,
+        *aligned,
+        layer.gate_up_type,
+        2 * inter,
+        top_k,
+        tokens,
+        tile=tile,
+        check_ids=False,
+    )
+    down_m = ggml_moe_get_block_size(layer.down_type, tile)
+    if down_m != block_m:  # the two types' default tiles pad pairs differently
+        aligned = moe_align_block_size(ids, down_m, e)
+    act = _silu_and_mul(gate_up, inter)
+    return ggml_moe_a8(
+        act,
+        layer.down,
+        *aligned,
+        layer.down_type,
+        layer.hidden_size,
+        1,
+        pairs,
+        tile=tile,
+        check_ids=False,
+    )
 
 
 if TYPE_CHECKING:

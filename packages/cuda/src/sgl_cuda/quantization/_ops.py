@@ -14,19 +14,73 @@ from sgl_core.errors import (
     IndexShapeError,
     ShapeMismatchError,
 )
-from sgl_cuda.quantization._types import block_format, resolve_quant_type
+from sgl_cuda.quantization._types import (
+    BlockFormat,
+    GGMLQuantType,
+    block_format,
+    resolve_quant_type,
+)
 
 __all__ = ["ggml_moe_a8_vec"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _check_runnable(device: torch.device) -> None:
+def check_runnable(device: torch.device) -> None:
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise BackendUnavailableError(
-            "ggml_moe_a8_vec got CPU tensors: Triton runs them only under TRITON_INTERPRET=1 "
+            "the GGML MoE kernels got CPU tensors: Triton runs them only under TRITON_INTERPRET=1 "
             "(set it before triton is imported); use dequantize_ggml for a CPU baseline"
         )
+
+
+def check_operands(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    quant_type: int,
+    row: int,
+    top_k: int,
+    tokens: int,
+    index: torch.Tensor,
+) -> tuple[GGMLQuantType, BlockFormat]:
+    """Validate ``x``, ``w`` and the sizes both GGML MoE ops share; ``index`` is
+    one of the op's index tensors (checked for device only)."""
+    qtype = resolve_quant_type(quant_type)
+    fmt = block_format(qtype)
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ArgumentTypeError("x and w must be torch.Tensor")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise ArgumentTypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
+    if w.dtype != torch.uint8:
+        raise ArgumentTypeError(f"w must be uint8 GGUF block bytes, got {w.dtype}")
+    if x.dim() != 2:
+        raise ShapeMismatchError(f"x must be (tokens, K), got shape {tuple(x.shape)}")
+    if w.dim() != 3:
+        raise ShapeMismatchError(f"w must be (E, row, row_bytes), got shape {tuple(w.shape)}")
+    if tokens != x.shape[0]:
+        raise ShapeMismatchError(f"tokens={tokens} but x has {x.shape[0]} rows")
+    if top_k < 1:
+        raise ShapeMismatchError(f"top_k must be >= 1, got {top_k}")
+    if row != w.shape[1]:
+        raise ShapeMismatchError(f"row={row} but w has {w.shape[1]} rows per expert")
+    k = x.shape[1]
+    if k % fmt.block_size:
+        raise ShapeMismatchError(
+            f"K={k} (x.shape[1]) must be a multiple of the {qtype.name} block size {fmt.block_size}"
+        )
+    if w.shape[2] != fmt.row_bytes(k):
+        raise ShapeMismatchError(
+            f"w has {w.shape[2]} bytes per row; {qtype.name} rows of K={k} need "
+            f"{k // fmt.block_size} blocks * {fmt.block_bytes} B = {fmt.row_bytes(k)}"
+        )
+    if not (x.device == w.device == index.device):
+        raise ShapeMismatchError(
+            f"x ({x.device}), w ({w.device}) and the index tensors ({index.device}) "
+            "must share a device"
+        )
+    if w.shape[2] and w.stride(2) != 1:
+        raise ShapeMismatchError("w's last dimension must be contiguous (stride 1)")
+    return qtype, fmt
 
 
 def ggml_moe_a8_vec(
@@ -54,27 +108,10 @@ def ggml_moe_a8_vec(
     ``check_ids`` verifies ``0 <= topk_ids < E`` on the host (one device sync);
     pass False only for ids already known to be in range.
     """
-    qtype = resolve_quant_type(quant_type)
-    fmt = block_format(qtype)
-    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
-        raise ArgumentTypeError("x and w must be torch.Tensor")
-    if x.dtype not in _FLOAT_DTYPES:
-        raise ArgumentTypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
-    if w.dtype != torch.uint8:
-        raise ArgumentTypeError(f"w must be uint8 GGUF block bytes, got {w.dtype}")
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype != torch.int32:
         got = topk_ids.dtype if isinstance(topk_ids, torch.Tensor) else type(topk_ids).__name__
         raise IndexDTypeError(f"topk_ids must be a torch.int32 tensor, got {got}")
-    if x.dim() != 2:
-        raise ShapeMismatchError(f"x must be (tokens, K), got shape {tuple(x.shape)}")
-    if w.dim() != 3:
-        raise ShapeMismatchError(f"w must be (E, row, row_bytes), got shape {tuple(w.shape)}")
-    if tokens != x.shape[0]:
-        raise ShapeMismatchError(f"tokens={tokens} but x has {x.shape[0]} rows")
-    if top_k < 1:
-        raise ShapeMismatchError(f"top_k must be >= 1, got {top_k}")
-    if row != w.shape[1]:
-        raise ShapeMismatchError(f"row={row} but w has {w.shape[1]} rows per expert")
+    qtype, fmt = check_operands(x, w, quant_type, row, top_k, tokens, topk_ids)
     if topk_ids.dim() not in (1, 2) or topk_ids.numel() != tokens * top_k:
         raise IndexShapeError(
             f"topk_ids must hold tokens*top_k={tokens * top_k} ids as (tokens, top_k), "
@@ -84,22 +121,6 @@ def ggml_moe_a8_vec(
         raise IndexShapeError(
             f"topk_ids must be (tokens, top_k={top_k}), got {tuple(topk_ids.shape)}"
         )
-    k = x.shape[1]
-    if k % fmt.block_size:
-        raise ShapeMismatchError(
-            f"K={k} (x.shape[1]) must be a multiple of the {qtype.name} block size {fmt.block_size}"
-        )
-    if w.shape[2] != fmt.row_bytes(k):
-        raise ShapeMismatchError(
-            f"w has {w.shape[2]} bytes per row; {qtype.name} rows of K={k} need "
-            f"{k // fmt.block_size} blocks * {fmt.block_bytes} B = {fmt.row_bytes(k)}"
-        )
-    if not (x.device == w.device == topk_ids.device):
-        raise ShapeMismatchError(
-            f"x ({x.device}), w ({w.device}) and topk_ids ({topk_ids.device}) must share a device"
-        )
-    if w.shape[2] and w.stride(2) != 1:
-        raise ShapeMismatchError("w's last dimension must be contiguous (stride 1)")
     num_experts = w.shape[0]
     ids = topk_ids.reshape(-1).contiguous()
     if check_ids and ids.numel():
@@ -112,7 +133,7 @@ def ggml_moe_a8_vec(
     out = torch.empty((tokens * top_k, row), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    _check_runnable(x.device)
+    check_runnable(x.device)
     from sgl_cuda._triton import ggml as kernels
 
     xq, xd = kernels.quantize_q8_1(x.contiguous())

@@ -24,6 +24,8 @@ class GGMLQuantType(enum.IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    IQ4_NL = 20
+    IQ4_XS = 23
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,33 @@ _FORMATS: dict[GGMLQuantType, BlockFormat] = {
     GGMLQuantType.Q4_K: BlockFormat(256, 144, 32),
     GGMLQuantType.Q5_K: BlockFormat(256, 176, 32),
     GGMLQuantType.Q6_K: BlockFormat(256, 210, 16),
+    GGMLQuantType.IQ4_NL: BlockFormat(32, 18, 32),
+    GGMLQuantType.IQ4_XS: BlockFormat(256, 136, 32),
+}
+
+
+# GGML type ids this package knows by name but does not implement, so the error
+# names what the file holds (ids per ggml's ``ggml_type``).
+_UNSUPPORTED_NAMES = {
+    0: "F32",
+    1: "F16",
+    15: "Q8_K",
+    16: "IQ2_XXS",
+    17: "IQ2_XS",
+    18: "IQ3_XXS",
+    19: "IQ1_S",
+    21: "IQ3_S",
+    22: "IQ2_S",
+    24: "I8",
+    25: "I16",
+    26: "I32",
+    27: "I64",
+    28: "F64",
+    29: "IQ1_M",
+    30: "BF16",
+    34: "TQ1_0",
+    35: "TQ2_0",
+    39: "MXFP4",
 }
 
 
@@ -76,9 +105,13 @@ def resolve_quant_type(quant_type: int, argument: str = "quant_type") -> GGMLQua
     try:
         return GGMLQuantType(value)
     except ValueError:
-        raise QuantTypeError(
-            f"{argument}={value} is not a supported GGML quant type; supported: {_supported()}"
-        ) from None
+        known = _UNSUPPORTED_NAMES.get(value)
+        what = (
+            f"is GGML type {known}, which these kernels do not implement"
+            if known
+            else ("is not a supported GGML quant type")
+        )
+        raise QuantTypeError(f"{argument}={value} {what}; supported: {_supported()}") from None
 
 
 def block_format(quant_type: int) -> BlockFormat:
