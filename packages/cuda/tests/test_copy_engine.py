@@ -108,9 +108,9 @@ def test_page_pieces_replay_matches_torch() -> None:
 
 def test_resolve_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SGL_CUDA_DIRECT_COPY", raising=False)
-    assert _copy_engine.resolve_mode(None) == "batch"
-    monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "foreach")
     assert _copy_engine.resolve_mode(None) == "foreach"
+    monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "batch")
+    assert _copy_engine.resolve_mode(None) == "batch"
     assert _copy_engine.resolve_mode("batch-plain") == "batch-plain"
     with pytest.raises(ShapeMismatchError):
         _copy_engine.resolve_mode("fast")

@@ -13,9 +13,11 @@ adjacent pieces (both sides contiguous) are merged, and the batch is queued on
 the current stream, or, when that is the legacy NULL stream the API refuses, on
 a side stream ordered after it and waited for by it.
 
-Modes (``mode`` argument, else ``$SGL_CUDA_DIRECT_COPY``): ``batch`` (default;
-copies flagged to prefer overlap with compute, i.e. copy engines),
-``batch-plain`` (no flag: the driver picks) and ``foreach`` (the per-piece path).
+Modes (``mode`` argument, else ``$SGL_CUDA_DIRECT_COPY``): ``batch`` (copies
+flagged to prefer overlap with compute, i.e. copy engines), ``batch-plain`` (no
+flag: the driver picks) and ``foreach`` (the per-piece path, the default). The
+batched modes are opt-in: they are tested on CPU against a fake runtime only and
+have not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ _side_streams: dict[int, torch.cuda.Stream] = {}
 
 
 def resolve_mode(mode: str | None) -> str:
-    """``mode``, else ``$SGL_CUDA_DIRECT_COPY``, else ``batch``; checked against MODES."""
-    chosen = mode if mode is not None else os.environ.get(_ENV, "").strip().lower() or "batch"
+    """``mode``, else ``$SGL_CUDA_DIRECT_COPY``, else ``foreach``; checked against MODES.
+
+    ``foreach`` stays the default until the batched modes have run on a GPU
+    (``scripts/gpu_check.sh`` measures and tests all three); ``batch`` is opt-in.
+    """
+    chosen = mode if mode is not None else os.environ.get(_ENV, "").strip().lower() or "foreach"
     if chosen not in MODES:
         raise ShapeMismatchError(f"direct copy mode must be one of {MODES}, got {chosen!r}")
     return chosen

@@ -81,8 +81,9 @@ class CudaMLAHostPool(TokenRowHostPool):
 
     data_refs: list[torch.Tensor]
     data_ptrs: torch.Tensor
-    # Per-layer loads of the same (already validated) indices reuse their device copies.
-    reuse_index_uploads: bool = True
+    # Opt-in: per-layer loads of the same (already validated) indices reuse their
+    # device copies. Off until it has run on a GPU (only a CUDA test covers it).
+    reuse_index_uploads: bool = False
 
     def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
         super()._allocate_buffers(device_pool)
