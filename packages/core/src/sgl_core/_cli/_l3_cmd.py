@@ -13,7 +13,13 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("l3", help="L3 page-store set/get GB/s vs memcpy")
+    p = sub.add_parser(
+        "l3",
+        help="L3 page-store set/get GB/s vs memcpy",
+        description="L3 page-store set/get GB/s vs memcpy. Mooncake runs only inside a private "
+        "network namespace with only loopback (needs root; skipped otherwise), since its "
+        "client listens on every interface.",
+    )
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--pages", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
@@ -27,13 +33,17 @@ def run(args: argparse.Namespace) -> int:
     from sgl_core.l3._bench import run_l3_bench
 
     started = time.perf_counter()
+    notes: list[str] = []
     records = run_l3_bench(
         page_size=args.page_size,
         pages=args.pages,
         repeats=args.repeats,
         layout=args.layout,
         layer_num=args.layers,
+        notes=notes,
     )
+    for note in notes:
+        print(note)
     keys = list(dict.fromkeys(k for r in records for k in r))
     rows = [
         [f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys]
@@ -42,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     print_table("sgl-bench l3", keys, rows)
     print(f"wall time: {time.perf_counter() - started:.1f} s")
     if args.json:
-        doc = {"machine": machine_info(), "records": records}
+        doc = {"machine": machine_info(), "notes": notes, "records": records}
         Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
     ok = all(r.get("verified", True) is not False for r in records)
