@@ -9,6 +9,7 @@ import torch
 
 import sgl_core
 from sgl_core import HostLayout
+from sgl_core.l3 import page_keys
 
 PAGE = 16
 LAYERS = 4
@@ -149,3 +150,50 @@ def device_matches(host: Any, host_first_page: int, reference: Any) -> bool:
             if not torch.equal(x.view(torch.int16), y.view(torch.int16)):
                 return False
     return True
+
+
+def torch_host(
+    layout: str,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    kv_lora: int = KV_LORA,
+    rope: int = ROPE,
+    layers: int = LAYERS,
+    seed: int | None = None,
+) -> Any:
+    """A torch-backend host pool of 8 pages; every page random bytes from ``seed`` if given."""
+    backend = sgl_core.get_backend("torch")
+    dev = backend.create_device_pool(
+        size=DEV_TOKENS,
+        page_size=PAGE,
+        dtype=dtype,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=rope,
+        layer_num=layers,
+    )
+    host = backend.create_host_pool(dev, layout=layout, io_backend="direct")
+    if seed is not None:
+        fill_random(host, seed)
+    return host
+
+
+def fill_random(host: Any, seed: int) -> None:
+    """Fill every host page with random bytes (any dtype; NaN patterns included)."""
+    gen = torch.Generator().manual_seed(seed)
+    for p in range(host.size // PAGE):
+        flat = host.get_data_page(p * PAGE)
+        nbytes = flat.numel() * flat.element_size()
+        rnd = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen)
+        host.set_from_flat_data_page(p * PAGE, rnd.view(flat.dtype))
+
+
+def raw_page(host: Any, start: int) -> bytes:
+    """The page at token ``start`` as raw bytes."""
+    page: torch.Tensor = host.get_data_page(start)
+    return bytes(page.contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def round_keys(namespace: str, r: int, pages: int = 3) -> list[str]:
+    """Keys of round ``r`` of a writer: ``pages`` pages of fresh tokens."""
+    first = r * pages * PAGE
+    return page_keys(list(range(first, first + pages * PAGE)), PAGE, namespace=namespace)

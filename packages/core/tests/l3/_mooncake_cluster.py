@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import fcntl
 import os
 import select
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -19,26 +16,15 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 SEGMENT_BYTES = 256 << 20
-_CLONE_NEWNET = 0x40000000
-_SIOCSIFFLAGS = 0x8914
-_IFF_UP_LOOPBACK_RUNNING = 0x1 | 0x8 | 0x40
-_netns_state: dict[str, bool] = {}
 
 
 def enter_private_netns() -> bool:
-    """Move this process into a new network namespace with only ``lo`` (up)."""
-    if "entered" in _netns_state:
-        return _netns_state["entered"]
-    entered = False
-    if os.environ.get("SGL_L3_NETNS", "1") != "0" and os.geteuid() == 0:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_NEWNET) == 0:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                ifr = struct.pack("16sh22x", b"lo", _IFF_UP_LOOPBACK_RUNNING)
-                fcntl.ioctl(s, _SIOCSIFFLAGS, ifr)
-            entered = True
-    _netns_state["entered"] = entered
-    return entered
+    """Move this process into a new network namespace with only ``lo`` (``SGL_L3_NETNS=0``: no)."""
+    if os.environ.get("SGL_L3_NETNS", "1") == "0":
+        return False
+    from sgl_core.l3._netns import enter_private_netns as enter
+
+    return enter()
 
 
 def _free_port() -> int:

@@ -25,18 +25,23 @@ from sgl_core.l3 import (
     PageStoreNotReadyError,
     page_keys,
 )
-from sgl_core.l3._pages import object_key
+from sgl_core.l3._mooncake_store import mooncake_key
 
 StoreFactory = Callable[[], Any]
 
 
-def _drop_object(store: Any, key: str, index: int, count: int) -> None:
-    """Delete one object of a stored page behind the store's back."""
-    name = object_key(key, index, count)
+def _drop_last_object(store: Any, key: str, last_object_bytes: int) -> None:
+    """Damage a stored page behind the store's back: lose its last object.
+
+    A file page is truncated by the last object's bytes; a Mooncake page (one
+    object per page) is removed.
+    """
     if hasattr(store, "_path"):
-        store._path(name).unlink()
+        path = store._path(key)
+        data = path.read_bytes()
+        path.write_bytes(data[:-last_object_bytes])
     else:
-        assert store._client.remove(name, True) == 0
+        assert store._client.remove(mooncake_key(key, store.page_format), True) == 0
 
 
 def test_is_a_page_store(make_store: StoreFactory) -> None:
@@ -110,9 +115,9 @@ def test_partial_page_is_a_miss_and_never_written(
     store = make_store()
     store.register_host_pool(src)
     assert store.batch_set(keys, tokens(2, 3)) == [True] * 3
-    n = len(src.get_page_buffer_meta(tokens(0, 1))[0])
-    assert n > 1
-    _drop_object(store, keys[1], n - 1, n)  # the last object of page 1 only
+    _, sizes = src.get_page_buffer_meta(tokens(0, 1))
+    assert len(sizes) > 1
+    _drop_last_object(store, keys[1], sizes[-1])  # the last object of page 1 only
 
     assert store.batch_exists(keys) == 1
     dst = make_host(layout)
@@ -122,7 +127,7 @@ def test_partial_page_is_a_miss_and_never_written(
     assert store.batch_get(keys, tokens(0, 3)) == [True, False, True]
     assert torch.equal(page_bytes(dst, 1 * PAGE), before)
 
-    # Setting the page again completes it (existing objects are skipped).
+    # Setting the page again stores it whole (whole pages are skipped).
     store.register_host_pool(src)
     assert store.batch_set(keys, tokens(2, 3)) == [True] * 3
     assert store.batch_exists(keys) == 3

@@ -12,7 +12,6 @@ import torch
 from _l3_helpers import PAGE, fill_sentinel, filled_host, make_host, page_bytes, tokens
 
 from sgl_core.l3 import FilePageStore, PageStoreArgumentError, page_keys
-from sgl_core.l3._pages import object_key
 
 
 def _store(
@@ -31,14 +30,14 @@ def test_corruption_is_a_logged_miss(
     store, host = _store(tmp_path)
     keys = page_keys(list(range(3 * PAGE)), PAGE)
     assert store.batch_set(keys, tokens(2, 3)) == [True] * 3
-    path = store._path(object_key(keys[1], 0, 1))
+    path = store._path(keys[1])
     data = bytearray(path.read_bytes())
     if damage == "flip":
         data[-5] ^= 0x40
     elif damage == "truncate":
         data = data[:-3]
     else:  # another page's (valid) object under this name
-        data = bytearray(store._path(object_key(keys[2], 0, 1)).read_bytes())
+        data = bytearray(store._path(keys[2]).read_bytes())
     path.write_bytes(bytes(data))
 
     dst = make_host("page_first")

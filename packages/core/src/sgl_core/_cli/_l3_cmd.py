@@ -32,9 +32,10 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
         description=(
             "Store pages of a torch-backend host pool in each L3 page store that can run here "
             "(a file store in a temporary directory; Mooncake on 127.0.0.1 when its client is "
-            "installed), read them back into other host pages, check them bit for bit, and "
-            "compare GB/s with a memcpy of the same bytes. Stores that cannot run are listed "
-            "with the reason."
+            "installed, run only inside a private network namespace with nothing but loopback, "
+            "which needs root, since its client listens on every interface), read them back "
+            "into other host pages, check them bit for bit, and compare GB/s with a memcpy of "
+            "the same bytes. Stores that cannot run are listed with the reason."
         ),
         epilog=EXIT_STATUS,
     )
@@ -85,13 +86,17 @@ def run(args: argparse.Namespace) -> int:
     for name, why in skipped.items():
         print(f"note: store {name!r} left out: {why}")
     started = time.perf_counter()
+    notes: list[str] = []
     records = run_l3_bench(
         page_size=args.page_size,
         pages=args.pages,
         repeats=args.repeats,
         layout=args.layout,
         layer_num=args.layers,
+        notes=notes,
     )
+    for note in notes:
+        print(note)
     keys = list(dict.fromkeys(k for r in records for k in r))
     rows = [
         [f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys]
@@ -104,7 +109,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"stores left out: {', '.join(sorted(skipped))} (reasons above)")
     print(f"wall time: {time.perf_counter() - started:.1f} s")
     if args.json:
-        doc = {"machine": machine_info(), "records": records, "left_out": skipped}
+        doc = {
+            "machine": machine_info(),
+            "notes": notes,
+            "records": records,
+            "left_out": skipped,
+        }
         Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
     ok = all(r.get("verified", True) is not False for r in records)

@@ -7,6 +7,14 @@
 * :class:`FilePageStore` — the embedded default, a local directory.
 * :class:`MooncakePageStore` — the Mooncake distributed store (extra
   ``sgl-core[mooncake]``; ``mooncake`` is imported only when one is built).
+* :class:`PageFormat` / :func:`page_format` — what a pool's page bytes mean
+  (layout byte order, dtype, dims, ...). Stores file each page under its key
+  and the format of the pool that stored it: a pool of another format gets a
+  miss, never another pool's bytes.
+
+Every hit is exactly one committed write of the page: stores publish a page
+whole (one file renamed into place, one Mooncake object), so concurrent
+writers of a key never leave a mix of their bytes.
 
 Typical use::
 
@@ -25,8 +33,10 @@ from sgl_core.l3._errors import (
     PageStoreArgumentError,
     PageStoreError,
     PageStoreNotReadyError,
+    PageStoreRootError,
 )
 from sgl_core.l3._file_store import FilePageStore
+from sgl_core.l3._format import PageFormat, page_format
 from sgl_core.l3._keys import page_keys
 from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore
 from sgl_core.l3._protocol import PageStore, PageStoreStats
@@ -37,10 +47,13 @@ __all__ = [
     "MooncakePageStore",
     "MooncakeSetupError",
     "MooncakeUnavailableError",
+    "PageFormat",
     "PageStore",
     "PageStoreArgumentError",
     "PageStoreError",
     "PageStoreNotReadyError",
+    "PageStoreRootError",
     "PageStoreStats",
+    "page_format",
     "page_keys",
 ]

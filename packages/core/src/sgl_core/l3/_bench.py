@@ -5,6 +5,13 @@ page is 61 * 576 * 2 * 64 bytes = 4.5 MB. The host pool comes from the
 portable torch backend. Each repeat runs every store (and the memcpy
 baseline) in turn, so drifts hit all of them alike; medians are reported.
 Every get is checked bit-exact against the source pages.
+
+Mooncake runs only where its listeners cannot be reached from the network:
+its client binds every interface and this client version cannot be told
+otherwise, so the default factories start Mooncake only after moving the
+process into a private network namespace with only loopback
+(:func:`sgl_core.l3._netns.isolate_network`, needs root), and skip it with a
+note otherwise. The master binds 127.0.0.1 in any case.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from sgl_core._protocols import MLAHostPool
 from sgl_core.l3._file_store import FilePageStore
 from sgl_core.l3._keys import page_keys
 from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore
+from sgl_core.l3._netns import isolate_network
 from sgl_core.l3._protocol import PageStore
 
 __all__ = ["default_store_factories", "mooncake_on_loopback", "run_l3_bench"]
@@ -47,7 +55,9 @@ def mooncake_on_loopback(segment_bytes: int) -> Iterator[MooncakeConfig]:
 
     Yields a config whose client mounts ``segment_bytes`` itself, so a
     single process is both client and storage (transfers are then local
-    copies: the best case for Mooncake's TCP transport).
+    copies: the best case for Mooncake's TCP transport). The master binds
+    loopback; the *client's* listeners bind every interface, so callers
+    isolate the process first (:func:`default_store_factories` does).
     """
     from sgl_core.l3._mooncake_lib import master_binary
 
@@ -88,9 +98,15 @@ def mooncake_on_loopback(segment_bytes: int) -> Iterator[MooncakeConfig]:
 
 @contextlib.contextmanager
 def default_store_factories(
-    page_bytes: int, pages: int, *, mooncake: bool = True
+    page_bytes: int, pages: int, *, mooncake: bool = True, notes: list[str] | None = None
 ) -> Iterator[dict[str, StoreFactory]]:
-    """File store in a temp dir, plus Mooncake on loopback when its client is installed."""
+    """File store in a temp dir, plus Mooncake on loopback when it can run isolated.
+
+    Mooncake needs its client installed and a network namespace with only
+    loopback (this moves the calling process into one where it can, see the
+    module docstring). What was decided is appended to ``notes``.
+    """
+    notes = notes if notes is not None else []
     tmp = Path(tempfile.mkdtemp(prefix="sgl-l3-bench-"))
     made: list[Any] = []
     try:
@@ -101,7 +117,24 @@ def default_store_factories(
             if mooncake:
                 from sgl_core.l3._mooncake_lib import mooncake_available
 
-                if mooncake_available():
+                isolated, how = False, ""
+                if not mooncake_available():
+                    notes.append(
+                        "mooncake: skipped, client not installed "
+                        "(pip install 'sgl-core[mooncake]'; apt-get install libibverbs1)"
+                    )
+                else:
+                    isolated, how = isolate_network()
+                    if not isolated:
+                        notes.append(
+                            f"mooncake: skipped: {how}; its client listens on every network "
+                            "interface, so sgl-bench runs it only where nothing but loopback exists"
+                        )
+                if isolated:
+                    notes.append(
+                        f"mooncake: master and client {how}; its listeners are not reachable "
+                        "from other machines"
+                    )
                     segment = max(int(page_bytes * pages * 1.5), 64 << 20)
                     cfg = stack.enter_context(mooncake_on_loopback(segment))
 
@@ -142,13 +175,15 @@ def run_l3_bench(
     layout: str = "page_first_direct",
     repeats: int = 5,
     host: MLAHostPool | None = None,
+    notes: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure set/get GB/s per store and for ``memcpy``; one dict per (store, op).
 
     ``store_factories`` maps a name to a zero-argument callable returning a
     fresh store; ``None`` uses :func:`default_store_factories`. Each repeat
     clears the store, sets ``pages`` pages from host pages ``[0, pages)`` and
-    gets them into ``[pages, 2 * pages)``.
+    gets them into ``[pages, 2 * pages)``. ``notes`` receives one line per
+    decision the default factories made (e.g. where Mooncake listens).
     """
     import sgl_core
 
@@ -185,7 +220,9 @@ def run_l3_bench(
 
     with contextlib.ExitStack() as stack:
         if store_factories is None:
-            store_factories = stack.enter_context(default_store_factories(total // pages, pages))
+            store_factories = stack.enter_context(
+                default_store_factories(total // pages, pages, notes=notes)
+            )
         stores = {name: make() for name, make in store_factories.items()}
         for store in stores.values():
             store.register_host_pool(host)

@@ -2,19 +2,41 @@
 
 Per-page outcomes (a miss, a failed transfer, a full store, a store that is
 down) are *results* (``False`` / a shorter prefix), never exceptions. These
-classes are raised for misuse and for configuration that cannot work.
+classes are raised for misuse and for configuration that cannot work, before
+any byte of the call is moved.
+
+Host indices are checked by the same helpers as the host pools' transfers
+(``sgl_core._validation``). A bad index raises a class that is both a
+:class:`PageStoreArgumentError` and the host pools' error for that fault
+(:class:`~sgl_core.errors.IndexDTypeError`, ``IndexShapeError``,
+``IndexOutOfRangeError``, ``DuplicateIndexError``, ``PageAlignmentError``),
+so either ``except`` clause catches it.
 """
 
 from __future__ import annotations
 
-from sgl_core.errors import SGLError
+from sgl_core.errors import (
+    DuplicateIndexError,
+    IndexDTypeError,
+    IndexOutOfRangeError,
+    IndexShapeError,
+    PageAlignmentError,
+    SGLError,
+)
 
 __all__ = [
+    "HOST_INDEX_ERRORS",
+    "HostIndexAlignmentError",
+    "HostIndexDTypeError",
+    "HostIndexDuplicateError",
+    "HostIndexRangeError",
+    "HostIndexShapeError",
     "MooncakeSetupError",
     "MooncakeUnavailableError",
     "PageStoreArgumentError",
     "PageStoreError",
     "PageStoreNotReadyError",
+    "PageStoreRootError",
 ]
 
 
@@ -30,6 +52,10 @@ class PageStoreNotReadyError(PageStoreError):
     """A transfer before :meth:`PageStore.register_host_pool`, or after ``close()``."""
 
 
+class PageStoreRootError(PageStoreError):
+    """A :class:`~sgl_core.l3.FilePageStore` root that cannot be created or is not a directory."""
+
+
 class MooncakeUnavailableError(PageStoreError):
     """The Mooncake client cannot be imported (install ``sgl-core[mooncake]``, libibverbs1)."""
 
@@ -40,3 +66,33 @@ class MooncakeSetupError(PageStoreError):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+
+class HostIndexDTypeError(PageStoreArgumentError, IndexDTypeError):
+    """``host_indices`` is not an int64 tensor or a sequence of ints (floats, bools, str)."""
+
+
+class HostIndexShapeError(PageStoreArgumentError, IndexShapeError):
+    """``host_indices`` is not 1-D."""
+
+
+class HostIndexRangeError(PageStoreArgumentError, IndexOutOfRangeError):
+    """``host_indices`` holds a token outside the host pool."""
+
+
+class HostIndexDuplicateError(PageStoreArgumentError, DuplicateIndexError):
+    """``host_indices`` names a host token (so a host page) twice in one call."""
+
+
+class HostIndexAlignmentError(PageStoreArgumentError, PageAlignmentError):
+    """``host_indices`` is not whole, aligned pages."""
+
+
+#: The host pools' index error -> its L3 twin (raised in its place).
+HOST_INDEX_ERRORS: dict[type[SGLError], type[PageStoreArgumentError]] = {
+    IndexDTypeError: HostIndexDTypeError,
+    IndexShapeError: HostIndexShapeError,
+    IndexOutOfRangeError: HostIndexRangeError,
+    DuplicateIndexError: HostIndexDuplicateError,
+    PageAlignmentError: HostIndexAlignmentError,
+}

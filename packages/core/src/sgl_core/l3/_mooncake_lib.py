@@ -27,7 +27,18 @@ against a live master on loopback):
 * ``batch_get_into(keys, ptrs, sizes) -> list[int]``: bytes read per key (the
   object's size), or a negative error code; a buffer smaller than the object
   gives ``INVALID_PARAMS``.
+* ``batch_put_from_multi_buffers(keys, ptrs, sizes)`` /
+  ``batch_get_into_multi_buffers(keys, ptrs, sizes)``: one object per key
+  made of (read into) several buffers, ``ptrs[i]``/``sizes[i]`` a list per
+  key. The put keeps the first object of a key whole, as ``batch_put_from``;
+  the get answers the object's size, ``INVALID_PARAMS`` when the buffers are
+  smaller than the object and ``TRANSFER_FAIL`` when larger (checked: no
+  byte of the destination buffers is written in either case).
+* Every buffer a transfer touches must be registered (``register_buffer``):
+  with unregistered buffers the calls still answered success, but the bytes
+  that arrived were garbage.
 * ``batch_is_exist(keys) -> list[int]``: 1, 0, or negative on error.
+  ``batch_remove(keys, force) -> list[int]``: 0 or an error code per key.
 * ``remove(key, force=False) -> int``, ``remove_all(force=False) -> int``
   (``force`` skips lease checks), ``close() -> int``.
 * Error codes (``mooncake-store/include/types.h``): see :data:`ERROR_NAMES`.
@@ -230,6 +241,31 @@ class StoreClient:
             len(keys),
             "batch_get_into",
         )
+
+    def batch_put_from_multi_buffers(
+        self, keys: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
+    ) -> list[int]:
+        return _ints(
+            self._store.batch_put_from_multi_buffers(
+                list(keys), [list(p) for p in ptrs], [list(s) for s in sizes]
+            ),
+            len(keys),
+            "batch_put_from_multi_buffers",
+        )
+
+    def batch_get_into_multi_buffers(
+        self, keys: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
+    ) -> list[int]:
+        return _ints(
+            self._store.batch_get_into_multi_buffers(
+                list(keys), [list(p) for p in ptrs], [list(s) for s in sizes]
+            ),
+            len(keys),
+            "batch_get_into_multi_buffers",
+        )
+
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
+        return _ints(self._store.batch_remove(list(keys), force), len(keys), "batch_remove")
 
     def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
         return _ints(self._store.batch_is_exist(list(keys)), len(keys), "batch_is_exist")

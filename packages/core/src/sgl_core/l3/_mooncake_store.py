@@ -1,21 +1,32 @@
 """``MooncakePageStore``: host-pool pages in the Mooncake distributed store.
 
-Each page object (see :mod:`sgl_core.l3._protocol`) is one Mooncake object
-keyed ``"<page key>#<j>of<n>"``. Transfers are zero-copy: the host pool's
-buffers are registered with ``register_buffer`` and objects move with
-``batch_put_from`` / ``batch_get_into`` straight from/to host memory.
+Each page is **one** Mooncake object, keyed ``"<page key>#sglpg2.<format
+fingerprint>"`` (see :func:`mooncake_key`): a
+:class:`~sgl_core.l3._record.PageHeader` followed by the page's memory
+objects (see :mod:`sgl_core.l3._protocol`). Transfers are zero-copy: the host
+pool's buffers and a small header scratch are registered with
+``register_buffer``, and a page moves with one multi-buffer put/get straight
+from/to host memory.
 
-* ``batch_exists``: one ``batch_is_exist`` over every object of the keys.
-* ``batch_set``: objects that already exist are skipped; the rest are put in
-  one call. A page succeeds when all of its objects are in the store.
-* ``batch_get``: only pages whose objects all exist are fetched, so a missing
-  or half-stored page never writes a byte. With ``restore_on_failed_get``
-  (default) the fetched pages' host bytes are saved first and put back for any
-  page whose transfer then fails (``TRANSFER_FAIL``, ``LEASE_EXPIRED``, a
-  master lost mid-call): a failed page leaves its host slots exactly as they
-  were, at the cost of one memory copy per page read. Turn it off when the
-  caller treats a failed page's slots as garbage anyway (e.g. freshly
-  allocated prefetch slots).
+* **Page format identity.** The key carries the
+  :class:`~sgl_core.l3.PageFormat` fingerprint of the pool that stored the
+  page, so a pool of another format sees another key: a miss, never a read,
+  overwrite or removal of the first pool's pages.
+* **Whole-page commits.** Mooncake publishes an object only once it is
+  complete and keeps the first object put under a key, so two writers of one
+  key leave one writer's whole page, never a mix; a reader also checks the
+  header (format, key, length) and the byte count of what arrived.
+* ``batch_exists``: one ``batch_is_exist`` over the page objects.
+* ``batch_set``: pages that already exist are skipped; the rest are put in
+  one call.
+* ``batch_get``: only pages whose object exists are fetched, so a missing
+  page never writes a byte. With ``restore_on_failed_get`` (default) the
+  fetched pages' host bytes are saved first and put back for any page whose
+  transfer then fails (``TRANSFER_FAIL``, ``LEASE_EXPIRED``, a master lost
+  mid-call, a header that does not match): a failed page leaves its host
+  slots exactly as they were, at the cost of one memory copy per page read.
+  Turn it off when the caller treats a failed page's slots as garbage anyway
+  (e.g. freshly allocated prefetch slots).
 * The store being down (``RPC_FAIL`` and friends) is a ``False`` / ``0``
   result and a log line, never an exception; Mooncake's client reconnects and
   calls work again once the master is back. Setup and registration failures
@@ -40,19 +51,28 @@ from sgl_core.l3._errors import (
     PageStoreArgumentError,
     PageStoreNotReadyError,
 )
+from sgl_core.l3._format import PageFormat, page_format
 from sgl_core.l3._mooncake_lib import (
     OBJECT_ALREADY_EXISTS,
     StoreClient,
     error_name,
 )
-from sgl_core.l3._pages import PageObjects, check_keys, object_key, objects_per_page, resolve_pages
+from sgl_core.l3._pages import Page, check_keys, resolve_pages
 from sgl_core.l3._protocol import PageStoreStats
+from sgl_core.l3._record import HEADER_SIZE, PageHeader
 
-__all__ = ["MooncakeConfig", "MooncakePageStore"]
+__all__ = ["MooncakeConfig", "MooncakePageStore", "mooncake_key"]
 
 logger = logging.getLogger(__name__)
 
 _MIB = 1 << 20
+_SIZE_MISMATCH = -10  # counted as BUFFER_OVERFLOW: the object is not the expected size
+_SCRATCH_PAGES = 64
+
+
+def mooncake_key(page_key: str, fmt: PageFormat) -> str:
+    """The Mooncake object key of ``page_key`` stored by a pool of format ``fmt``."""
+    return f"{page_key}#sglpg2.{fmt.fingerprint}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +134,12 @@ class MooncakePageStore:
             )
         self._lock = threading.Lock()
         self._host: MLAHostPool | None = None
-        self._n_objects = 0
+        self._format: PageFormat | None = None
         self._registered: list[int] = []
+        # Registered header scratch buffers (one per thread), kept alive until close().
+        self._scratch_regs: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._closed = False
-        self._scratch = threading.local()
+        self._tls = threading.local()
         self._counts: collections.Counter[str] = collections.Counter()
         self._errors: collections.Counter[str] = collections.Counter()
 
@@ -125,11 +147,16 @@ class MooncakePageStore:
     def config(self) -> MooncakeConfig:
         return self._config
 
+    @property
+    def page_format(self) -> PageFormat | None:
+        """The registered pool's :class:`~sgl_core.l3.PageFormat` (``None`` before)."""
+        return self._format
+
     # ------------------------------------------------------------------ setup
     def register_host_pool(self, host: MLAHostPool) -> None:
         """Register ``host``'s buffers for zero-copy transfers (replacing a previous pool)."""
         self._check_open()
-        n = objects_per_page(host)
+        fmt = page_format(host)
         bases, totals, _ = host.get_contiguous_buf_infos()
         with self._lock:
             self._unregister()
@@ -144,7 +171,7 @@ class MooncakePageStore:
                     )
                 self._registered.append(int(base))
             self._host = host
-            self._n_objects = n
+            self._format = fmt
 
     def _unregister(self) -> None:
         for base in self._registered:
@@ -153,15 +180,40 @@ class MooncakePageStore:
                 logger.warning("MooncakePageStore: unregister_buffer(%#x) -> %d", base, rc)
         self._registered.clear()
         self._host = None
+        self._format = None
 
     def _check_open(self) -> None:
         if self._closed:
             raise PageStoreNotReadyError("this MooncakePageStore is closed")
 
-    def _snapshot(self) -> tuple[MLAHostPool | None, int]:
+    def _snapshot(self) -> tuple[MLAHostPool | None, PageFormat | None]:
         self._check_open()
         with self._lock:
-            return self._host, self._n_objects
+            return self._host, self._format
+
+    def _header_scratch(self, pages: int) -> int:
+        """Address of this thread's registered scratch for ``pages`` page headers."""
+        need = pages * HEADER_SIZE
+        buf: ctypes.Array[ctypes.c_char] | None = getattr(self._tls, "headers", None)
+        if buf is not None and len(buf) >= need:
+            return ctypes.addressof(buf)
+        new = ctypes.create_string_buffer(max(need, _SCRATCH_PAGES * HEADER_SIZE))
+        addr = ctypes.addressof(new)
+        with self._lock:
+            self._check_open()
+            rc = self._client.register_buffer(addr, len(new))
+            if rc != 0:
+                raise MooncakeSetupError(
+                    f"register_buffer of the header scratch failed with {error_name(rc)} ({rc})",
+                    rc,
+                )
+            self._scratch_regs[addr] = new
+            if buf is not None:
+                old = ctypes.addressof(buf)
+                self._client.unregister_buffer(old)
+                self._scratch_regs.pop(old, None)
+        self._tls.headers = new
+        return addr
 
     def _count_error(self, code: int, n: int = 1) -> None:
         with self._lock:
@@ -196,20 +248,19 @@ class MooncakePageStore:
 
     # -------------------------------------------------------------- transfers
     def batch_exists(self, keys: Sequence[str]) -> int:
-        """Consecutive keys, from the first, with every object in the store."""
+        """Consecutive keys, from the first, whose page object is in the store."""
         key_list = check_keys(keys)
-        host, n = self._snapshot()
-        if host is None:
+        host, fmt = self._snapshot()
+        if host is None or fmt is None:
             raise PageStoreNotReadyError("call register_host_pool(host) before batch_exists")
         if not key_list:
             return 0
-        obj_keys = [object_key(k, j, n) for k in key_list for j in range(n)]
-        codes = self._exist_codes(obj_keys)
+        codes = self._exist_codes([mooncake_key(k, fmt) for k in key_list])
         if codes is None:
             return 0
         hits = 0
-        for p in range(len(key_list)):
-            if not all(c == 1 for c in codes[p * n : (p + 1) * n]):
+        for c in codes:
+            if c != 1:
                 break
             hits += 1
         return hits
@@ -217,13 +268,14 @@ class MooncakePageStore:
     def batch_set(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
-        """Put each page's missing objects from host memory; True where the page is stored whole."""
-        host, n = self._snapshot()
-        pages = resolve_pages(host, n, keys, host_indices)
+        """Put each missing page whole from host memory; True where the page is stored."""
+        host, fmt = self._snapshot()
+        pages = resolve_pages(host, fmt, keys, host_indices)
+        assert fmt is not None  # resolve_pages raised otherwise
         if not pages:
             return []
-        obj_keys = [k for p in pages for k in p.object_keys]
-        codes = self._exist_codes(obj_keys)
+        mkeys = [mooncake_key(p.key, fmt) for p in pages]
+        codes = self._exist_codes(mkeys)
         if codes is None or all(c < 0 for c in codes):
             # The store cannot answer: do not push bytes into it blindly.
             with self._lock:
@@ -232,14 +284,17 @@ class MooncakePageStore:
         ok = [c == 1 for c in codes]
         todo = [i for i, c in enumerate(codes) if c != 1]
         if todo:
-            ptrs = [p.ptrs[j] for p in pages for j in range(n)]
-            sizes = [p.sizes[j] for p in pages for j in range(n)]
+            scratch = self._header_scratch(len(todo))
+            headers = memoryview((ctypes.c_char * (len(todo) * HEADER_SIZE)).from_address(scratch))
+            for t, i in enumerate(todo):
+                header = PageHeader.new(fmt.digest, pages[i].key, pages[i].nbytes)
+                header.pack_into(headers.cast("B"), t * HEADER_SIZE)
             put = self._call(
-                "batch_put_from",
-                self._client.batch_put_from,
-                [obj_keys[i] for i in todo],
-                [ptrs[i] for i in todo],
-                [sizes[i] for i in todo],
+                "batch_put_from_multi_buffers",
+                self._client.batch_put_from_multi_buffers,
+                [mkeys[i] for i in todo],
+                [[scratch + t * HEADER_SIZE, *pages[i].ptrs] for t, i in enumerate(todo)],
+                [[HEADER_SIZE, *pages[i].sizes] for i in todo],
             )
             for i, rc in zip(todo, put if put is not None else [-1] * len(todo), strict=True):
                 if rc in (0, OBJECT_ALREADY_EXISTS):
@@ -248,12 +303,11 @@ class MooncakePageStore:
                     self._count_error(rc)
         results = []
         with self._lock:
-            for p, page in enumerate(pages):
-                whole = all(ok[p * n : (p + 1) * n])
-                results.append(whole)
-                if whole:
+            for i, page in enumerate(pages):
+                results.append(ok[i])
+                if ok[i]:
                     self._counts["pages_set"] += 1
-                    if all(codes[p * n + j] == 1 for j in range(n)):
+                    if codes[i] == 1:
                         self._counts["pages_skipped"] += 1
                     else:
                         self._counts["bytes_set"] += page.nbytes
@@ -265,43 +319,69 @@ class MooncakePageStore:
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Read whole pages into host memory; a failed page leaves its host bytes unchanged."""
-        host, n = self._snapshot()
-        pages = resolve_pages(host, n, keys, host_indices)
+        host, fmt = self._snapshot()
+        pages = resolve_pages(host, fmt, keys, host_indices)
+        assert fmt is not None  # resolve_pages raised otherwise
         if not pages:
             return []
-        obj_keys = [k for p in pages for k in p.object_keys]
-        codes = self._exist_codes(obj_keys)
-        present = [
-            codes is not None and all(c == 1 for c in codes[p * n : (p + 1) * n])
-            for p in range(len(pages))
-        ]
+        mkeys = [mooncake_key(p.key, fmt) for p in pages]
+        codes = self._exist_codes(mkeys)
+        present = [codes is not None and codes[i] == 1 for i in range(len(pages))]
         if codes is not None:
             missing = sum(1 for c in codes if c == 0)
             if missing:
                 with self._lock:
                     self._errors["OBJECT_NOT_FOUND"] += missing
-        fetch = [page for page, here in zip(pages, present, strict=True) if here]
-        fetched_ok: dict[str, bool] = {}
+        fetch = [i for i, here in enumerate(present) if here]
+        fetched_ok: dict[int, bool] = {}
         if fetch:
-            saved = self._save(fetch) if self._config.restore_on_failed_get else None
-            got = self._call(
-                "batch_get_into",
-                self._client.batch_get_into,
-                [k for p in fetch for k in p.object_keys],
-                [x for p in fetch for x in p.ptrs],
-                [x for p in fetch for x in p.sizes],
+            scratch = self._header_scratch(len(fetch))
+            saved = (
+                self._save([pages[i] for i in fetch])
+                if self._config.restore_on_failed_get
+                else None
             )
-            for f, page in enumerate(fetch):
-                page_codes = got[f * n : (f + 1) * n] if got is not None else [-1] * n
-                whole = True
-                for rc, size in zip(page_codes, page.sizes, strict=True):
-                    if rc != size:
+            got = self._call(
+                "batch_get_into_multi_buffers",
+                self._client.batch_get_into_multi_buffers,
+                [mkeys[i] for i in fetch],
+                [[scratch + f * HEADER_SIZE, *pages[i].ptrs] for f, i in enumerate(fetch)],
+                [[HEADER_SIZE, *pages[i].sizes] for i in fetch],
+            )
+            view = memoryview((ctypes.c_char * (len(fetch) * HEADER_SIZE)).from_address(scratch))
+            bad_keys = []
+            for f, i in enumerate(fetch):
+                page = pages[i]
+                rc = got[f] if got is not None else -1
+                whole = rc == HEADER_SIZE + page.nbytes
+                if not whole:
+                    self._count_error(rc if rc < 0 else _SIZE_MISMATCH)
+                else:
+                    raw = view[f * HEADER_SIZE : (f + 1) * HEADER_SIZE].cast("B")
+                    header = PageHeader.unpack(raw)
+                    problem = (
+                        "bad magic"
+                        if header is None
+                        else header.problem(fmt.digest, page.key, page.nbytes, need_crc=False)
+                    )
+                    if problem is not None:
                         whole = False
-                        self._count_error(rc if rc < 0 else -10)
-                fetched_ok[page.key] = whole
+                        logger.warning(
+                            "MooncakePageStore: page %r is corrupt (%s); removing it",
+                            page.key,
+                            problem,
+                        )
+                        with self._lock:
+                            self._errors["corrupt"] += 1
+                        bad_keys.append(mkeys[i])
+                fetched_ok[i] = whole
                 if not whole and saved is not None:
                     self._restore(page, saved)
-        results = [fetched_ok.get(page.key, False) for page in pages]
+            if bad_keys:
+                # Forced: this read holds a lease on them. A concurrent reader of
+                # one of them fails its own header check (or its transfer).
+                self._call("batch_remove", self._client.batch_remove, bad_keys, True)
+        results = [fetched_ok.get(i, False) for i in range(len(pages))]
         with self._lock:
             for page, whole in zip(pages, results, strict=True):
                 if whole:
@@ -311,13 +391,13 @@ class MooncakePageStore:
                     self._counts["pages_get_failed"] += 1
         return results
 
-    def _save(self, pages: list[PageObjects]) -> dict[int, int]:
+    def _save(self, pages: list[Page]) -> dict[int, int]:
         """Save the pages' host bytes in this thread's scratch; ``{ptr: scratch address}``."""
         need = sum(p.nbytes for p in pages)
-        scratch: ctypes.Array[ctypes.c_char] | None = getattr(self._scratch, "buf", None)
+        scratch: ctypes.Array[ctypes.c_char] | None = getattr(self._tls, "buf", None)
         if scratch is None or len(scratch) < need:
             scratch = ctypes.create_string_buffer(need)
-            self._scratch.buf = scratch
+            self._tls.buf = scratch
         base = ctypes.addressof(scratch)
         where: dict[int, int] = {}
         off = 0
@@ -329,23 +409,30 @@ class MooncakePageStore:
         return where
 
     @staticmethod
-    def _restore(page: PageObjects, saved: dict[int, int]) -> None:
+    def _restore(page: Page, saved: dict[int, int]) -> None:
         for ptr, size in zip(page.ptrs, page.sizes, strict=True):
             ctypes.memmove(ptr, saved[ptr], size)
 
     # ------------------------------------------------------------ management
     def remove(self, keys: Sequence[str]) -> int:
-        """Remove every object of ``keys`` (forcing past read leases); returns objects removed."""
+        """Remove the pages of ``keys`` stored in this pool's format (forcing past read leases).
+
+        Returns how many pages were removed. A read of one of them in flight
+        may then fail (a miss); it never returns bytes of another page.
+        """
         key_list = check_keys(keys)
-        _, n = self._snapshot()
-        if n == 0:
+        _, fmt = self._snapshot()
+        if fmt is None:
             raise PageStoreNotReadyError("call register_host_pool(host) before remove")
-        removed = 0
-        for key in key_list:
-            for j in range(n):
-                if self._client.remove(object_key(key, j, n), True) == 0:
-                    removed += 1
-        return removed
+        if not key_list:
+            return 0
+        codes = self._call(
+            "batch_remove",
+            self._client.batch_remove,
+            [mooncake_key(k, fmt) for k in key_list],
+            True,
+        )
+        return sum(1 for c in codes or [] if c == 0)
 
     def clear(self) -> None:
         """Remove **every** object in the Mooncake store (it is shared: all namespaces)."""
@@ -378,6 +465,9 @@ class MooncakePageStore:
             return
         with self._lock:
             self._unregister()
+            for addr in self._scratch_regs:
+                self._client.unregister_buffer(addr)
+            self._scratch_regs.clear()
             self._closed = True
         rc = self._client.close()
         if rc != 0:

@@ -1,26 +1,44 @@
-"""Resolve ``(keys, host_indices)`` into per-page memory objects of a host pool."""
+"""Resolve ``(keys, host_indices)`` into the memory objects of whole host-pool pages.
+
+Everything here runs before a store moves a byte: a call that raises has
+written nothing, read nothing into the host pool, and changed no counter.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from sgl_core._protocols import MLAHostPool
-from sgl_core.l3._errors import PageStoreArgumentError, PageStoreNotReadyError
+from sgl_core._validation import (
+    check_index_bounds,
+    check_index_tensor,
+    check_page_runs,
+    check_unique,
+)
+from sgl_core.errors import SGLError
+from sgl_core.l3._errors import (
+    HOST_INDEX_ERRORS,
+    HostIndexDTypeError,
+    HostIndexRangeError,
+    PageStoreArgumentError,
+    PageStoreNotReadyError,
+)
+from sgl_core.l3._format import PageFormat
 
-__all__ = ["PageObjects", "check_keys", "object_key", "objects_per_page", "resolve_pages"]
+__all__ = ["Page", "check_keys", "host_index_tensor", "resolve_pages"]
 
 
 @dataclasses.dataclass(frozen=True)
-class PageObjects:
-    """One page: its key, host token start, and its objects' keys, addresses, sizes."""
+class Page:
+    """One page of a call: its key, host token start, and its objects' addresses and sizes."""
 
     key: str
     start: int
-    object_keys: tuple[str, ...]
     ptrs: tuple[int, ...]
     sizes: tuple[int, ...]
 
@@ -29,62 +47,84 @@ class PageObjects:
         return sum(self.sizes)
 
 
-def object_key(page_key: str, index: int, count: int) -> str:
-    """Store key of object ``index`` of ``count`` of a page.
-
-    The count is part of the key, so pools whose layouts split a page
-    differently never read each other's objects as their own.
-    """
-    return f"{page_key}#{index}of{count}"
-
-
-def objects_per_page(host: MLAHostPool) -> int:
-    """Objects per page of ``host``, from ``get_page_buffer_meta`` of its first page."""
-    ptrs, sizes = host.get_page_buffer_meta(torch.arange(host.page_size, dtype=torch.int64))
-    if not ptrs or len(ptrs) != len(sizes):
-        raise PageStoreArgumentError(
-            f"host.get_page_buffer_meta returned {len(ptrs)} pointers and {len(sizes)} sizes "
-            "for one page"
-        )
-    return len(ptrs)
-
-
-def _index_list(host_indices: torch.Tensor | Sequence[int]) -> torch.Tensor:
-    if isinstance(host_indices, torch.Tensor):
-        if host_indices.dim() != 1:
-            raise PageStoreArgumentError(
-                f"host_indices must be 1-D, got shape {tuple(host_indices.shape)}"
-            )
-        return host_indices.detach().to("cpu", torch.int64)
-    return torch.tensor(list(host_indices), dtype=torch.int64)
-
-
 def check_keys(keys: Sequence[str]) -> list[str]:
-    """Validate ``keys`` (non-empty strings, no duplicates) and return them as a list."""
-    if isinstance(keys, str):
+    """Validate ``keys`` (non-empty, utf-8 encodable strings, no duplicates); return a list."""
+    if isinstance(keys, (str, bytes)):
         raise PageStoreArgumentError("keys must be a sequence of str, got one str")
-    out = list(keys)
+    try:
+        out = list(keys)
+    except TypeError:
+        raise PageStoreArgumentError(
+            f"keys must be a sequence of str, got {type(keys).__name__}"
+        ) from None
     for k in out:
         if not isinstance(k, str) or not k:
             raise PageStoreArgumentError(f"keys must be non-empty str, got {k!r}")
+        try:
+            k.encode()
+        except UnicodeEncodeError as exc:
+            raise PageStoreArgumentError(f"key {k!r} is not encodable as utf-8: {exc}") from None
     dup = [k for k, n in Counter(out).items() if n > 1]
     if dup:
         raise PageStoreArgumentError(f"keys holds duplicates, e.g. {dup[0]!r}")
     return out
 
 
+def _checked(check: Callable[..., object], *args: object) -> None:
+    """Run a ``sgl_core._validation`` check; raise its L3 twin error on failure."""
+    try:
+        check(*args)
+    except SGLError as exc:
+        twin = HOST_INDEX_ERRORS.get(type(exc))
+        if twin is None:
+            raise
+        raise twin(str(exc)) from None
+
+
+def host_index_tensor(host_indices: object) -> torch.Tensor:
+    """``host_indices`` as a 1-D int64 CPU tensor; floats, bools, str, ... raise.
+
+    A tensor must be ``torch.int64`` (as for transfers); a sequence must hold
+    ints (``numpy`` integers too), never floats or bools: nothing is rounded.
+    """
+    if isinstance(host_indices, torch.Tensor):
+        _checked(check_index_tensor, host_indices, "host_indices")
+        if host_indices.is_meta:
+            raise HostIndexDTypeError("host_indices is a meta tensor (it holds no values)")
+        return host_indices.detach().to("cpu")
+    if isinstance(host_indices, (str, bytes, bytearray)) or not isinstance(
+        host_indices, (Sequence, np.ndarray)
+    ):
+        raise HostIndexDTypeError(
+            "host_indices must be a torch.int64 tensor or a sequence of ints, "
+            f"got {type(host_indices).__name__}"
+        )
+    values = list(host_indices)
+    for v in values:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise HostIndexDTypeError(f"host_indices must hold ints, got {v!r}")
+    try:
+        return torch.tensor([int(v) for v in values], dtype=torch.int64)
+    except (OverflowError, RuntimeError, ValueError) as exc:
+        raise HostIndexRangeError(f"host_indices holds a value outside int64: {exc}") from None
+
+
 def resolve_pages(
     host: MLAHostPool | None,
-    n_objects: int,
+    fmt: PageFormat | None,
     keys: Sequence[str],
-    host_indices: torch.Tensor | Sequence[int],
-) -> list[PageObjects]:
-    """Pair each key with its page's objects; raise on anything but whole pages, one per key."""
-    if host is None:
+    host_indices: object,
+) -> list[Page]:
+    """Pair each key with its page's objects; raise on anything but whole pages, one per key.
+
+    ``host_indices`` is checked like a transfer's: dtype, shape, range
+    ``[0, host.size)``, whole aligned pages, no token (so no page) twice.
+    """
+    if host is None or fmt is None:
         raise PageStoreNotReadyError("call register_host_pool(host) before moving pages")
     key_list = check_keys(keys)
-    idx = _index_list(host_indices)
-    ps = host.page_size
+    idx = host_index_tensor(host_indices)
+    ps = fmt.page_size
     if idx.numel() != len(key_list) * ps:
         raise PageStoreArgumentError(
             f"host_indices has {idx.numel()} token indices; {len(key_list)} keys need "
@@ -92,29 +132,34 @@ def resolve_pages(
         )
     if not key_list:
         return []
+    _checked(check_index_bounds, idx, host.size, "host_indices")
+    _checked(check_page_runs, idx, ps, "host_indices")
+    _checked(check_unique, idx, "host_indices", host.size)
     starts: list[int] = idx[::ps].tolist()
-    if len(set(starts)) != len(starts):
-        raise PageStoreArgumentError("host_indices names the same host page twice")
     try:
         ptrs, sizes = host.get_page_buffer_meta(idx)
-    except (ValueError, IndexError) as exc:
+    except (ValueError, IndexError, TypeError) as exc:
         raise PageStoreArgumentError(f"host_indices: {exc}") from exc
-    pages = len(key_list)
-    if len(ptrs) != pages * n_objects or len(sizes) != len(ptrs):
+    n = fmt.n_objects
+    if len(ptrs) != len(key_list) * n or len(sizes) != len(ptrs):
         raise PageStoreArgumentError(
-            f"host.get_page_buffer_meta returned {len(ptrs)} objects for {pages} pages; "
-            f"expected {n_objects} per page"
+            f"host.get_page_buffer_meta returned {len(ptrs)} objects for {len(key_list)} pages; "
+            f"the registered page format has {n} per page"
         )
     out = []
     for p, key in enumerate(key_list):
-        lo, hi = p * n_objects, (p + 1) * n_objects
+        page_sizes = tuple(int(x) for x in sizes[p * n : (p + 1) * n])
+        if page_sizes != fmt.object_bytes:
+            raise PageStoreArgumentError(
+                f"host page at token {starts[p]} has objects of {list(page_sizes)} bytes; "
+                f"the registered page format has {list(fmt.object_bytes)}"
+            )
         out.append(
-            PageObjects(
+            Page(
                 key=key,
                 start=starts[p],
-                object_keys=tuple(object_key(key, j, n_objects) for j in range(n_objects)),
-                ptrs=tuple(int(x) for x in ptrs[lo:hi]),
-                sizes=tuple(int(x) for x in sizes[lo:hi]),
+                ptrs=tuple(int(x) for x in ptrs[p * n : (p + 1) * n]),
+                sizes=page_sizes,
             )
         )
     return out

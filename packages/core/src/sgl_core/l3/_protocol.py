@@ -14,19 +14,33 @@ through :class:`sgl_core.MLAHostPool`'s L3 helpers:
 * ``get_contiguous_buf_infos()`` gives the pool's buffers, for zero-copy
   registration with a transfer engine.
 
-Semantics every store keeps (checked by ``tests/l3/test_conformance.py``):
+Semantics every store keeps (checked by ``tests/l3/test_l3_conformance.py``
+and ``tests/l3/test_l3_faults.py``):
 
+* **A hit is exactly one committed write of the page, by a pool that can
+  read it.** Stores file each page under its key and the
+  :class:`~sgl_core.l3.PageFormat` of the pool that stored it (layout byte
+  order, dtype, dims, page size, layers, indexer parts, ...). A pool of
+  another format gets a miss and never reads, overwrites or removes those
+  pages. A page is published whole, so concurrent writers of one key leave
+  one writer's page, never a mix of objects of both.
 * ``batch_exists(keys)`` counts consecutive keys, from the first, whose page
-  is stored whole (every object present); with chained keys
-  (:func:`page_keys`) that is the cached prefix length in pages.
+  is stored whole; with chained keys (:func:`page_keys`) that is the cached
+  prefix length in pages.
 * ``batch_set``/``batch_get`` take one page per key; ``host_indices`` are
-  token indices of whole pages, ``page_size`` per key, in key order. They
-  return one bool per key. A page already stored whole is not written again.
-* A page counts as read only if all its objects arrived whole and verified.
+  token indices of whole pages, ``page_size`` per key, in key order, checked
+  like a transfer's indices (an int64 tensor or a sequence of ints; in range;
+  whole aligned pages; no host page twice). They return one bool per key. A
+  page already stored whole is not written again.
+* A page counts as read only if all its bytes arrived whole and verified.
   A page whose read fails leaves its host slots as they were.
-* Failures of the store (missing, corrupt, full, unreachable) are ``False``
-  results and counted in :meth:`PageStore.stats`; misuse raises
-  ``sgl_core.l3`` errors.
+* Failures of the store (missing, corrupt, full, unreachable, an I/O error)
+  are ``False`` results and counted in :meth:`PageStore.stats`; misuse
+  raises ``sgl_core.l3`` errors before any byte moves.
+
+A host pool whose rows mean more than the MLA fields (MHA heads, fp8 rows
+with scales, ...) declares it with ``page_format_fields()`` (see
+:mod:`sgl_core.l3._format`).
 """
 
 from __future__ import annotations
