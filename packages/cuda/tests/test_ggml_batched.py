@@ -228,3 +228,16 @@ def test_method_realigns_when_the_types_tiles_differ(monkeypatch: pytest.MonkeyP
     )
     rel = np.linalg.norm(y.cpu().double().numpy() - emulated) / np.linalg.norm(emulated)
     assert rel < 2e-4
+
+
+def test_odd_address_weights_are_rejected() -> None:
+    x, w, s, ex, n = _args()
+    buf = torch.zeros(w.numel() + 1, dtype=torch.uint8)
+    odd = buf[1:].view(w.shape)
+    odd.copy_(w)
+    ids = torch.zeros((2, 1), dtype=torch.int32)
+    with pytest.raises(ShapeMismatchError, match="even address"):
+        ggml_moe_a8_vec(x, odd, ids, 1, 2, 4, 2)
+    with pytest.raises(ShapeMismatchError, match="even address"):
+        ggml_moe_a8(x, odd, s, ex, n, 2, 4, 1, 2)
+    assert ggml_moe_a8_vec(x.to(DEVICE), odd.clone().to(DEVICE), ids.to(DEVICE), 1, 2, 4, 2).shape
