@@ -147,8 +147,9 @@ def _moe_a8_mmq_kernel(
             if QTYPE == 12 and BLOCK_K % 64 == 0:
                 # Q4_K with 64-aligned steps: the nibble half is s % 2, a constant
                 # (same bytes and nibbles as _decode_q, without the variable shift)
+                pair64 = tl.multiple_of(k0 % QK, 64) // 64 + s // 2  # 64-weight pair in block
                 raw = tl.load(
-                    pg[None, :] + 16 + (tl.multiple_of(kb % QK, 64) // 64) * 32 + lane[:, None],
+                    pg[None, :] + 16 + pair64 * 32 + lane[:, None],
                     mask=w_ok[None, :],
                     other=0,
                 )
