@@ -241,3 +241,21 @@ def test_odd_address_weights_are_rejected() -> None:
     with pytest.raises(ShapeMismatchError, match="even address"):
         ggml_moe_a8(x, odd, s, ex, n, 2, 4, 1, 2)
     assert ggml_moe_a8_vec(x.to(DEVICE), odd.clone().to(DEVICE), ids.to(DEVICE), 1, 2, 4, 2).shape
+
+
+@pytest.mark.parametrize(
+    ("tile", "error"),
+    [
+        ((16, 128, 32), ArgumentTypeError),
+        ((16, 128, 32, 0), ArgumentTypeError),
+        ((16, 128, 48, 4), ShapeMismatchError),
+        ((16, 96, 32, 4), ShapeMismatchError),
+        ((16, 128, 16, 4), ShapeMismatchError),
+    ],
+)
+def test_bad_tiles_are_rejected(tile: tuple[int, ...], error: type[Exception]) -> None:
+    x, w, s, ex, n = _args()
+    with pytest.raises(error, match="tile"):
+        ggml_moe_a8(x, w, s, ex, n, 2, 4, 1, 2, tile=tile)  # type: ignore[arg-type]
+    with pytest.raises(error, match="tile"):
+        ggml_moe_get_block_size(2, tile)  # type: ignore[arg-type]
