@@ -259,3 +259,23 @@ def test_bad_tiles_are_rejected(tile: tuple[int, ...], error: type[Exception]) -
         ggml_moe_a8(x, w, s, ex, n, 2, 4, 1, 2, tile=tile)  # type: ignore[arg-type]
     with pytest.raises(error, match="tile"):
         ggml_moe_get_block_size(2, tile)  # type: ignore[arg-type]
+
+
+def test_q8_1_sums_are_d_times_sum_q() -> None:
+    import os
+
+    if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the Triton interpreter")
+    from _ggml_oracle import q8_1_roundtrip
+
+    from sgl_cuda._triton.ggml import quantize_q8_1_with_sums
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 96)).astype(np.float32) * 3
+    x[1, 32:64] = 0.0  # d = 0: s = 0
+    q, d, s = quantize_q8_1_with_sums(torch.from_numpy(x).to(DEVICE))
+    q_ref, d_ref, _ = q8_1_roundtrip(x)
+    np.testing.assert_array_equal(q.cpu().numpy().astype(np.int64), q_ref)
+    np.testing.assert_array_equal(d.cpu().numpy(), d_ref)
+    sums = q_ref.reshape(3, 3, 32).sum(-1).astype(np.float32)
+    np.testing.assert_array_equal(s.cpu().numpy(), d_ref * sums)  # one float32 rounding

@@ -124,10 +124,11 @@ def ggml_moe_a8(
     from sgl_cuda._triton import ggml as kernels
     from sgl_cuda._triton import ggml_mmq
 
-    xq, xd = kernels.quantize_q8_1(x.contiguous())
+    xq, xd, xs = kernels.quantize_q8_1_with_sums(x.contiguous())
     ggml_mmq.moe_a8_mmq(
         xq,
         xd,
+        xs,
         w,
         sorted_token_ids.contiguous(),
         expert_ids.contiguous(),
