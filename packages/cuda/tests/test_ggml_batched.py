@@ -170,7 +170,10 @@ def test_method_above_threshold_is_batched_and_matches(
     assert rel < 2e-4
     y_vec = GGMLMoEMethod(batched_threshold=tokens).apply(*args).cpu()
     assert calls == {"vec": 2, "batched": 2}
-    torch.testing.assert_close(y, y_vec, rtol=2e-4, atol=2e-4 * float(y_vec.abs().max()))
+    # same Q8_1 numerics; float32 sums in another order can flip the odd intermediate
+    # activation's rounding, hence a norm bound as against the emulation
+    diff = float((y.double() - y_vec.double()).norm() / y_vec.double().norm())
+    assert diff < 2e-4
 
 
 def test_method_threshold_is_inclusive_for_vec(monkeypatch: pytest.MonkeyPatch) -> None:
