@@ -36,7 +36,7 @@ _SCRIPT = textwrap.dedent(
     from sgl_cuda.quantization import GGMLQuantType
     from sgl_cuda.quantization._types import block_format
 
-    PTR = {"xq_ptr": "*i8", "xd_ptr": "*fp32", "w_ptr": "*u8", "ids_ptr": "*i32",
+    PTR = {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "w_ptr": "*u8", "ids_ptr": "*i32",
            "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "npad_ptr": "*i32",
            "out_ptr": "*bf16"}
 

@@ -61,9 +61,13 @@ def _i8(p, m):
 
 @triton.jit
 def _f16(p, m):
-    lo = tl.load(p, mask=m, other=0).to(tl.uint16)
-    hi = tl.load(p + 1, mask=m, other=0).to(tl.uint16)
-    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+    """The f16 at byte pointer ``p`` as float32: one 2-byte load.
+
+    Every f16 in these blocks sits at an even offset of an even-sized block,
+    so it is 2-byte aligned when the weights start at an even address (the
+    ops check that).
+    """
+    return tl.load(p.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -168,7 +172,17 @@ def _group_scale_min(p, i, m, QTYPE: tl.constexpr):
 
 @triton.jit
 def _quantize_q8_1_kernel(
-    x_ptr, q_ptr, d_ptr, K, stride_x, stride_q, stride_d, BLOCK: tl.constexpr
+    x_ptr,
+    q_ptr,
+    d_ptr,
+    s_ptr,
+    K,
+    stride_x,
+    stride_q,
+    stride_d,
+    stride_s,
+    BLOCK: tl.constexpr,
+    WITH_S: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     kb = tl.program_id(1)
@@ -189,6 +203,9 @@ def _quantize_q8_1_kernel(
     tl.store(q_ptr + t * stride_q + offs, tl.reshape(q, (BLOCK,)), mask=mask)
     boffs = kb * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
     tl.store(d_ptr + t * stride_d + boffs, d, mask=boffs < K // 32)
+    if WITH_S:  # Q8_1's s = d * sum(q): what a weight block's min multiplies
+        qsum = tl.sum(q.to(tl.int32), axis=1).to(tl.float32)
+        tl.store(s_ptr + t * stride_s + boffs, d * qsum, mask=boffs < K // 32)
 
 
 @triton.jit
@@ -266,16 +283,41 @@ def quantize_q8_1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Returns ``(q int8 (tokens, K), d float32 (tokens, K // 32))`` with
     ``d = amax / 127`` per block of 32 and ``q = roundf(x / d)``.
     """
+    q, d, _ = _quantize(x, with_sums=False)
+    return q, d
+
+
+def quantize_q8_1_with_sums(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize_q8_1` plus ``s = d * sum(q)`` per block of 32 (float32)."""
+    return _quantize(x, with_sums=True)
+
+
+def _quantize(
+    x: torch.Tensor, *, with_sums: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     tokens, k = x.shape
     q = torch.empty((tokens, k), dtype=torch.int8, device=x.device)
     d = torch.empty((tokens, k // 32), dtype=torch.float32, device=x.device)
+    s = torch.empty_like(d) if with_sums else d
     if tokens == 0 or k == 0:
-        return q, d
+        return q, d, s
     cap = _INTERP_QBLOCK if _interpreting() else _GPU_QBLOCK
     block = max(32, min(cap, _next_pow2(k)))
     grid = (tokens, triton.cdiv(k, block))
-    _quantize_q8_1_kernel[grid](x, q, d, k, x.stride(0), q.stride(0), d.stride(0), BLOCK=block)
-    return q, d
+    _quantize_q8_1_kernel[grid](
+        x,
+        q,
+        d,
+        s,
+        k,
+        x.stride(0),
+        q.stride(0),
+        d.stride(0),
+        s.stride(0),
+        BLOCK=block,
+        WITH_S=with_sums,
+    )
+    return q, d, s
 
 
 def moe_a8_vec(

@@ -10,7 +10,8 @@ instead of once per pair as in ``_moe_a8_vec_kernel``.
 Numerics equal the vec kernel's: weights are decoded to their signed quant
 ints with the same ``_decode_q``/``_group_scale_min`` helpers, dotted in int32
 with the Q8_1 activation ints per 32-wide Q8_1 block (``tl.dot`` on int8, K=32),
-then scaled: ``acc += d_a * (scale * isum + min * sum(q_a))``. Types whose
+then scaled: ``acc += d_a * scale * isum + s_a * min`` with Q8_1's
+``s_a = d_a * sum(q_a)`` computed once with the activations. Types whose
 scale group is 16 wide (Q2_K, Q3_K, Q6_K) do two K=32 dots per Q8_1 block,
 each with the other half of the activations zeroed, because an int8
 ``tl.dot`` needs K >= 32 on the tensor cores.
@@ -49,7 +50,7 @@ def _has_min(QTYPE: tl.constexpr):
 
 
 @triton.jit
-def _scaled_group_dot(acc, qa, qw, da, pg, i, gmask, G: tl.constexpr, QTYPE: tl.constexpr):
+def _scaled_group_dot(acc, qa, qw, da, sa, pg, i, gmask, G: tl.constexpr, QTYPE: tl.constexpr):
     """``acc += d_a * (scale * (q_a . q_w) + min * sum(q_a))`` for one Q8_1 block.
 
     ``qa (BM, 32)`` int8, ``qw (32, BN)`` int8, ``da (BM,)``; ``pg (BN,)`` the
@@ -62,8 +63,9 @@ def _scaled_group_dot(acc, qa, qw, da, pg, i, gmask, G: tl.constexpr, QTYPE: tl.
         scale, mn = _group_scale_min(pg, i, gmask, QTYPE)
         acc += (da[:, None] * scale[None, :]) * isum
         if _has_min(QTYPE):
-            asum = tl.sum(qa.to(tl.int32), axis=1).to(tl.float32)
-            acc += (da * asum)[:, None] * mn[None, :]
+            # sa = d_a * sum(q_a), precomputed with the activations (Q8_1's s):
+            # no cross-lane reduction here
+            acc += sa[:, None] * mn[None, :]
     else:  # G == 16: two scale groups per Q8_1 block
         lo = (tl.arange(0, 32) < 16)[None, :]
         qa_lo = tl.where(lo, qa, tl.zeros_like(qa))
@@ -86,6 +88,7 @@ def _scaled_group_dot(acc, qa, qw, da, pg, i, gmask, G: tl.constexpr, QTYPE: tl.
 def _moe_a8_mmq_kernel(
     xq_ptr,
     xd_ptr,
+    xs_ptr,
     w_ptr,
     sorted_ptr,
     expert_ids_ptr,
@@ -122,6 +125,7 @@ def _moe_a8_mmq_kernel(
     tok = (pair // top_k).to(tl.int64)
     xq_rows = xq_ptr + tok * stride_xq  # (BM,)
     xd_rows = xd_ptr + tok * stride_xd
+    xs_rows = xs_ptr + tok * stride_xd  # same layout as xd
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -138,6 +142,10 @@ def _moe_a8_mmq_kernel(
             w_ok = n_mask & (kb < K)
             qa = tl.load(xq_rows[:, None] + (kb + lane)[None, :], mask=a_ok[:, None], other=0)
             da = tl.load(xd_rows + kb // 32, mask=a_ok, other=0.0)
+            if _has_min(QTYPE) and G == 32:
+                sa = tl.load(xs_rows + kb // 32, mask=a_ok, other=0.0)
+            else:
+                sa = da
             # one Q8_1 block never straddles a weight block (QK is 32 or 256):
             # the block pointer is per row, the in-block index per lane
             pg = row_base + (kb // QK) * BB  # (BN,)
@@ -147,8 +155,9 @@ def _moe_a8_mmq_kernel(
             if QTYPE == 12 and BLOCK_K % 64 == 0:
                 # Q4_K with 64-aligned steps: the nibble half is s % 2, a constant
                 # (same bytes and nibbles as _decode_q, without the variable shift)
+                pair64 = tl.multiple_of(k0 % QK, 64) // 64 + s // 2  # 64-weight pair in block
                 raw = tl.load(
-                    pg[None, :] + 16 + (tl.multiple_of(kb % QK, 64) // 64) * 32 + lane[:, None],
+                    pg[None, :] + 16 + pair64 * 32 + lane[:, None],
                     mask=w_ok[None, :],
                     other=0,
                 )
@@ -163,6 +172,7 @@ def _moe_a8_mmq_kernel(
                 qa,
                 qw,
                 da,
+                sa,
                 pg,
                 zero_n + kb % QK,
                 w_ok,
@@ -177,6 +187,7 @@ def _moe_a8_mmq_kernel(
 def moe_a8_mmq(
     xq: torch.Tensor,
     xd: torch.Tensor,
+    xs: torch.Tensor,
     w: torch.Tensor,
     sorted_ids: torch.Tensor,
     expert_ids: torch.Tensor,
@@ -191,6 +202,8 @@ def moe_a8_mmq(
     tile: tuple[int, int, int, int],
 ) -> None:
     """Launch the grouped kernel: ``out[p] = dequant(w[e(p)]) @ dequant_q8_1(x[p // top_k])``.
+
+    ``xq, xd, xs`` are ``quantize_q8_1_with_sums(x)`` (``xs`` laid out as ``xd``).
 
     ``sorted_ids``/``expert_ids``/``num_post_padded`` come from aligning the
     pairs with ``BLOCK_M = tile[0]``; one program per (sorted block, ``BLOCK_N``
@@ -209,6 +222,7 @@ def moe_a8_mmq(
     _moe_a8_mmq_kernel[grid](
         xq,
         xd,
+        xs,
         w,
         sorted_ids,
         expert_ids,

@@ -80,6 +80,12 @@ def check_operands(
         )
     if w.shape[2] and w.stride(2) != 1:
         raise ShapeMismatchError("w's last dimension must be contiguous (stride 1)")
+    if w.numel() and (w.data_ptr() % 2 or w.stride(0) % 2 or w.stride(1) % 2):
+        # the kernels load each block's f16 scales as aligned 2-byte words
+        raise ShapeMismatchError(
+            "w must start at an even address with even strides (block f16 scales are "
+            "loaded 2-byte aligned); copy it with w.clone()"
+        )
     return qtype, fmt
 
 

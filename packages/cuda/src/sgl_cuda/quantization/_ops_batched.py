@@ -4,12 +4,35 @@ from __future__ import annotations
 
 import torch
 
-from sgl_core.errors import IndexDTypeError, IndexOutOfRangeError, IndexShapeError
+from sgl_core.errors import (
+    ArgumentTypeError,
+    IndexDTypeError,
+    IndexOutOfRangeError,
+    IndexShapeError,
+    ShapeMismatchError,
+)
 from sgl_cuda.quantization._ops import check_operands, check_runnable
 
 __all__ = ["ggml_moe_a8", "ggml_moe_get_block_size"]
 
 Tile = tuple[int, int, int, int]
+
+
+def _check_tile(tile: Tile) -> None:
+    if not (
+        isinstance(tile, tuple)
+        and len(tile) == 4
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in tile)
+    ):
+        raise ArgumentTypeError(
+            f"tile must be a tuple of 4 positive ints (BLOCK_M, BLOCK_N, BLOCK_K, num_warps), "
+            f"got {tile!r}"
+        )
+    if any(v & (v - 1) for v in tile) or tile[2] % 32:
+        raise ShapeMismatchError(
+            f"tile sizes and num_warps must be powers of two and BLOCK_K a multiple of 32 "
+            f"(one Q8_1 block), got {tile}"
+        )
 
 
 def ggml_moe_get_block_size(quant_type: int, tile: Tile | None = None) -> int:
@@ -21,6 +44,7 @@ def ggml_moe_get_block_size(quant_type: int, tile: Tile | None = None) -> int:
 
     qtype = resolve_quant_type(quant_type)
     if tile is not None:
+        _check_tile(tile)
         return tile[0]
     from sgl_cuda._triton import ggml_mmq
 
@@ -100,10 +124,11 @@ def ggml_moe_a8(
     from sgl_cuda._triton import ggml as kernels
     from sgl_cuda._triton import ggml_mmq
 
-    xq, xd = kernels.quantize_q8_1(x.contiguous())
+    xq, xd, xs = kernels.quantize_q8_1_with_sums(x.contiguous())
     ggml_mmq.moe_a8_mmq(
         xq,
         xd,
+        xs,
         w,
         sorted_token_ids.contiguous(),
         expert_ids.contiguous(),
