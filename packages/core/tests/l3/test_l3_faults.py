@@ -42,6 +42,7 @@ from _l3_helpers import (
 from _mooncake_cluster import MooncakeCluster
 
 from sgl_core.errors import (
+    DeviceError,
     DuplicateIndexError,
     IndexDTypeError,
     IndexOutOfRangeError,
@@ -613,7 +614,7 @@ BAD_INDICES: dict[str, tuple[Any, type[Exception]]] = {
     "negative": (list(range(-PAGE, 0)), IndexOutOfRangeError),
     "beyond_int64": ([2**70] * PAGE, IndexOutOfRangeError),
     "misaligned": (list(range(4 * PAGE + 1, 5 * PAGE + 1)), PageAlignmentError),
-    "meta_tensor": (torch.empty(PAGE, dtype=torch.int64, device="meta"), IndexDTypeError),
+    "meta_tensor": (torch.empty(PAGE, dtype=torch.int64, device="meta"), DeviceError),
 }
 
 

@@ -16,6 +16,7 @@ so either ``except`` clause catches it.
 from __future__ import annotations
 
 from sgl_core.errors import (
+    DeviceError,
     DuplicateIndexError,
     IndexDTypeError,
     IndexOutOfRangeError,
@@ -27,6 +28,7 @@ from sgl_core.errors import (
 __all__ = [
     "HOST_INDEX_ERRORS",
     "HostIndexAlignmentError",
+    "HostIndexDeviceError",
     "HostIndexDTypeError",
     "HostIndexDuplicateError",
     "HostIndexRangeError",
@@ -88,6 +90,10 @@ class HostIndexAlignmentError(PageStoreArgumentError, PageAlignmentError):
     """``host_indices`` is not whole, aligned pages."""
 
 
+class HostIndexDeviceError(PageStoreArgumentError, DeviceError):
+    """``host_indices`` is a tensor whose values cannot be read (``meta``)."""
+
+
 #: The host pools' index error -> its L3 twin (raised in its place).
 HOST_INDEX_ERRORS: dict[type[SGLError], type[PageStoreArgumentError]] = {
     IndexDTypeError: HostIndexDTypeError,
@@ -95,4 +101,5 @@ HOST_INDEX_ERRORS: dict[type[SGLError], type[PageStoreArgumentError]] = {
     IndexOutOfRangeError: HostIndexRangeError,
     DuplicateIndexError: HostIndexDuplicateError,
     PageAlignmentError: HostIndexAlignmentError,
+    DeviceError: HostIndexDeviceError,
 }

@@ -88,9 +88,7 @@ def host_index_tensor(host_indices: object) -> torch.Tensor:
     ints (``numpy`` integers too), never floats or bools: nothing is rounded.
     """
     if isinstance(host_indices, torch.Tensor):
-        _checked(check_index_tensor, host_indices, "host_indices")
-        if host_indices.is_meta:
-            raise HostIndexDTypeError("host_indices is a meta tensor (it holds no values)")
+        _checked(check_index_tensor, host_indices, "host_indices")  # meta: DeviceError twin
         return host_indices.detach().to("cpu")
     if isinstance(host_indices, (str, bytes, bytearray)) or not isinstance(
         host_indices, (Sequence, np.ndarray)
