@@ -28,8 +28,8 @@ from sgl_core.errors import (
 __all__ = [
     "HOST_INDEX_ERRORS",
     "HostIndexAlignmentError",
-    "HostIndexDeviceError",
     "HostIndexDTypeError",
+    "HostIndexDeviceError",
     "HostIndexDuplicateError",
     "HostIndexRangeError",
     "HostIndexShapeError",
