@@ -41,6 +41,7 @@ def test_empty_batch_returns_zero_rows() -> None:
         ("weights shape", errors.IndexShapeError),
         ("int weights", errors.ArgumentTypeError),
         ("x not a tensor", errors.ArgumentTypeError),
+        ("meta tensors", errors.DeviceError),
     ],
 )
 def test_bad_routing_is_a_typed_error(case: str, error: type[Exception]) -> None:
@@ -54,6 +55,7 @@ def test_bad_routing_is_a_typed_error(case: str, error: type[Exception]) -> None
         "weights shape": (x, w[:, :1], ids),
         "int weights": (x, w.long(), ids),
         "x not a tensor": (x.tolist(), w, ids),
+        "meta tensors": (x.to("meta"), w.to("meta"), ids.to("meta")),
     }[case]
     with pytest.raises(error):
         sgl_core.TorchMoEMethod().apply(weights, *args)  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from sgl_core.errors import (
     ArgumentTypeError,
+    DeviceError,
     IndexDTypeError,
     IndexOutOfRangeError,
     IndexShapeError,
@@ -167,7 +168,7 @@ def check_routing(
     ``ShapeMismatchError`` (``x`` shape or devices), ``IndexDTypeError``
     (``topk_ids`` dtype), ``IndexShapeError`` (routing shapes, ``top_k == 0``),
     ``IndexOutOfRangeError`` (an id outside ``[0, num_experts)``; reading the
-    range costs one device synchronization).
+    range costs one device synchronization), ``DeviceError`` (meta tensors).
     """
     for name, t in (("x", x), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         if not isinstance(t, torch.Tensor):
@@ -195,6 +196,8 @@ def check_routing(
             f"x ({x.device}), topk_weights ({topk_weights.device}) and topk_ids "
             f"({topk_ids.device}) must share a device"
         )
+    if topk_ids.device.type == "meta":
+        raise DeviceError("topk_ids is a meta tensor: it has no values to route with")
     if topk_ids.numel():
         low, high = (int(v) for v in torch.aminmax(topk_ids))
         if low < 0 or high >= num_experts:
