@@ -64,6 +64,6 @@ def moe_align_block_size(
     # block b belongs to the expert whose padded run contains b * block_m
     block_start = torch.arange(num_blocks, device=dev) * block_m
     expert_ids = torch.searchsorted(pad_end, block_start, right=True)
-    total = pad_end[-1:] if num_experts else torch.zeros(1, dtype=torch.long, device=dev)
+    total = pad_end[-1:]  # num_experts >= 1 (checked above)
     expert_ids = torch.where(block_start < total, expert_ids, -1).to(torch.int32)
     return sorted_ids, expert_ids, total.to(torch.int32)
