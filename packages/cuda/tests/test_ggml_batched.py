@@ -203,6 +203,11 @@ def test_method_threshold_validation() -> None:
         GGMLMoEMethod(batched_threshold=1.5)  # type: ignore[arg-type]
     with pytest.raises(ShapeMismatchError):
         GGMLMoEMethod(batched_threshold=-1)
+    # a bad tile fails at construction, not at the first call above the threshold
+    with pytest.raises(ShapeMismatchError):
+        GGMLMoEMethod(tile=(16, 128, 48, 4))
+    with pytest.raises(ArgumentTypeError):
+        GGMLMoEMethod(tile=[16, 128, 32, 4])  # type: ignore[arg-type]
 
 
 def test_iq4_random_blocks_cover_every_index() -> None:
