@@ -111,6 +111,7 @@ def test_numpy_bool_capability_is_honoured() -> None:
         ("str in_topk", errors.ArgumentTypeError),
         ("scale None", errors.ArgumentTypeError),
         ("scale nan", errors.ArgumentTypeError),
+        ("int routed", errors.ArgumentTypeError),
     ],
 )
 def test_bad_combine_arguments_change_nothing(case: str, error: type[Exception]) -> None:
@@ -133,6 +134,8 @@ def test_bad_combine_arguments_change_nothing(case: str, error: type[Exception])
         experts = Experts(Folds(), in_topk="yes")
     elif case == "scale None":
         scale = None
+    elif case == "int routed":  # a float scale cannot be applied in place
+        r, s = routed.int(), None
     else:
         scale = math.nan
     with pytest.raises(error):

@@ -88,7 +88,7 @@ def maybe_fuse_routed_scale_and_shared_add(
     * Other methods already scaled ``routed``: ``routed.add_(shared)`` or ``routed``.
 
     ``shared=None`` means no shared experts. Rejected before anything is
-    written: ``routed`` not a tensor, ``shared`` neither a tensor nor None
+    written: ``routed`` not a floating-point tensor, ``shared`` neither a tensor nor None
     (``ArgumentTypeError``); ``shared`` of another shape, dtype or device
     (``ShapeMismatchError``); a ``routed_scaling_factor`` that is not a finite
     real number (``ArgumentTypeError``); a capability attribute that is not a
@@ -96,6 +96,8 @@ def maybe_fuse_routed_scale_and_shared_add(
     """
     if not isinstance(routed, torch.Tensor):
         raise ArgumentTypeError(f"routed must be a torch.Tensor, got {type(routed).__name__}")
+    if not routed.dtype.is_floating_point:
+        raise ArgumentTypeError(f"routed must be floating point, got {routed.dtype}")
     if shared is not None and not isinstance(shared, torch.Tensor):
         raise ArgumentTypeError(
             f"shared must be a torch.Tensor or None, got {type(shared).__name__}"
