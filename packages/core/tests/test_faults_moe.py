@@ -41,6 +41,7 @@ def test_empty_batch_returns_zero_rows() -> None:
         ("weights shape", errors.IndexShapeError),
         ("int weights", errors.ArgumentTypeError),
         ("x not a tensor", errors.ArgumentTypeError),
+        ("meta tensors", errors.DeviceError),
     ],
 )
 def test_bad_routing_is_a_typed_error(case: str, error: type[Exception]) -> None:
@@ -54,6 +55,7 @@ def test_bad_routing_is_a_typed_error(case: str, error: type[Exception]) -> None
         "weights shape": (x, w[:, :1], ids),
         "int weights": (x, w.long(), ids),
         "x not a tensor": (x.tolist(), w, ids),
+        "meta tensors": (x.to("meta"), w.to("meta"), ids.to("meta")),
     }[case]
     with pytest.raises(error):
         sgl_core.TorchMoEMethod().apply(weights, *args)  # type: ignore[arg-type]
@@ -109,6 +111,7 @@ def test_numpy_bool_capability_is_honoured() -> None:
         ("str in_topk", errors.ArgumentTypeError),
         ("scale None", errors.ArgumentTypeError),
         ("scale nan", errors.ArgumentTypeError),
+        ("int routed", errors.ArgumentTypeError),
     ],
 )
 def test_bad_combine_arguments_change_nothing(case: str, error: type[Exception]) -> None:
@@ -131,6 +134,8 @@ def test_bad_combine_arguments_change_nothing(case: str, error: type[Exception])
         experts = Experts(Folds(), in_topk="yes")
     elif case == "scale None":
         scale = None
+    elif case == "int routed":  # a float scale cannot be applied in place
+        r, s = routed.int(), None
     else:
         scale = math.nan
     with pytest.raises(error):

@@ -132,3 +132,41 @@ def test_device_layer_storage_is_checked_on_the_memo_path(validations: list[int]
     dev.kv_buffer[2].set_(torch.zeros_like(dev.kv_buffer[2]))
     host.load_to_device_per_layer(dev, h_idx, d_idx, 2, "direct")
     assert len(validations) == 2  # moved storage: validated again (and accepted)
+
+
+def _inference_indices() -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.inference_mode():
+        return page_indices([1, 2], PS), page_indices([3, 4], PS)
+
+
+def test_inference_mode_indices_load_every_layer(validations: list[int]) -> None:
+    """Engines build index tensors under ``torch.inference_mode``; those have no ``_version``."""
+    dev, host = pools()
+    h_idx, d_idx = _inference_indices()
+    assert h_idx.is_inference()
+    with torch.inference_mode():
+        for layer in range(LAYERS):
+            host.load_to_device_per_layer(dev, h_idx, d_idx, layer, "direct")
+    for layer in range(LAYERS):
+        assert torch.equal(dev.kv_buffer[layer][d_idx], host.kv_buffer[layer][h_idx])
+    # CPU values are compared (a memcmp): the memo still applies.
+    assert len(validations) == 1
+    with torch.inference_mode():
+        d_idx[:PS] += 10 * dev.size  # an in-place write that bumps no version counter
+        with pytest.raises(errors.IndexOutOfRangeError):
+            host.load_to_device_per_layer(dev, h_idx, d_idx, 1, "direct")
+
+
+@pytest.mark.usefixtures("accelerator_policy")
+def test_inference_mode_indices_on_an_accelerator_are_validated_per_layer(
+    validations: list[int],
+) -> None:
+    """No version counter and no value read: nothing proves them unchanged, so validate again."""
+    dev, host = pools()
+    h_idx, d_idx = _inference_indices()
+    with torch.inference_mode():
+        host.load_to_device_per_layer(dev, h_idx, d_idx, 0, "direct")
+        d_idx[:PS] += 10 * dev.size  # invisible to a version check
+        with pytest.raises(errors.IndexOutOfRangeError):
+            host.load_to_device_per_layer(dev, h_idx, d_idx, 1, "direct")
+    assert len(validations) == 2

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sgl_core.errors import IndexDTypeError, ShapeMismatchError
+from sgl_core.errors import IndexDTypeError, IndexOutOfRangeError, ShapeMismatchError
 from sgl_cuda.quantization import moe_align_block_size
 from sgl_cuda.quantization._align import max_padded_pairs
 
@@ -78,6 +78,10 @@ def test_argument_errors() -> None:
         moe_align_block_size(torch.zeros((4, 2), dtype=torch.int32), 0, 4)
     with pytest.raises(ShapeMismatchError):
         moe_align_block_size(torch.zeros((4, 2), dtype=torch.int32), 16, 0)
+    for bad in (4, -1):  # an id out of range: typed, not an IndexError from a gather
+        ids = torch.tensor([[0, 1], [bad, 2]], dtype=torch.int32)
+        with pytest.raises(IndexOutOfRangeError, match=str(bad)):
+            moe_align_block_size(ids, 16, 4)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)

@@ -75,9 +75,10 @@ def test_uneven_loads_idle_experts(qtype: GGMLQuantType, top_k: int) -> None:
     _check(y, x, w, ids, int(qtype))
 
 
-@pytest.mark.parametrize("tile", [(16, 16, 64, 4), (32, 64, 32, 4)])
+@pytest.mark.parametrize("tile", [(16, 16, 64, 4), (32, 64, 32, 4), (16, 16, 512, 4)])
 def test_tile_override(tile: tuple[int, int, int, int]) -> None:
-    # BLOCK_K 64: two Q8_1 blocks per K step; BLOCK_N 16: three row tiles; BLOCK_M 32
+    # BLOCK_K 64: two Q8_1 blocks per K step; BLOCK_N 16: three row tiles; BLOCK_M 32;
+    # BLOCK_K 512: one K step spans two Q4_K blocks (the 64-wide nibble path must not apply)
     qtype = int(Q.Q4_K)
     w, x, ids = _case(qtype, 3, 40, 512, 5, 3, seed=7)
     _check(_batched(x, w, ids, qtype, tile), x, w, ids, qtype)
@@ -202,6 +203,11 @@ def test_method_threshold_validation() -> None:
         GGMLMoEMethod(batched_threshold=1.5)  # type: ignore[arg-type]
     with pytest.raises(ShapeMismatchError):
         GGMLMoEMethod(batched_threshold=-1)
+    # a bad tile fails at construction, not at the first call above the threshold
+    with pytest.raises(ShapeMismatchError):
+        GGMLMoEMethod(tile=(16, 128, 48, 4))
+    with pytest.raises(ArgumentTypeError):
+        GGMLMoEMethod(tile=[16, 128, 32, 4])  # type: ignore[arg-type]
 
 
 def test_iq4_random_blocks_cover_every_index() -> None:

@@ -9,7 +9,11 @@ these hold, and otherwise validates again:
 * the same device pool object and io backend;
 * the same index tensor *objects*, with unchanged ``_version`` (bumped by every
   in-place torch write, ``set_`` included), address, shape, strides and dtype;
-  a new tensor with equal values is validated again;
+  a new tensor with equal values is validated again. Inference tensors
+  (made under ``torch.inference_mode``) have no version counter: on the CPU
+  their values are compared as below; on an accelerator nothing can prove
+  them unchanged without a read-back, so every layer's load validates them
+  in full (build index tensors outside ``inference_mode`` to keep the memo);
 * for index tensors in CPU memory, also equal values (a ``memcmp``, no device
   synchronization), which catches writes torch does not see (numpy, ctypes);
   index tensors on an accelerator are never read back here, so the memo costs
@@ -56,7 +60,8 @@ class IndexStamp:
 
     def __init__(self, t: torch.Tensor) -> None:
         self.tensor = t
-        self.version = t._version
+        # Inference tensors track no version (reading ``_version`` raises).
+        self.version: int | None = None if t.is_inference() else t._version
         self.ptr = t.data_ptr()
         self.shape = tuple(t.shape)
         self.stride = t.stride()
@@ -67,8 +72,10 @@ class IndexStamp:
         if given is not self.tensor:
             return False
         t = self.tensor
+        if self.version is None and self.values is None:
+            return False  # no version counter and no value check: cannot tell
         if (
-            t._version != self.version
+            (self.version is not None and t._version != self.version)
             or t.data_ptr() != self.ptr
             or tuple(t.shape) != self.shape
             or t.stride() != self.stride

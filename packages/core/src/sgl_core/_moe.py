@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from sgl_core.errors import (
     ArgumentTypeError,
+    DeviceError,
     IndexDTypeError,
     IndexOutOfRangeError,
     IndexShapeError,
@@ -87,7 +88,7 @@ def maybe_fuse_routed_scale_and_shared_add(
     * Other methods already scaled ``routed``: ``routed.add_(shared)`` or ``routed``.
 
     ``shared=None`` means no shared experts. Rejected before anything is
-    written: ``routed`` not a tensor, ``shared`` neither a tensor nor None
+    written: ``routed`` not a floating-point tensor, ``shared`` neither a tensor nor None
     (``ArgumentTypeError``); ``shared`` of another shape, dtype or device
     (``ShapeMismatchError``); a ``routed_scaling_factor`` that is not a finite
     real number (``ArgumentTypeError``); a capability attribute that is not a
@@ -95,6 +96,8 @@ def maybe_fuse_routed_scale_and_shared_add(
     """
     if not isinstance(routed, torch.Tensor):
         raise ArgumentTypeError(f"routed must be a torch.Tensor, got {type(routed).__name__}")
+    if not routed.dtype.is_floating_point:
+        raise ArgumentTypeError(f"routed must be floating point, got {routed.dtype}")
     if shared is not None and not isinstance(shared, torch.Tensor):
         raise ArgumentTypeError(
             f"shared must be a torch.Tensor or None, got {type(shared).__name__}"
@@ -167,7 +170,7 @@ def check_routing(
     ``ShapeMismatchError`` (``x`` shape or devices), ``IndexDTypeError``
     (``topk_ids`` dtype), ``IndexShapeError`` (routing shapes, ``top_k == 0``),
     ``IndexOutOfRangeError`` (an id outside ``[0, num_experts)``; reading the
-    range costs one device synchronization).
+    range costs one device synchronization), ``DeviceError`` (meta tensors).
     """
     for name, t in (("x", x), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         if not isinstance(t, torch.Tensor):
@@ -195,6 +198,8 @@ def check_routing(
             f"x ({x.device}), topk_weights ({topk_weights.device}) and topk_ids "
             f"({topk_ids.device}) must share a device"
         )
+    if topk_ids.device.type == "meta":
+        raise DeviceError("topk_ids is a meta tensor: it has no values to route with")
     if topk_ids.numel():
         low, high = (int(v) for v in torch.aminmax(topk_ids))
         if low < 0 or high >= num_experts:

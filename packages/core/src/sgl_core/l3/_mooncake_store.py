@@ -16,6 +16,14 @@ from/to host memory.
   complete and keeps the first object put under a key, so two writers of one
   key leave one writer's whole page, never a mix; a reader also checks the
   header (format, key, length) and the byte count of what arrived.
+* **Verified payloads** (``verify_checksum``, default on). A read that is in
+  flight when its object is removed by force (:meth:`MooncakePageStore.remove`,
+  ``clear()``, another reader dropping a corrupt page) or when the master
+  restarts can copy from a range Mooncake has already handed to another put:
+  the header is still the page's, the payload partly another object's. Each
+  page therefore carries the CRC-32 of its bytes, checked after every read;
+  a mismatch is a miss (and the page is removed). It costs one CRC pass over
+  the page per set and per get. With it off, such a read is a wrong hit.
 * ``batch_exists``: one ``batch_is_exist`` over the page objects.
 * ``batch_set``: pages that already exist are skipped; the rest are put in
   one call.
@@ -40,6 +48,7 @@ import ctypes
 import dataclasses
 import logging
 import threading
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,6 +79,14 @@ _SIZE_MISMATCH = -10  # counted as BUFFER_OVERFLOW: the object is not the expect
 _SCRATCH_PAGES = 64
 
 
+def _crc32(page: Page) -> int:
+    """CRC-32 of the page's objects in host memory, in order."""
+    crc = 0
+    for ptr, size in zip(page.ptrs, page.sizes, strict=True):
+        crc = zlib.crc32(memoryview((ctypes.c_char * size).from_address(ptr)).cast("B"), crc)
+    return crc
+
+
 def mooncake_key(page_key: str, fmt: PageFormat) -> str:
     """The Mooncake object key of ``page_key`` stored by a pool of format ``fmt``."""
     return f"{page_key}#sglpg2.{fmt.fingerprint}"
@@ -87,6 +104,9 @@ class MooncakeConfig:
     pool (0: a pure client that stores into other processes' segments).
     ``local_buffer_size``: Mooncake's staging buffer, unused by zero-copy
     calls. ``protocol``: ``"tcp"`` (``"rdma"`` with ``rdma_devices``).
+    ``verify_checksum``: write and check a CRC-32 of every page (see the
+    module docstring); pages written without one are misses for a store
+    that checks.
     """
 
     master_server_address: str = "127.0.0.1:50051"
@@ -97,6 +117,7 @@ class MooncakeConfig:
     global_segment_size: int = 0
     local_buffer_size: int = 0
     restore_on_failed_get: bool = True
+    verify_checksum: bool = True
 
     def __post_init__(self) -> None:
         for name in ("global_segment_size", "local_buffer_size"):
@@ -286,8 +307,10 @@ class MooncakePageStore:
         if todo:
             scratch = self._header_scratch(len(todo))
             headers = memoryview((ctypes.c_char * (len(todo) * HEADER_SIZE)).from_address(scratch))
+            verify = self._config.verify_checksum
             for t, i in enumerate(todo):
-                header = PageHeader.new(fmt.digest, pages[i].key, pages[i].nbytes)
+                crc = _crc32(pages[i]) if verify else None
+                header = PageHeader.new(fmt.digest, pages[i].key, pages[i].nbytes, crc)
                 header.pack_into(headers.cast("B"), t * HEADER_SIZE)
             put = self._call(
                 "batch_put_from_multi_buffers",
@@ -359,11 +382,19 @@ class MooncakePageStore:
                 else:
                     raw = view[f * HEADER_SIZE : (f + 1) * HEADER_SIZE].cast("B")
                     header = PageHeader.unpack(raw)
+                    verify = self._config.verify_checksum
                     problem = (
                         "bad magic"
                         if header is None
-                        else header.problem(fmt.digest, page.key, page.nbytes, need_crc=False)
+                        else header.problem(fmt.digest, page.key, page.nbytes, need_crc=verify)
                     )
+                    if (
+                        problem is None
+                        and verify
+                        and header is not None
+                        and _crc32(page) != header.crc32
+                    ):
+                        problem = "checksum mismatch"
                     if problem is not None:
                         whole = False
                         logger.warning(

@@ -152,9 +152,10 @@ def _moe_a8_mmq_kernel(
             # 32 consecutive in-block indices from a multiple of 32: lets the
             # compiler see the 32 contiguous bytes and vectorize their loads
             i = tl.multiple_of(kb % QK, 32) + lane  # (32,)
-            if QTYPE == 12 and BLOCK_K % 64 == 0:
-                # Q4_K with 64-aligned steps: the nibble half is s % 2, a constant
-                # (same bytes and nibbles as _decode_q, without the variable shift)
+            if QTYPE == 12 and BLOCK_K % 64 == 0 and BLOCK_K <= QK:
+                # Q4_K with 64-aligned steps inside one block: the nibble half is
+                # s % 2, a constant (same bytes and nibbles as _decode_q, without the
+                # variable shift); a step wider than a block takes _decode_q below
                 pair64 = tl.multiple_of(k0 % QK, 64) // 64 + s // 2  # 64-weight pair in block
                 raw = tl.load(
                     pg[None, :] + 16 + pair64 * 32 + lane[:, None],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_core.errors import IndexDTypeError, ShapeMismatchError
+from sgl_core.errors import IndexDTypeError, IndexOutOfRangeError, ShapeMismatchError
 
 __all__ = ["max_padded_pairs", "moe_align_block_size"]
 
@@ -36,8 +36,10 @@ def moe_align_block_size(
     * ``num_post_padded (1,)``: the padded total (a multiple of ``block_m``).
 
     ``num_blocks = ceil(max_padded_pairs(pairs, E, block_m) / block_m)``.
-    Experts with no pairs take no block. Ids must lie in ``[0, num_experts)``
-    (the caller validates them).
+    Experts with no pairs take no block. Ids must lie in ``[0, num_experts)``:
+    CPU ids are checked here (``IndexOutOfRangeError``); ids on an accelerator
+    are not read back (no sync), so the caller validates them first (e.g.
+    ``check_routing``), since an id out of range there is a device-side fault.
     """
     if topk_ids.dtype not in (torch.int32, torch.int64):
         raise IndexDTypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
@@ -48,6 +50,12 @@ def moe_align_block_size(
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     pairs = flat.numel()
+    if dev.type == "cpu" and pairs:
+        low, high = (int(v) for v in torch.aminmax(flat))
+        if low < 0 or high >= num_experts:
+            raise IndexOutOfRangeError(
+                f"topk_ids holds {low if low < 0 else high}, outside [0, {num_experts})"
+            )
     num_blocks = -(-max_padded_pairs(pairs, num_experts, block_m) // block_m)
     counts = torch.bincount(flat, minlength=num_experts)[:num_experts]
     padded = (counts + block_m - 1) // block_m * block_m
@@ -64,6 +72,6 @@ def moe_align_block_size(
     # block b belongs to the expert whose padded run contains b * block_m
     block_start = torch.arange(num_blocks, device=dev) * block_m
     expert_ids = torch.searchsorted(pad_end, block_start, right=True)
-    total = pad_end[-1:] if num_experts else torch.zeros(1, dtype=torch.long, device=dev)
+    total = pad_end[-1:]  # num_experts >= 1 (checked above)
     expert_ids = torch.where(block_start < total, expert_ids, -1).to(torch.int32)
     return sorted_ids, expert_ids, total.to(torch.int32)

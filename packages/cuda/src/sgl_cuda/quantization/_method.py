@@ -12,7 +12,7 @@ from sgl_core._moe import check_routing
 from sgl_core.errors import ArgumentTypeError, ShapeMismatchError
 from sgl_cuda.quantization._align import moe_align_block_size
 from sgl_cuda.quantization._ops import ggml_moe_a8_vec
-from sgl_cuda.quantization._ops_batched import ggml_moe_a8, ggml_moe_get_block_size
+from sgl_cuda.quantization._ops_batched import _check_tile, ggml_moe_a8, ggml_moe_get_block_size
 from sgl_cuda.quantization._types import GGMLQuantType, block_format, resolve_quant_type
 
 __all__ = ["GGMLExpertBank", "GGMLMoEMethod"]
@@ -124,6 +124,8 @@ class GGMLMoEMethod:
             )
         if batched_threshold < 0:
             raise ShapeMismatchError(f"batched_threshold must be >= 0, got {batched_threshold}")
+        if tile is not None:
+            _check_tile(tile)  # else a bad tile surfaced only above the threshold
         self.batched_threshold = batched_threshold
         self.tile = tile
 
