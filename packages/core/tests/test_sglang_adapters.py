@@ -1,5 +1,5 @@
 """The engine-facing adapters that need no engine: device-pool view, aligned
-host buffers, SGLang page keys' argument checks (SGLang itself: tests/sglang)."""
+host buffers, SGLang page keys' argument checks (SGLang itself: tests/with_sglang)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def test_engine_pool_without_layers_is_rejected() -> None:
 
 
 def test_sglang_keys_by_definition() -> None:
-    """An independent statement of SGLang's hash; tests/sglang checks SGLang's code."""
+    """An independent statement of SGLang's hash; tests/with_sglang checks SGLang's code."""
     tokens = [1, 2, 3, 2**40]
     first = hashlib.sha256(struct.pack("<2I", 1, 2)).digest()
     second = hashlib.sha256(first + b"\xff" + struct.pack("<2Q", 3, 2**40)).digest()

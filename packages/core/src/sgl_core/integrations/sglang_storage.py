@@ -229,9 +229,12 @@ class SGLangPageStorage:
 
 def register_with_sglang() -> bool:
     """Make :class:`SGLangPageStorage` a (virtual) ``HiCacheStorage``; False without sglang."""
-    if importlib.util.find_spec("sglang") is None:
+    try:
+        if importlib.util.find_spec("sglang") is None:
+            return False
+        module = importlib.import_module("sglang.srt.mem_cache.hicache_storage")
+    except ImportError:  # an unrelated or partial "sglang" on the path
         return False
-    module = importlib.import_module("sglang.srt.mem_cache.hicache_storage")
     module.HiCacheStorage.register(SGLangPageStorage)
     return True
 

@@ -8,6 +8,10 @@ by the sglang env) a missing sglang is an error, not a skip.
 
 from __future__ import annotations
 
+# This directory is not named ``sglang``: with ``tests/`` on ``sys.path`` (the
+# root conftest's directory) it would shadow the real package as a namespace
+# package.
+
 import importlib.util
 import os
 import sys
@@ -21,7 +25,7 @@ if not _HAVE_SGLANG:
     if os.environ.get("SGL_REQUIRE_SGLANG") == "1":
         raise pytest.UsageError(
             "SGL_REQUIRE_SGLANG=1 but sglang is not installed: run `hatch run sglang:test`, "
-            "which installs tests/sglang/requirements-nodeps.txt"
+            "which installs tests/with_sglang/requirements-nodeps.txt"
         )
     collect_ignore_glob = ["test_*.py"]
 else:
