@@ -4,13 +4,13 @@ These tests need ``sglang`` (0.5.23, installed without its dependencies by
 ``hatch run sglang:test``). Elsewhere (the default env, which has no sglang)
 this directory is skipped at collection. Where ``SGL_REQUIRE_SGLANG=1`` (set
 by the sglang env) a missing sglang is an error, not a skip.
+
+The directory is not named ``sglang``: with ``tests/`` on ``sys.path`` (the
+root conftest's directory) it would shadow the real package as a namespace
+package.
 """
 
 from __future__ import annotations
-
-# This directory is not named ``sglang``: with ``tests/`` on ``sys.path`` (the
-# root conftest's directory) it would shadow the real package as a namespace
-# package.
 
 import importlib.util
 import os

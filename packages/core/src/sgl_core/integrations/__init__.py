@@ -7,3 +7,5 @@
 
 See ``docs/sglang.md``.
 """
+
+__all__: list[str] = []
