@@ -12,7 +12,7 @@ import torch
 import sgl_core
 from sgl_core._foreign_pool import ForeignMLADevicePool, as_device_pool
 from sgl_core._memory import page_aligned_zeros, should_pin
-from sgl_core.errors import PoolMismatchError
+from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 from sgl_core.integrations.sglang import wrap_host_pool
 from sgl_core.l3 import page_keys
 
@@ -94,6 +94,27 @@ def test_engine_pool_without_layers_is_rejected() -> None:
     pool.kv_buffer = []
     with pytest.raises(PoolMismatchError):
         as_device_pool(pool)
+    del pool.kv_buffer
+    with pytest.raises(PoolMismatchError):
+        as_device_pool(pool)
+    pool = _EnginePool()
+    pool.device = "no-such-device"
+    with pytest.raises(PoolMismatchError):
+        as_device_pool(pool)
+    view = as_device_pool(_EnginePool())
+    with pytest.raises(PoolMismatchError):
+        view.get_mla_kv_buffer(True, torch.tensor([1]))  # type: ignore[arg-type]
+
+
+def test_wrapper_checks_its_own_arguments() -> None:
+    host = wrap_host_pool(
+        sgl_core.get_backend("torch").create_host_pool(_EnginePool(), layout="layer_first")
+    )
+    with pytest.raises(ArgumentTypeError):
+        host.is_stride_page_aligned(True)
+    with pytest.raises(ArgumentTypeError):
+        host.get_data_page(torch.tensor(0.0))
+    assert torch.equal(host.get_data_page(torch.tensor(4)), host.get_data_page(4))
 
 
 def test_sglang_keys_by_definition() -> None:

@@ -56,6 +56,11 @@ def test_backend_misuse(tmp_path: Any) -> None:
         SGLangPageStorage(_config("m", store="s3", path=str(tmp_path)))
     with pytest.raises(PageStoreArgumentError):
         SGLangPageStorage(_config("m", store="mooncake", mooncake={"no_such_field": 1}))
+    with pytest.raises(PageStoreArgumentError):
+        SGLangPageStorage(_config("m", store="mooncake", mooncake=["not", "a", "mapping"]))
+    bad_extra = types.SimpleNamespace(model_name="m", extra_config=["store", "file"])
+    with pytest.raises(PageStoreArgumentError):
+        SGLangPageStorage(bad_extra)
     backend = SGLangPageStorage(_config("m", store="file", path=str(tmp_path)))
     host, _ = filled_host("layer_first", seed=22)
     with pytest.raises(PageStoreArgumentError):
@@ -65,3 +70,8 @@ def test_backend_misuse(tmp_path: Any) -> None:
     backend.register_mem_pool_host(wrap_host_pool(host))
     with pytest.raises(PageStoreArgumentError):
         backend.batch_exists("abc")
+    with pytest.raises(PageStoreArgumentError):
+        backend.set("k", value=None)
+    with pytest.raises(PageStoreArgumentError):
+        backend.batch_set(["k"])
+    assert backend.batch_exists([]) == 0
