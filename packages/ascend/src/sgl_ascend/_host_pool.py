@@ -39,6 +39,7 @@ from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._transfer import PagePlan, backup_rows, load_row, plan_pages
 from sgl_core import HostLayout, IOBackend, MLADevicePool, MLAHostPoolBase
+from sgl_core._memory import page_aligned_zeros
 from sgl_core._validation import check_backed
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 
@@ -157,7 +158,7 @@ class AscendMLAHostPool(MLAHostPoolBase):
                 self.index_k_scale_buffer = self._zeros((*ipages, 1), torch.float32)
 
     def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.zeros(shape, dtype=dtype, pin_memory=self.pin_memory)
+        return page_aligned_zeros(shape, dtype, pin_memory=self.pin_memory)
 
     # ---------------------------------------------------------- components
     @property

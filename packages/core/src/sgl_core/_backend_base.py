@@ -8,6 +8,7 @@ from typing import ClassVar, Generic, TypeVar
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._foreign_pool import as_device_pool
 from sgl_core._host_pool import MLAHostPoolBase
 from sgl_core._protocols import MLADevicePool
 from sgl_core.errors import UnsupportedLayoutError
@@ -103,8 +104,10 @@ class PoolBackend(Generic[DeviceT, HostT]):
         pin_memory: bool | None = None,
         io_backend: IOBackend | str | None = None,
     ) -> HostT:
+        # An engine's own pool (e.g. SGLang's, whose ``device`` is a str) is
+        # normalized here, at the boundary, so host pools see only the protocol.
         return self._host_pool_class(
-            device_pool,
+            as_device_pool(device_pool),
             layout=layout,
             host_to_device_ratio=host_to_device_ratio,
             host_size_gb=host_size_gb,

@@ -7,9 +7,12 @@ import os
 
 import torch
 
-__all__ = ["available_host_bytes", "should_pin"]
+__all__ = ["HOST_PAGE_BYTES", "available_host_bytes", "page_aligned_zeros", "should_pin"]
 
 _log = logging.getLogger("sgl_core")
+
+#: Alignment of host pool buffers: the OS page (and the O_DIRECT block) size.
+HOST_PAGE_BYTES = 4096
 _warned_unpinned = False
 
 
@@ -28,13 +31,14 @@ def available_host_bytes() -> int | None:
         return None
 
 
-def should_pin(requested: bool | None, device: torch.device) -> bool:
+def should_pin(requested: bool | None, device: torch.device | str) -> bool:
     """Pin host memory only when a device needs it and torch can pin here.
 
     ``None`` means: pin for CUDA devices. Pinning needs a CUDA-enabled torch;
     where it cannot pin, fall back to pageable memory with one log line.
     """
     global _warned_unpinned
+    device = torch.device(device)  # engines (SGLang) hand over "cuda:0"-style strings
     want = device.type == "cuda" if requested is None else requested
     if not want:
         return False
@@ -44,3 +48,27 @@ def should_pin(requested: bool | None, device: torch.device) -> bool:
         _log.info("torch cannot pin host memory here (no CUDA); using pageable host memory")
         _warned_unpinned = True
     return False
+
+
+def page_aligned_zeros(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    *,
+    pin_memory: bool = False,
+    alignment: int = HOST_PAGE_BYTES,
+) -> torch.Tensor:
+    """A zeroed, contiguous host tensor whose first byte is ``alignment``-aligned.
+
+    O_DIRECT reads and writes need page-aligned addresses; torch's host
+    allocators promise only 64 bytes. This over-allocates by ``alignment``
+    bytes and returns the aligned view of that storage (the storage stays
+    alive through the view).
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    nbytes = numel * itemsize
+    raw = torch.zeros(nbytes + alignment, dtype=torch.uint8, pin_memory=pin_memory)
+    offset = -raw.data_ptr() % alignment
+    return raw[offset : offset + nbytes].view(dtype).view(shape)

@@ -24,6 +24,7 @@ import torch
 from sgl_core._copy import IndexRuns, copy_pairs, memmove_blocks, merge_runs, widen_rows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase
+from sgl_core._memory import page_aligned_zeros
 from sgl_core._protocols import MLADevicePool
 from sgl_core._validation import check_backed
 from sgl_core.errors import PoolMismatchError
@@ -116,8 +117,8 @@ class TokenRowHostPool(MLAHostPoolBase):
             HostLayout.PAGE_FIRST: (self.size, self.layer_num, *dims),
             HostLayout.PAGE_FIRST_DIRECT: (self.page_num, self.layer_num, self.page_size, *dims),
         }
-        self.kv_buffer = torch.zeros(
-            shapes[self.layout], dtype=self.dtype, pin_memory=self.pin_memory
+        self.kv_buffer = page_aligned_zeros(
+            shapes[self.layout], self.dtype, pin_memory=self.pin_memory
         )
 
     def _is_page_granular(self, io_backend: IOBackend) -> bool:

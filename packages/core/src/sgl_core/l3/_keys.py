@@ -44,6 +44,7 @@ def page_keys(
     prior_key: str | None = None,
     *,
     namespace: str = "",
+    scheme: str = "sgl",
 ) -> list[str]:
     """Return one key per **full** page of ``token_ids`` (a trailing partial page has none).
 
@@ -53,12 +54,26 @@ def page_keys(
     model name, a tenant, ...) prefixes every key, so stores shared by several
     models never mix their pages; a ``prior_key`` from another namespace chains
     to different keys as well.
+
+    ``scheme="sglang"`` produces SGLang's (0.5.23) storage page hashes instead,
+    so pages are shared with an SGLang fleet: ``key_i = sha256(digest_{i-1} |
+    page i)`` hex encoded, where ``digest_{i-1}`` is the previous key's 32 raw
+    bytes (nothing for the first page when ``prior_key`` is None) and page i
+    is its tokens as uint32 little-endian, or ``0xff`` then uint64
+    little-endian when a token of the page exceeds 2**32 - 1. Tokens must be
+    non-negative; ``prior_key`` must be such a 64-hex-digit key and
+    ``namespace`` empty (SGLang separates models by its storage backend's key
+    suffix, not by the hash).
     """
+    if scheme not in ("sgl", "sglang"):
+        raise ValueError(f"scheme must be 'sgl' or 'sglang', got {scheme!r}")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
         raise ValueError(f"page_size must be a positive int, got {page_size!r}")
     if prior_key is not None and not isinstance(prior_key, str):
         raise ValueError(f"prior_key must be a str or None, got {type(prior_key).__name__}")
     tokens = _token_list(token_ids)
+    if scheme == "sglang":
+        return _sglang_keys(tokens, page_size, prior_key, namespace)
     pages = len(tokens) // page_size
     prev = (prior_key or "").encode()
     keys: list[str] = []
@@ -70,4 +85,40 @@ def page_keys(
         key = namespace + digest.hexdigest()
         keys.append(key)
         prev = key.encode()
+    return keys
+
+
+_U32_MAX = 2**32 - 1
+
+
+def _sglang_keys(
+    tokens: list[int], page_size: int, prior_key: str | None, namespace: str
+) -> list[str]:
+    """SGLang's chained page hashes (see :func:`page_keys`)."""
+    if namespace:
+        raise ValueError("scheme='sglang' keys carry no namespace; pass namespace=''")
+    prev = b""
+    if prior_key is not None:
+        try:
+            prev = bytes.fromhex(prior_key)
+        except ValueError:
+            prev = b""
+        if len(prev) != 32:
+            raise ValueError(
+                f"prior_key must be an SGLang page hash (64 hex digits), got {prior_key!r}"
+            )
+    if any(tok < 0 for tok in tokens):
+        raise ValueError("scheme='sglang' hashes non-negative token ids only")
+    keys: list[str] = []
+    for p in range(len(tokens) // page_size):
+        page = tokens[p * page_size : (p + 1) * page_size]
+        digest = hashlib.sha256(prev)
+        if max(page) > _U32_MAX:
+            # SGLang marks wide pages with one 0xff byte, then 8-byte tokens.
+            digest.update(b"\xff")
+            digest.update(struct.pack(f"<{page_size}Q", *page))
+        else:
+            digest.update(struct.pack(f"<{page_size}I", *page))
+        prev = digest.digest()
+        keys.append(prev.hex())
     return keys

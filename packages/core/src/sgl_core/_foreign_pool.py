@@ -1,0 +1,139 @@
+"""Device pools built by a serving engine, normalized at our boundary.
+
+SGLang's ``MLATokenToKVPool`` has every member our host pools read (sizes,
+``dtype``, a per-layer ``kv_buffer`` list) except that its ``device`` is a
+``str`` such as ``"cuda:0"``, and its ``set_mla_kv_buffer``/``get_mla_kv_buffer``
+take the engine's attention-layer objects, not layer ids. :func:`as_device_pool`
+returns such a pool wrapped in a view whose ``device`` is a ``torch.device``
+and whose KV accessors follow :class:`sgl_core.MLADevicePool`; the view shares
+the engine's ``kv_buffer`` list, so every transfer reads and writes the
+engine's own tensors. Pools that already follow the protocol pass through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sgl_core._protocols import MLADevicePool
+from sgl_core.errors import PoolMismatchError
+
+__all__ = ["ForeignMLADevicePool", "as_device_pool"]
+
+
+class ForeignMLADevicePool:
+    """An engine's per-layer MLA device pool seen through ``MLADevicePool``."""
+
+    def __init__(self, pool: Any) -> None:
+        try:
+            self._device = torch.device(pool.device)
+            layers = pool.kv_buffer
+        except (AttributeError, TypeError, RuntimeError) as exc:
+            raise PoolMismatchError(
+                f"{type(pool).__name__} is not a per-layer MLA device pool: {exc}"
+            ) from None
+        if not isinstance(layers, list) or not layers:
+            raise PoolMismatchError(
+                f"{type(pool).__name__}.kv_buffer must be a non-empty list of layer tensors"
+            )
+        self._pool = pool
+
+    @property
+    def wrapped(self) -> Any:
+        """The engine's pool object."""
+        return self._pool
+
+    @property
+    def kv_buffer(self) -> list[torch.Tensor]:
+        # The engine's own list (not a copy): a layer it replaces is seen here too.
+        layers: list[torch.Tensor] = self._pool.kv_buffer
+        return layers
+
+    @property
+    def size(self) -> int:
+        return int(self._pool.size)
+
+    @property
+    def page_size(self) -> int:
+        return int(self._pool.page_size)
+
+    @property
+    def layer_num(self) -> int:
+        return int(self._pool.layer_num)
+
+    @property
+    def kv_lora_rank(self) -> int:
+        return int(self._pool.kv_lora_rank)
+
+    @property
+    def qk_rope_head_dim(self) -> int:
+        return int(self._pool.qk_rope_head_dim)
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return int(self._pool.kv_cache_dim)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        # The dtype the rows are stored in (SGLang's ``store_dtype``: uint8 for fp8).
+        dtype: torch.dtype = self.kv_buffer[0].dtype
+        return dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _rows(self, layer_id: int) -> torch.Tensor:
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+            raise PoolMismatchError(f"layer_id must be an int, got {type(layer_id).__name__}")
+        if not 0 <= layer_id < self.layer_num:
+            raise PoolMismatchError(f"layer_id={layer_id} is outside [0, {self.layer_num})")
+        return self.kv_buffer[layer_id]
+
+    def set_mla_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+    ) -> None:
+        rows = self._rows(layer_id)
+        rows[loc] = torch.cat([cache_k_nope, cache_k_rope], dim=-1).to(rows.dtype)
+
+    def get_mla_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self._rows(layer_id)[loc]
+        rank = self.kv_lora_rank
+        return rows[..., :rank].clone(), rows[..., rank:].clone()
+
+
+# One view per engine pool, so the per-layer load memo (which compares device
+# pools by identity) still recognizes the pool from one layer to the next.
+_views: weakref.WeakKeyDictionary[Any, ForeignMLADevicePool] = weakref.WeakKeyDictionary()
+
+
+def as_device_pool(pool: Any) -> MLADevicePool:
+    """``pool`` itself if its ``device`` is a ``torch.device``, else a cached view of it."""
+    if isinstance(pool, ForeignMLADevicePool):
+        return pool
+    device = getattr(pool, "device", None)
+    if isinstance(device, torch.device):
+        typed: MLADevicePool = pool
+        return typed
+    try:
+        view = _views.get(pool)
+    except TypeError:  # not weak-referenceable or not hashable: no caching
+        return ForeignMLADevicePool(pool)
+    if view is None or view.wrapped is not pool:
+        view = ForeignMLADevicePool(pool)
+        with contextlib.suppress(TypeError):
+            _views[pool] = view
+    return view
+
+
+if TYPE_CHECKING:  # static conformance of the view
+    _check: MLADevicePool = ForeignMLADevicePool(object())
