@@ -21,8 +21,8 @@ import torch
 
 from sgl_ascend import _npu
 from sgl_core import MLAPoolGeometry
-from sgl_core._copy import byte_view
-from sgl_core._validation import (
+from sgl_core.backend import (
+    byte_view,
     check_index_bounds,
     check_index_device,
     check_index_tensor,

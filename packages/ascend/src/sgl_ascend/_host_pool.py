@@ -38,8 +38,7 @@ import torch
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._transfer import PagePlan, backup_rows, load_row, plan_pages
-from sgl_core import HostLayout, IOBackend, MLADevicePool, MLAHostPoolBase
-from sgl_core._validation import check_backed
+from sgl_core.backend import HostLayout, IOBackend, MLADevicePool, MLAHostPoolBase, check_backed
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 
 __all__ = ["AscendMLAHostPool"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sgl_core._devices import parse_device, usable_device
+from sgl_core.backend import parse_device, usable_device
 from sgl_core.errors import BackendUnavailableError
 
 __all__ = [

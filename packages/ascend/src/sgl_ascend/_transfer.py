@@ -14,7 +14,7 @@ runs are short (many tiny blocks), the whole batch instead goes through one
 ``index_select``/``index_copy_`` over the page axis per component. Either way
 there is no Python loop per page, and no loop per layer. The exception is a
 per-row load between CPU tensors with big pages: each page of each component
-is then one ``memmove`` by address (``sgl_core._copy.memmove_blocks``), which
+is then one ``memmove`` by address (``sgl_core.backend.memmove_blocks``), which
 costs less than the two tensor views a run copy needs.
 
 Between devices (an NPU pool and a pinned host pool) the run copies are
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from sgl_ascend import _npu
-from sgl_core._copy import (
+from sgl_core.backend import (
     IndexRuns,
     byte_view,
     copy_pairs,

@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_core import IOBackend, PoolBackend
-from sgl_core._protocols import MLADevicePool
+from sgl_core.backend import IOBackend, MLADevicePool, PoolBackend
 from sgl_cuda._device_pool import CudaMLADevicePool
 from sgl_cuda._host_pool import CudaMLAHostPool
 
@@ -37,7 +36,7 @@ class CudaBackend(PoolBackend[CudaMLADevicePool, CudaMLAHostPool]):
 backend = CudaBackend()
 
 if TYPE_CHECKING:
-    from sgl_core._protocols import Backend, MLAHostPool
+    from sgl_core.backend import Backend, MLAHostPool
 
     _b: Backend = backend
     _d: MLADevicePool = CudaMLADevicePool(

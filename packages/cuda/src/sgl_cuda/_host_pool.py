@@ -25,10 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from sgl_core import TokenRowHostPool
-from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._protocols import MLADevicePool
-from sgl_core._token_host_pool import device_layers
+from sgl_core.backend import HostLayout, IOBackend, MLADevicePool, TokenRowHostPool, device_layers
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError, UnsupportedLayoutError
 from sgl_cuda import kvcacheio
 from sgl_cuda._device_pool import CudaMLADevicePool

@@ -39,7 +39,7 @@ from types import ModuleType
 
 import torch
 
-from sgl_core._copy import byte_view, copy_blocks, merge_runs
+from sgl_core.backend import byte_view, copy_blocks, merge_runs
 from sgl_core.errors import (
     BackendUnavailableError,
     IndexDTypeError,

@@ -1,0 +1,102 @@
+"""What ``sgl_core`` promises to backend authors.
+
+``sgl_core`` (its ``__all__``) is the API a serving engine uses. This module
+is the interface a *device package* builds on: everything ``sgl_cuda`` and
+``sgl_ascend`` use from core comes from here, and an import-linter contract
+forbids them from importing any private ``sgl_core._*`` module. A name here
+is kept stable like the engine API; private modules may change shape freely.
+
+Groups:
+
+* **protocols and enums**: ``Backend``, ``MLADevicePool``, ``MLAHostPool``,
+  ``HostLayout``, ``IOBackend``;
+* **pool bases and geometry**: ``PoolBackend`` (backend plumbing),
+  ``MLAHostPoolBase`` (sizing, accounting, validation before any copy),
+  ``TokenRowHostPool`` (the token-row host layouts), ``PerLayerMLADevicePool``,
+  ``MLAPoolGeometry``, ``MLAShape``, ``describe_pairs``, ``device_layers``,
+  ``stacked_layers``;
+* **validation helpers** (each raises a typed ``sgl_core.errors`` error):
+  ``check_index_tensor``, ``check_index_pair``, ``check_index_device``,
+  ``check_index_bounds``, ``check_unique``, ``check_page_runs``,
+  ``check_layer_id``, ``check_backed``, ``check_routing`` (MoE top-k);
+* **devices and memory**: ``parse_device``, ``usable_device``, ``check_fits``,
+  ``should_pin``;
+* **the copy kit** (the ``direct`` io building blocks): ``IndexRuns``,
+  ``merge_runs``, ``byte_view``, ``widen_rows``, ``copy_blocks``,
+  ``copy_each``, ``copy_pairs``, ``memmove_blocks``.
+
+The conformance suite a backend runs against itself is
+``sgl_core.testing.BackendConformanceSuite`` (it needs the ``testing``
+extra, so it is not imported here).
+"""
+
+from __future__ import annotations
+
+from sgl_core._backend_base import PoolBackend
+from sgl_core._copy import (
+    IndexRuns,
+    byte_view,
+    copy_blocks,
+    copy_each,
+    copy_pairs,
+    memmove_blocks,
+    merge_runs,
+    widen_rows,
+)
+from sgl_core._device_pool import MLAPoolGeometry, PerLayerMLADevicePool
+from sgl_core._devices import check_fits, parse_device, usable_device
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._host_pool import MLAHostPoolBase, describe_pairs
+from sgl_core._memory import should_pin
+from sgl_core._moe import check_routing
+from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
+from sgl_core._shapes import MLAShape
+from sgl_core._token_host_pool import TokenRowHostPool, device_layers, stacked_layers
+from sgl_core._validation import (
+    check_backed,
+    check_index_bounds,
+    check_index_device,
+    check_index_pair,
+    check_index_tensor,
+    check_layer_id,
+    check_page_runs,
+    check_unique,
+)
+
+__all__ = [
+    "Backend",
+    "HostLayout",
+    "IOBackend",
+    "IndexRuns",
+    "MLADevicePool",
+    "MLAHostPool",
+    "MLAHostPoolBase",
+    "MLAPoolGeometry",
+    "MLAShape",
+    "PerLayerMLADevicePool",
+    "PoolBackend",
+    "TokenRowHostPool",
+    "byte_view",
+    "check_backed",
+    "check_fits",
+    "check_index_bounds",
+    "check_index_device",
+    "check_index_pair",
+    "check_index_tensor",
+    "check_layer_id",
+    "check_page_runs",
+    "check_routing",
+    "check_unique",
+    "copy_blocks",
+    "copy_each",
+    "copy_pairs",
+    "describe_pairs",
+    "device_layers",
+    "memmove_blocks",
+    "merge_runs",
+    "parse_device",
+    "should_pin",
+    "stacked_layers",
+    "usable_device",
+    "widen_rows",
+]
