@@ -38,7 +38,14 @@ import torch
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._transfer import PagePlan, backup_rows, load_row, plan_pages
-from sgl_core.backend import HostLayout, IOBackend, MLADevicePool, MLAHostPoolBase, check_backed
+from sgl_core.backend import (
+    HostLayout,
+    IOBackend,
+    MLADevicePool,
+    MLAHostPoolBase,
+    check_backed,
+    check_layer_id,
+)
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 
 __all__ = ["AscendMLAHostPool"]
@@ -74,6 +81,7 @@ class AscendMLAHostPool(MLAHostPoolBase):
         pool = self._ascend_pool(device_pool)
         self._pin_request = pin_memory
         self._indexer = _indexer_config(pool)
+        self._queued_on: set[torch.device] = set()
         super().__init__(
             device_pool,
             layout=layout,
@@ -175,7 +183,25 @@ class AscendMLAHostPool(MLAHostPoolBase):
         extra = [b for b in (pool.index_k_buffer, pool.index_k_scale_buffer) if b is not None]
         return [pool.k_buffer, pool.v_buffer, *extra]
 
+    def layer_views(
+        self, device_pool: MLADevicePool, layer_id: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(device_rows, host_pages)`` of ``k`` then ``v`` for one layer."""
+        layer_id = check_layer_id(layer_id, self.layer_num)
+        self.check_device_pool(device_pool)
+        pool = self._ascend_pool(device_pool)
+        views = []
+        for dev, host in ((pool.k_buffer, self.k_buffer), (pool.v_buffer, self.v_buffer)):
+            rows = dev[layer_id]
+            views.append((rows.reshape(-1, rows.shape[-1]), host[:, layer_id, :, 0]))
+        return views
+
     # ------------------------------------------------------------- transfers
+    def synchronize(self) -> None:
+        """Wait for the transfers this pool queued on NPU streams (no-op on CPU)."""
+        for device in list(self._queued_on):
+            _npu.synchronize(device)
+
     def _backup(
         self,
         device_pool: MLADevicePool,
@@ -183,6 +209,7 @@ class AscendMLAHostPool(MLAHostPoolBase):
         device_indices: torch.Tensor,
         io_backend: IOBackend,
     ) -> None:
+        self._queued_on.add(device_pool.device)
         dev = self._device_buffers(self._ascend_pool(device_pool))
         backup_rows(
             list(zip(self.buffers, dev, strict=True)), self._plan(host_indices, device_indices)
@@ -197,6 +224,7 @@ class AscendMLAHostPool(MLAHostPoolBase):
         io_backend: IOBackend,
     ) -> None:
         pool = self._ascend_pool(device_pool)
+        self._queued_on.add(device_pool.device)
         slot = pool.indexer_slot(layer_id)
         rows = [layer_id, layer_id] + ([] if slot is None else [slot, slot])
         triples = list(zip(self.buffers, self._device_buffers(pool), rows, strict=False))

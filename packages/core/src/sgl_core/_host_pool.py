@@ -152,6 +152,20 @@ class MLAHostPoolBase(abc.ABC):
     ) -> None:
         """Reject an io backend that cannot run with this device pool (e.g. unpinned memory)."""
 
+    # ---------------------------------------------------------- capabilities
+    def synchronize(self) -> None:  # noqa: B027 - transfers here are synchronous
+        """Wait for every transfer this pool queued; a no-op where transfers are synchronous."""
+
+    def moves_whole_pages(self, io_backend: IOBackend | str) -> bool:
+        """True when ``io_backend`` on this layout takes whole, aligned pages only."""
+        return self._is_page_granular(self._check_io_backend(self._layout, io_backend))
+
+    def layer_views(
+        self, device_pool: MLADevicePool, layer_id: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per component: ``(device_rows, host_pages)`` of one layer (see ``LayerViews``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not show layer views")
+
     # ------------------------------------------------------------ properties
     @property
     def layout(self) -> HostLayout:

@@ -25,7 +25,7 @@ from sgl_core._copy import IndexRuns, copy_pairs, memmove_blocks, merge_runs, wi
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase
 from sgl_core._protocols import MLADevicePool
-from sgl_core._validation import check_backed
+from sgl_core._validation import check_backed, check_layer_id
 from sgl_core.errors import PoolMismatchError
 
 __all__ = ["TokenRowHostPool", "device_layers", "stacked_layers"]
@@ -143,6 +143,22 @@ class TokenRowHostPool(MLAHostPoolBase):
         return (device_layers(device_pool)[layer_id],)
 
     # ------------------------------------------------------------ host views
+    def layer_views(
+        self, device_pool: MLADevicePool, layer_id: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``[(device_rows (slots, dim), host_pages (pages, page_size, dim))]``, one component."""
+        layer_id = check_layer_id(layer_id, self.layer_num)
+        self.check_device_pool(device_pool)
+        dev = device_layers(device_pool)[layer_id]
+        buf, ps = self.kv_buffer, self.page_size
+        if self.layout is HostLayout.LAYER_FIRST:
+            host = buf[layer_id, :, 0].view(self.page_num, ps, -1)
+        elif self.layout is HostLayout.PAGE_FIRST:
+            host = buf[:, layer_id, 0].view(self.page_num, ps, -1)
+        else:
+            host = buf[:, layer_id, :, 0]
+        return [(dev.view(dev.shape[0], -1), host)]
+
     def host_rows(self, layer_id: int, buffer: torch.Tensor | None = None) -> torch.Tensor | None:
         """``(size, 1, kv_cache_dim)`` token rows of one layer, or None (page-first-direct).
 

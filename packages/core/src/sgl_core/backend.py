@@ -9,7 +9,10 @@ is kept stable like the engine API; private modules may change shape freely.
 Groups:
 
 * **protocols and enums**: ``Backend``, ``MLADevicePool``, ``MLAHostPool``,
-  ``HostLayout``, ``IOBackend``;
+  ``HostLayout``, ``IOBackend``; the capabilities tools ask for instead of
+  naming a device family: ``LayerViews`` (a host pool shows one layer as
+  tensors) and ``EmulatedWithoutDevice`` (a backend that, without its device,
+  runs only emulated);
 * **pool bases and geometry**: ``PoolBackend`` (backend plumbing),
   ``MLAHostPoolBase`` (sizing, accounting, validation before any copy),
   ``TokenRowHostPool`` (the token-row host layouts), ``PerLayerMLADevicePool``,
@@ -49,7 +52,13 @@ from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase, describe_pairs
 from sgl_core._memory import should_pin
 from sgl_core._moe import check_routing
-from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
+from sgl_core._protocols import (
+    Backend,
+    EmulatedWithoutDevice,
+    LayerViews,
+    MLADevicePool,
+    MLAHostPool,
+)
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import TokenRowHostPool, device_layers, stacked_layers
 from sgl_core._validation import (
@@ -65,9 +74,11 @@ from sgl_core._validation import (
 
 __all__ = [
     "Backend",
+    "EmulatedWithoutDevice",
     "HostLayout",
     "IOBackend",
     "IndexRuns",
+    "LayerViews",
     "MLADevicePool",
     "MLAHostPool",
     "MLAHostPoolBase",

@@ -34,6 +34,7 @@ event), not when the function returns.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -53,6 +54,7 @@ from sgl_cuda._launch_lock import interpreter_launch
 
 __all__ = [
     "interpreter_active",
+    "start_interpreter",
     "transfer_kv_all_layer_direct_lf_pf",
     "transfer_kv_all_layer_mla",
     "transfer_kv_all_layer_mla_lf_pf",
@@ -79,6 +81,25 @@ def _kernels() -> ModuleType:
 
 def _env_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in {"1", "true", "on", "yes"}
+
+
+def start_interpreter() -> str:
+    """Make this process run the kernels in Triton's interpreter; says how it was turned on.
+
+    Triton reads ``TRITON_INTERPRET`` when the kernels are defined, so once they
+    were built for a GPU it is too late: ``BackendUnavailableError``.
+    """
+    # Read, never imported here: importing would build the kernels.
+    kernels = sys.modules.get("sgl_cuda._triton.kvcacheio")
+    if kernels is not None and not getattr(kernels, "INTERPRETED", False):
+        raise BackendUnavailableError(
+            "no CUDA device here, and its Triton kernels were already built "
+            "for a GPU in this process; run it in a new process"
+        )
+    if _env_interpret():
+        return "TRITON_INTERPRET=1 was set"
+    os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when the kernels are defined
+    return "this run set TRITON_INTERPRET=1"
 
 
 def interpreter_active() -> bool:

@@ -49,14 +49,6 @@ __all__ = ["BackendConformanceSuite"]
 
 Pair = tuple[HostLayout, IOBackend]
 
-# DESIGN §3: these pairs move whole pages and must reject anything else.
-PAGE_GRANULAR_PAIRS = frozenset(
-    {
-        (HostLayout.PAGE_FIRST_DIRECT, IOBackend.DIRECT),
-        (HostLayout.PAGE_FIRST_KV_SPLIT, IOBackend.KERNEL_ASCEND),
-    }
-)
-
 
 class BackendConformanceSuite:
     """Subclass with ``backend_name`` set; pytest collects the ``test_*`` methods."""
@@ -152,6 +144,32 @@ class BackendConformanceSuite:
             chosen = backend.default_io(layout)
             assert chosen in ios, f"default_io({layout.value!r}) = {chosen!r} not in {set(ios)}"
             assert backend.default_io(layout.value) is chosen  # strings too, same answer
+
+    def test_page_granularity_is_what_the_pool_says(self, backend: Backend) -> None:
+        """A pair that takes partial pages moves them bit-exact; one that does not rejects them.
+
+        (The rejection, with no byte changed, is in ``bad_calls``.)
+        """
+        ps = 16
+        for layout, io in self.pairs(backend):
+            src, host = self.build(backend, layout, ps, seed=11)
+            whole = host.moves_whole_pages(io)
+            assert isinstance(whole, bool)
+            assert host.moves_whole_pages(io.value) is whole
+            unsupported = [b for b in IOBackend if b not in backend.supported_pairs[layout]]
+            if unsupported:
+                with pytest.raises(UnsupportedLayoutError):
+                    host.moves_whole_pages(unsupported[0])
+            if whole:
+                continue
+            d_idx = torch.tensor([3, 17, 18, 40], dtype=torch.int64)
+            h_idx = torch.tensor([70, 5, 6, 33], dtype=torch.int64)
+            host.backup_from_device_all_layer(src, h_idx, d_idx, io)
+            dst = self.make_device_pool(backend, page_size=ps, pages=self.device_pages)
+            fill_device_random(dst, 12)
+            for layer in range(self.layer_num):
+                host.load_to_device_per_layer(dst, h_idx, d_idx, layer, io)
+                assert torch.equal(device_rows(src, layer, d_idx), device_rows(dst, layer, d_idx))
 
     @pytest.mark.parametrize("page_size", [1, 16, 64])
     def test_round_trip_shuffled_pages(self, backend: Backend, page_size: int) -> None:
@@ -280,7 +298,7 @@ class BackendConformanceSuite:
             cases.append(
                 ("unsupported io", ValueError, lambda: backup(dev, good_h, good_d, unsupported[0]))
             )
-        if ps > 1 and (host.layout, io) in PAGE_GRANULAR_PAIRS:
+        if ps > 1 and host.moves_whole_pages(io):
             shifted = good_h + 1
             cases.append(("misaligned", ValueError, lambda: backup(dev, shifted, good_d, io)))
         return cases
