@@ -156,7 +156,7 @@ def test_plan_reused_only_for_equal_indices(monkeypatch: pytest.MonkeyPatch) -> 
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("sgl_ascend._host_pool.plan_pages", counting)
+    monkeypatch.setattr(_transfer, "plan_pages", counting)
     h_idx, d_idx = page_indices([1, 2], PS), page_indices([3, 4], PS)
     for layer in range(LAYERS):
         host.load_to_device_per_layer(dev, h_idx, d_idx, layer, IO)

@@ -14,7 +14,7 @@ from typing import ClassVar
 import pytest
 
 import sgl_core
-from sgl_core import _token_host_pool
+from sgl_core import _row_mover
 from sgl_core._protocols import Backend, MLADevicePool
 from sgl_core.testing import BackendConformanceSuite
 
@@ -33,7 +33,7 @@ class _PinnedPath(BackendConformanceSuite):
     @pytest.fixture(autouse=True)
     def _pin_path(self, monkeypatch: pytest.MonkeyPatch) -> None:
         for name, value in self.thresholds.items():
-            monkeypatch.setattr(_token_host_pool, name, value)
+            monkeypatch.setattr(_row_mover, name, value)
 
     def make_device_pool(self, backend: Backend, *, page_size: int, pages: int) -> MLADevicePool:
         if not self.separate_layers:
@@ -87,4 +87,4 @@ class TestStackedAllLayers(_PinnedPath):
 def test_paths_are_pinned_by_these_names() -> None:
     for thresholds in (_BY_ADDRESS, _GATHER, _SLICES, _STACKED):
         for name in thresholds:
-            assert isinstance(getattr(_token_host_pool, name), int), name
+            assert isinstance(getattr(_row_mover, name), int), name

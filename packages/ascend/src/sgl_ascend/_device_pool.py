@@ -133,6 +133,12 @@ class AscendMLADevicePool(MLAPoolGeometry):
     def has_index_k_scale(self) -> bool:
         return self.index_k_scale_buffer is not None
 
+    @property
+    def components(self) -> list[torch.Tensor]:
+        """k, v[, index_k[, index_k_scale]]: the buffers a host page mirrors, in flat order."""
+        extra = [b for b in (self.index_k_buffer, self.index_k_scale_buffer) if b is not None]
+        return [self.k_buffer, self.v_buffer, *extra]
+
     def indexer_slot(self, layer_id: int) -> int | None:
         """Row of ``layer_id`` in the indexer buffers, or None if it has no indexer."""
         return self._slots.get(check_layer_id(layer_id, self.layer_num))

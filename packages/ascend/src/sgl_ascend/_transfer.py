@@ -31,12 +31,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from sgl_ascend import _npu
+from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_core.backend import (
     IndexRuns,
+    MLADevicePool,
+    PlanCache,
+    Transfer,
     byte_view,
     copy_pairs,
     memmove_blocks,
@@ -44,7 +49,10 @@ from sgl_core.backend import (
     widen_rows,
 )
 
-__all__ = ["PagePlan", "backup_rows", "load_row", "plan_pages"]
+if TYPE_CHECKING:
+    from sgl_ascend._host_pool import AscendMLAHostPool
+
+__all__ = ["KvSplitMover", "PagePlan", "backup_rows", "plan_pages"]
 
 # Runs that move fewer bytes than this (all components) go through gather/scatter.
 # Between devices every run is a DMA launch (~10 us), so batch aggressively; on one
@@ -117,42 +125,16 @@ def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePl
         copy_pairs(dst, src)
 
 
-def load_row(triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: PagePlan) -> None:
-    """Host -> device of one row per ``(host, device, row)`` component; other rows untouched."""
-    if not triples or not plan.num_pages:
-        return
-    device = triples[0][1].device
-    per_page = sum(_page_bytes(h, 1) for h, _, _ in triples)
-    same = triples[0][0].device == device
-    by_address = same and device.type == "cpu" and per_page >= BY_ADDRESS_PAGE_BYTES
-    if by_address and _load_row_by_address(triples, plan):
-        return
-    with _npu.transfer_stream(device):
-        if _short_runs(plan, per_page, same_device=same):
-            dev_pages = plan.device_pages.to(device)
-            for host, dev, row in triples:
-                staged = byte_view(host[:, row]).index_select(0, plan.host_pages.to(host.device))
-                byte_view(dev[row]).index_copy_(0, dev_pages, staged.to(device))
-            return
-        # One page of one row in its own dtype is big enough for ATen to copy
-        # with all cores (faster here than serial wide-int blocks).
-        one_row = [(dev[row], host[:, row]) for host, dev, row in triples]
-        dst: list[torch.Tensor] = []
-        src: list[torch.Tensor] = []
-        for h, d, n in plan.runs:
-            for dev_row, host_row in one_row:
-                dst.append(dev_row[d : d + n])
-                src.append(host_row[h : h + n])
-        copy_pairs(dst, src)
-
-
-def _load_row_by_address(
+def _row_addresses(
     triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: PagePlan
-) -> bool:
-    """One ``memmove`` per (page, component); False (nothing copied) if a page is not contiguous."""
+) -> tuple[list[int], list[int], list[int]] | None:
+    """Device and host addresses and sizes of one ``memmove`` per (page, component).
+
+    None (copy another way) when a component is not contiguous.
+    """
     for host, dev, _ in triples:
         if not (host.is_contiguous() and dev.is_contiguous()):
-            return False
+            return None
     host_pages = plan.host_pages
     dev_pages = plan.device_pages
     dst: list[int] = []
@@ -172,5 +154,90 @@ def _load_row_by_address(
         src += (host_pages * (host.stride(0) * item) + host_base).tolist()
         dst += (dev_pages * (dev.stride(1) * item) + dev_base).tolist()
         sizes += [_page_bytes(host, 1)] * plan.num_pages
-    memmove_blocks(dst, src, sizes)
-    return True
+    return dst, src, sizes
+
+
+@dataclasses.dataclass
+class _LoadPlan:
+    """A transfer's page plan and, per row, the by-address blocks of its loads."""
+
+    pages: PagePlan
+    addresses: dict[int, tuple[list[int], list[int], list[int]] | None] = dataclasses.field(
+        default_factory=dict
+    )
+
+
+class KvSplitMover:
+    """``kernel_ascend`` io of ``page_first_kv_split``: whole pages, every component.
+
+    ``buffers`` are the host components in flat-page order; ``device_buffers``
+    maps a (validated) device pool to its components in the same order and
+    ``rows`` a layer to the row of each component (``indexer_slot``).
+    """
+
+    def __init__(self, pool: AscendMLAHostPool) -> None:
+        self.buffers = pool.buffers
+        self.page_size = pool.page_size
+        self._plans: PlanCache[_LoadPlan] = PlanCache()
+        self._queued_on: set[torch.device] = set()
+
+    def check(self, device_pool: MLADevicePool) -> None:
+        """The host pool checks the device pool's components; nothing more here."""
+
+    def synchronize(self) -> None:
+        """Wait for the copies queued on NPU streams (no-op on CPU)."""
+        for device in list(self._queued_on):
+            _npu.synchronize(device)
+
+    def backup(self, transfer: Transfer) -> None:
+        pool = _ascend(transfer.device_pool)
+        self._queued_on.add(pool.device)
+        pairs = list(zip(self.buffers, pool.components, strict=True))
+        backup_rows(pairs, self._pages(transfer))
+
+    def load(self, transfer: Transfer, layer_id: int) -> None:
+        """Host -> device of one layer (and its indexer row); other rows untouched."""
+        pool = _ascend(transfer.device_pool)
+        plan = self._plans.get(transfer, lambda t: _LoadPlan(self._pages(t)))
+        pages = plan.pages
+        slot = pool.indexer_slot(layer_id)
+        rows = [layer_id, layer_id] + ([] if slot is None else [slot, slot])
+        triples = list(zip(self.buffers, pool.components, rows, strict=False))
+        device = pool.device
+        per_page = sum(_page_bytes(h, 1) for h, _, _ in triples)
+        same = self.buffers[0].device == device
+        if same and device.type == "cpu" and per_page >= BY_ADDRESS_PAGE_BYTES:
+            if layer_id not in plan.addresses:  # the memo re-checked the storage
+                plan.addresses[layer_id] = _row_addresses(triples, pages)
+            blocks = plan.addresses[layer_id]
+            if blocks is not None:
+                memmove_blocks(*blocks)
+                return
+        self._queued_on.add(device)
+        with _npu.transfer_stream(device):
+            if _short_runs(pages, per_page, same_device=same):
+                dev_pages = pages.device_pages.to(device)
+                for host, dev, row in triples:
+                    staged = byte_view(host[:, row]).index_select(
+                        0, pages.host_pages.to(host.device)
+                    )
+                    byte_view(dev[row]).index_copy_(0, dev_pages, staged.to(device))
+                return
+            # One page of one row in its own dtype is big enough for ATen to copy
+            # with all cores (faster here than serial wide-int blocks).
+            dst: list[torch.Tensor] = []
+            src: list[torch.Tensor] = []
+            for h, d, n in pages.runs:
+                for host, dev, row in triples:
+                    dst.append(dev[row, d : d + n])
+                    src.append(host[h : h + n, row])
+            copy_pairs(dst, src)
+
+    def _pages(self, transfer: Transfer) -> PagePlan:
+        return plan_pages(transfer.host_indices, transfer.device_indices, self.page_size)
+
+
+def _ascend(device_pool: MLADevicePool) -> AscendMLADevicePool:
+    # The host pool accepted only AscendMLADevicePool device pools.
+    assert isinstance(device_pool, AscendMLADevicePool)
+    return device_pool

@@ -1,10 +1,13 @@
-"""Host-pool base shared by every backend: sizing, accounting, validation.
+"""Host-pool base shared by every backend: sizing, accounting, validation, dispatch.
 
-Backend authors subclass :class:`MLAHostPoolBase` and implement the
-``_allocate_buffers``/``_backup``/``_load`` hooks and the L3 page helpers. The
-public transfer methods here validate *everything* first and only then call
-the hooks, so a hook may assume well-formed, in-range, duplicate-free
-arguments and never has to undo a partial copy.
+Backend authors subclass :class:`MLAHostPoolBase`, implement
+``_allocate_buffers`` and the L3 page helpers, and declare ``movers``: per
+layout, the io backends the class runs and a factory for each one's
+:class:`~sgl_core._transfer.Mover`. ``supported_pairs`` is derived from
+``movers``. The public transfer methods validate *everything* first into a
+:class:`~sgl_core._transfer.Transfer` and then hand it to the mover in one
+call, so a mover may assume well-formed, in-range, duplicate-free arguments
+and never has to undo a partial copy.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import math
 import numbers
 import threading
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -23,6 +26,7 @@ from sgl_core._load_memo import CheckedLoad, tensor_signature
 from sgl_core._memory import available_host_bytes, should_pin
 from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
+from sgl_core._transfer import Mover, MoverFactory, Transfer
 from sgl_core._validation import (
     check_index_bounds,
     check_index_device,
@@ -68,8 +72,16 @@ def describe_pairs(pairs: Mapping[HostLayout, frozenset[IOBackend]]) -> str:
 class MLAHostPoolBase(abc.ABC):
     """Common behaviour of MLA host pools (see ``sgl_core.MLAHostPool``)."""
 
-    #: Host layouts this class builds, each with the io backends it runs.
+    #: Per host layout this class builds: each io backend it runs and its mover factory.
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
+    #: Host layouts this class builds, each with the io backends it runs (from ``movers``).
     supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        movers = getattr(cls, "movers", None)
+        if movers is not None:
+            cls.supported_pairs = {layout: frozenset(ios) for layout, ios in movers.items()}
 
     def __init__(
         self,
@@ -82,6 +94,7 @@ class MLAHostPoolBase(abc.ABC):
         io_backend: IOBackend | str | None = None,
     ) -> None:
         self._layout = self._check_layout(layout, io_backend)
+        self._configure(device_pool)
         self.shape = MLAShape(
             device_pool.layer_num,
             device_pool.kv_lora_rank,
@@ -94,43 +107,30 @@ class MLAHostPoolBase(abc.ABC):
             _size_argument("host_to_device_ratio", host_to_device_ratio),
             _size_argument("host_size_gb", host_size_gb),
         )
-        self.pin_memory = should_pin(pin_memory, device_pool.device)
+        self.pin_memory = self._pin_policy(pin_memory, device_pool.device)
         self._lock = threading.RLock()
         self._allocated = torch.zeros(self._size, dtype=torch.bool)
         self._last_checked: CheckedLoad | None = None
-        # Per thread: a write-back thread and a load thread share one pool.
-        self._call_state = threading.local()
         self._free_slots = torch.arange(self._size, dtype=torch.int64)
         try:
             self._allocate_buffers(device_pool)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise PoolSizeError(f"host pool of {self._size} tokens does not fit: {exc}") from None
+        self._movers: dict[IOBackend, Mover] = {
+            io: factory(self) for io, factory in type(self).movers[self._layout].items()
+        }
 
     # ----------------------------------------------------------------- hooks
     @abc.abstractmethod
     def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
         """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
 
-    @abc.abstractmethod
-    def _backup(
-        self,
-        device_pool: MLADevicePool,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        io_backend: IOBackend,
-    ) -> None:
-        """Device -> host, every layer; arguments are already validated."""
+    def _configure(self, device_pool: MLADevicePool) -> None:  # noqa: B027
+        """Read what sizing and allocation need from ``device_pool`` (first hook called)."""
 
-    @abc.abstractmethod
-    def _load(
-        self,
-        device_pool: MLADevicePool,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        layer_id: int,
-        io_backend: IOBackend,
-    ) -> None:
-        """Host -> device, one layer; arguments are already validated."""
+    def _pin_policy(self, requested: bool | None, device: torch.device) -> bool:
+        """Whether host memory is pinned: ``requested``, else when ``device`` can use it."""
+        return should_pin(requested, device)
 
     def _bytes_per_token(self, device_pool: MLADevicePool) -> int:
         """Host bytes one token costs across layers and components."""
@@ -147,14 +147,11 @@ class MLAHostPoolBase(abc.ABC):
         """The device tensors a load of ``layer_id`` writes (re-checked on the memo path)."""
         return ()
 
-    def _check_io_support(  # noqa: B027
-        self, device_pool: MLADevicePool, io_backend: IOBackend
-    ) -> None:
-        """Reject an io backend that cannot run with this device pool (e.g. unpinned memory)."""
-
     # ---------------------------------------------------------- capabilities
-    def synchronize(self) -> None:  # noqa: B027 - transfers here are synchronous
+    def synchronize(self) -> None:
         """Wait for every transfer this pool queued; a no-op where transfers are synchronous."""
+        for mover in self._movers.values():
+            mover.synchronize()
 
     def moves_whole_pages(self, io_backend: IOBackend | str) -> bool:
         """True when ``io_backend`` on this layout takes whole, aligned pages only."""
@@ -308,11 +305,11 @@ class MLAHostPoolBase(abc.ABC):
         device_indices: torch.Tensor,
         io_backend: IOBackend | str,
     ) -> None:
-        io = self._check_transfer(
+        transfer = self._check_transfer(
             device_pool, host_indices, device_indices, io_backend, "host_indices"
         )
-        if host_indices.numel():
-            self._backup(device_pool, host_indices, device_indices, io)
+        if transfer.count:
+            self._movers[transfer.io].backup(transfer)
 
     def load_to_device_per_layer(
         self,
@@ -346,38 +343,17 @@ class MLAHostPoolBase(abc.ABC):
             or not checked.matches(fingerprint, host_indices, device_indices, io_backend)
             or checked.storage[layer_id] != self._storage_signature(device_pool, layer_id)
         ):
-            io = self._check_transfer(
+            transfer = self._check_transfer(
                 device_pool, host_indices, device_indices, io_backend, "device_indices"
             )
             storage = [self._storage_signature(device_pool, i) for i in range(self.layer_num)]
-            checked = CheckedLoad(
-                fingerprint, host_indices, device_indices, io_backend, io, storage
-            )
+            checked = CheckedLoad(fingerprint, io_backend, transfer, storage)
             self._last_checked = checked
-        if host_indices.numel():
-            self._call_state.call = checked
-            try:
-                self._load(device_pool, host_indices, device_indices, layer_id, checked.io)
-            finally:
-                self._call_state.call = None
+        if checked.transfer.count:
+            self._movers[checked.transfer.io].load(checked.transfer, layer_id)
 
     def _storage_signature(self, device_pool: MLADevicePool, layer_id: int) -> tuple[object, ...]:
         return tuple(tensor_signature(t) for t in self._layer_storage(device_pool, layer_id))
-
-    def _active_call(self) -> CheckedLoad | None:
-        call: CheckedLoad | None = getattr(self._call_state, "call", None)
-        return call
-
-    def _cached_plan(self) -> object:
-        """The copy plan a hook stored for this thread's current per-layer load, if any."""
-        call = self._active_call()
-        return None if call is None else call.plan
-
-    def _store_plan(self, plan: object) -> None:
-        """Keep ``plan`` for the following layers' loads of the same indices (this thread)."""
-        call = self._active_call()
-        if call is not None:
-            call.plan = plan
 
     def _device_pool_fingerprint(self, device_pool: MLADevicePool) -> tuple[object, ...]:
         """Objects compared by identity; held (not their ids) so none can be recycled.
@@ -393,7 +369,8 @@ class MLAHostPoolBase(abc.ABC):
         device_indices: torch.Tensor,
         io_backend: IOBackend | str,
         destination: str,
-    ) -> IOBackend:
+    ) -> Transfer:
+        """Every check of a transfer, before any byte moves; the typed result."""
         io = self._check_io_backend(self._layout, io_backend)
         self.check_device_pool(device_pool)
         host_indices, device_indices = check_index_pair(
@@ -412,8 +389,8 @@ class MLAHostPoolBase(abc.ABC):
         if self._is_page_granular(io):
             check_page_runs(host_indices, self._page_size, "host_indices")
             check_page_runs(device_indices, self._page_size, "device_indices")
-        self._check_io_support(device_pool, io)
-        return io
+        self._movers[io].check(device_pool)
+        return Transfer(device_pool, host_indices, device_indices, io)
 
     def check_device_pool(self, device_pool: MLADevicePool) -> None:
         """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""

@@ -18,6 +18,12 @@ Groups:
   ``TokenRowHostPool`` (the token-row host layouts), ``PerLayerMLADevicePool``,
   ``MLAPoolGeometry``, ``MLAShape``, ``describe_pairs``, ``device_layers``,
   ``stacked_layers``;
+* **the mover seam**: a host pool validates a call into a ``Transfer`` and
+  hands it to the ``Mover`` of its io backend (``mover.backup(transfer)``,
+  ``mover.load(transfer, layer_id)``); ``MLAHostPoolBase.movers`` declares,
+  per layout, each io backend's ``MoverFactory`` (``supported_pairs`` is
+  derived from it); ``PlanCache`` keeps a mover's plan for the per-layer
+  loads of one transfer; ``RowDirectMover`` is the token-row ``direct`` mover;
 * **validation helpers** (each raises a typed ``sgl_core.errors`` error):
   ``check_index_tensor``, ``check_index_pair``, ``check_index_device``,
   ``check_index_bounds``, ``check_unique``, ``check_page_runs``,
@@ -46,7 +52,12 @@ from sgl_core._copy import (
     merge_runs,
     widen_rows,
 )
-from sgl_core._device_pool import MLAPoolGeometry, PerLayerMLADevicePool
+from sgl_core._device_pool import (
+    MLAPoolGeometry,
+    PerLayerMLADevicePool,
+    device_layers,
+    stacked_layers,
+)
 from sgl_core._devices import check_fits, parse_device, usable_device
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase, describe_pairs
@@ -59,8 +70,10 @@ from sgl_core._protocols import (
     MLADevicePool,
     MLAHostPool,
 )
+from sgl_core._row_mover import RowDirectMover
 from sgl_core._shapes import MLAShape
-from sgl_core._token_host_pool import TokenRowHostPool, device_layers, stacked_layers
+from sgl_core._token_host_pool import TokenRowHostPool
+from sgl_core._transfer import Mover, MoverFactory, PlanCache, Transfer
 from sgl_core._validation import (
     check_backed,
     check_index_bounds,
@@ -84,9 +97,14 @@ __all__ = [
     "MLAHostPoolBase",
     "MLAPoolGeometry",
     "MLAShape",
+    "Mover",
+    "MoverFactory",
     "PerLayerMLADevicePool",
+    "PlanCache",
     "PoolBackend",
+    "RowDirectMover",
     "TokenRowHostPool",
+    "Transfer",
     "byte_view",
     "check_backed",
     "check_fits",
