@@ -85,3 +85,29 @@ def test_core_tools_name_no_device_family(name: str) -> None:
     text = (CORE / name).read_text()
     assert not FAMILY.findall(text.lower()), f"{name} names a device family"
     assert FAMILY.search("if backend.name == 'cuda'")  # the pattern is not vacuous
+
+
+def test_tuning_presets_per_device() -> None:
+    cpu = api.tuning_for(torch.device("cpu"))
+    cuda = api.tuning_for(torch.device("cuda", 1))
+    npu = api.tuning_for(torch.device("meta"))  # unknown type: the CPU preset
+    assert npu == cpu == api.CopyTuning()
+    assert cuda.batched_cross_device and not cpu.batched_cross_device
+    assert cuda.by_address_min_block_bytes == api.NEVER
+    pool_dev, _ = pools("layer_first")
+    host = sgl_core.TorchBackend(tuning=api.CopyTuning(gather_below_run_bytes=0)).create_host_pool(
+        pool_dev, layout="layer_first"
+    )
+    assert host.tuning == api.CopyTuning(gather_below_run_bytes=0)
+    assert pools("layer_first")[1].tuning is None  # None: the device pool's preset
+
+
+def test_batched_cross_device_copy_moves_every_piece() -> None:
+    """``copy_batched`` (the cross-device policy) on CPU tensors: contiguous and strided pairs."""
+    src = torch.arange(48, dtype=torch.float32).view(4, 3, 4)
+    dst = torch.zeros(4, 3, 4)
+    strided_src = torch.arange(24, dtype=torch.float32).view(4, 6)[:, ::2]
+    strided_dst = torch.zeros(4, 6)[:, 1::2]
+    api.copy_batched([dst, strided_dst], [src, strided_src])
+    assert torch.equal(dst, src)
+    assert torch.equal(strided_dst, strided_src)

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import sgl_core
-from sgl_core import _row_mover
 from sgl_core.backend import (
+    NEVER,
+    CopyTuning,
     MLAHostPoolBase,
     PlanCache,
     RowDirectMover,
@@ -23,20 +24,17 @@ from sgl_core.testing import device_rows, fill_device_random, page_indices
 
 SRC = str(Path(sgl_core.__file__).parent)
 COPIES = {"copy_", "_foreach_copy_", "index_copy_", "index_select"}
-NEVER = 1 << 62
 PATHS = {
-    "by_address": {"_STACKED_MIN_RUN_BYTES": NEVER, "_MEMMOVE_MIN_BLOCK_BYTES": 0},
-    "gather": {"_STACKED_MIN_RUN_BYTES": NEVER, "_MEMMOVE_MIN_BLOCK_BYTES": NEVER},
-    "slices": {
-        "_STACKED_MIN_RUN_BYTES": NEVER,
-        "_MEMMOVE_MIN_BLOCK_BYTES": NEVER,
-        "_SHORT_RUN_BYTES": 0,
-    },
+    "by_address": CopyTuning(by_address_min_block_bytes=0),
+    "gather": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_run_bytes=NEVER),
+    "slices": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_run_bytes=0),
 }
 
 
-def pools(layout: str, ps: int = 4) -> tuple[sgl_core.PerLayerMLADevicePool, TokenRowHostPool]:
-    backend = sgl_core.TorchBackend()
+def pools(
+    layout: str, ps: int = 4, tuning: CopyTuning | None = None
+) -> tuple[sgl_core.PerLayerMLADevicePool, TokenRowHostPool]:
+    backend = sgl_core.TorchBackend(tuning=tuning)
     dev = backend.create_device_pool(
         size=8 * ps, page_size=ps, dtype=torch.bfloat16, kv_lora_rank=8, qk_rope_head_dim=4,
         layer_num=3,
@@ -74,12 +72,8 @@ def frames_at_copies(call: types.FunctionType | object) -> list[int]:
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
-def test_per_layer_load_is_at_most_four_frames(
-    layout: str, path: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name, value in PATHS[path].items():
-        monkeypatch.setattr(_row_mover, name, value)
-    dev, host = pools(layout)
+def test_per_layer_load_is_at_most_four_frames(layout: str, path: str) -> None:
+    dev, host = pools(layout, tuning=PATHS[path])
     dst, _ = pools(layout)
     h_idx, d_idx = page_indices([5, 0, 2], 4), page_indices([1, 3, 2], 4)
     host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
@@ -135,9 +129,7 @@ def test_plan_kept_only_for_the_same_transfer() -> None:
 
 
 def test_gather_buffer_reused_across_repeated_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in PATHS["gather"].items():
-        monkeypatch.setattr(_row_mover, name, value)
-    dev, host = pools("page_first")
+    dev, host = pools("page_first", tuning=PATHS["gather"])
     dst, _ = pools("page_first")
     h_idx, d_idx = page_indices([5, 0, 2], 4), page_indices([1, 3, 2], 4)
     host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")

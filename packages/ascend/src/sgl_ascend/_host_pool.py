@@ -39,6 +39,7 @@ from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._transfer import KvSplitMover
 from sgl_core.backend import (
+    CopyTuning,
     HostLayout,
     IOBackend,
     MLADevicePool,
@@ -77,6 +78,7 @@ class AscendMLAHostPool(MLAHostPoolBase):
         host_size_gb: float = 0.0,
         pin_memory: bool | None = None,
         io_backend: IOBackend | str | None = None,
+        tuning: CopyTuning | None = None,
     ) -> None:
         super().__init__(
             device_pool,
@@ -85,6 +87,7 @@ class AscendMLAHostPool(MLAHostPoolBase):
             host_size_gb=host_size_gb,
             pin_memory=pin_memory,
             io_backend=io_backend,
+            tuning=tuning,
         )
 
     # ----------------------------------------------------------------- hooks

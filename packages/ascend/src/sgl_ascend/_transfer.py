@@ -38,6 +38,7 @@ import torch
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_core.backend import (
+    CopyTuning,
     IndexRuns,
     MLADevicePool,
     PlanCache,
@@ -46,6 +47,7 @@ from sgl_core.backend import (
     copy_pairs,
     memmove_blocks,
     merge_runs,
+    tuning_for,
     widen_rows,
 )
 
@@ -53,17 +55,6 @@ if TYPE_CHECKING:
     from sgl_ascend._host_pool import AscendMLAHostPool
 
 __all__ = ["KvSplitMover", "PagePlan", "backup_rows", "plan_pages"]
-
-# Runs that move fewer bytes than this (all components) go through gather/scatter.
-# Between devices every run is a DMA launch (~10 us), so batch aggressively; on one
-# device (CPU tensors) a run costs a few us of Python and gather/scatter costs a
-# second pass over the bytes, so only tiny runs are worth it.
-SHORT_RUN_BYTES = 256 << 10
-SHORT_RUN_BYTES_SAME_DEVICE = 32 << 10
-# Per-row loads between CPU tensors copy page blocks by address (``memmove_blocks``)
-# once a page of one row is this big over all components (page 32 and up at
-# DeepSeek-V3 width); building views costs more than copying such blocks.
-BY_ADDRESS_PAGE_BYTES = 32 << 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,21 +84,22 @@ def _page_bytes(tensor: torch.Tensor, rows: int) -> int:
     return rows * int(tensor.shape[2]) * int(tensor.shape[4]) * tensor.element_size()
 
 
-def _short_runs(plan: PagePlan, bytes_per_page: int, *, same_device: bool = False) -> bool:
+def _short_runs(plan: PagePlan, bytes_per_page: int, tuning: CopyTuning) -> bool:
+    """Whether runs average under ``tuning.gather_below_run_bytes`` (gather instead)."""
     runs = len(plan.runs)
-    limit = SHORT_RUN_BYTES_SAME_DEVICE if same_device else SHORT_RUN_BYTES
-    return runs > 1 and plan.num_pages * bytes_per_page < limit * runs
+    return runs > 1 and plan.num_pages * bytes_per_page < tuning.gather_below_run_bytes * runs
 
 
-def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan) -> None:
+def backup_rows(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan, tuning: CopyTuning
+) -> None:
     """Device -> host for every row of every ``(host, device)`` component pair."""
     if not pairs or not plan.num_pages:
         return
     device = pairs[0][1].device
     per_page = sum(_page_bytes(h, int(h.shape[1])) for h, _ in pairs)
-    same = pairs[0][0].device == device
     with _npu.transfer_stream(device):
-        if _short_runs(plan, per_page, same_device=same):
+        if _short_runs(plan, per_page, tuning):
             dev_pages = plan.device_pages.to(device)
             for host, dev in pairs:  # fp8 has no index kernels: move bytes
                 gathered = byte_view(dev).index_select(1, dev_pages).transpose(0, 1)
@@ -122,7 +114,7 @@ def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePl
             for host, dev_pages in page_major:
                 dst.append(host[h : h + n])
                 src.append(dev_pages[d : d + n])
-        copy_pairs(dst, src)
+        copy_pairs(dst, src, batched=tuning.batched_cross_device)
 
 
 def _row_addresses(
@@ -178,6 +170,7 @@ class KvSplitMover:
     def __init__(self, pool: AscendMLAHostPool) -> None:
         self.buffers = pool.buffers
         self.page_size = pool.page_size
+        self.tuning = pool.tuning
         self._plans: PlanCache[_LoadPlan] = PlanCache()
         self._queued_on: set[torch.device] = set()
 
@@ -193,7 +186,7 @@ class KvSplitMover:
         pool = _ascend(transfer.device_pool)
         self._queued_on.add(pool.device)
         pairs = list(zip(self.buffers, pool.components, strict=True))
-        backup_rows(pairs, self._pages(transfer))
+        backup_rows(pairs, self._pages(transfer), self.tuning or tuning_for(pool.device))
 
     def load(self, transfer: Transfer, layer_id: int) -> None:
         """Host -> device of one layer (and its indexer row); other rows untouched."""
@@ -204,9 +197,10 @@ class KvSplitMover:
         rows = [layer_id, layer_id] + ([] if slot is None else [slot, slot])
         triples = list(zip(self.buffers, pool.components, rows, strict=False))
         device = pool.device
+        tune = self.tuning or tuning_for(device)
         per_page = sum(_page_bytes(h, 1) for h, _, _ in triples)
         same = self.buffers[0].device == device
-        if same and device.type == "cpu" and per_page >= BY_ADDRESS_PAGE_BYTES:
+        if same and device.type == "cpu" and per_page >= tune.by_address_min_block_bytes:
             if layer_id not in plan.addresses:  # the memo re-checked the storage
                 plan.addresses[layer_id] = _row_addresses(triples, pages)
             blocks = plan.addresses[layer_id]
@@ -215,7 +209,7 @@ class KvSplitMover:
                 return
         self._queued_on.add(device)
         with _npu.transfer_stream(device):
-            if _short_runs(pages, per_page, same_device=same):
+            if _short_runs(pages, per_page, tune):
                 dev_pages = pages.device_pages.to(device)
                 for host, dev, row in triples:
                     staged = byte_view(host[:, row]).index_select(
@@ -231,7 +225,7 @@ class KvSplitMover:
                 for host, dev, row in triples:
                     dst.append(dev[row, d : d + n])
                     src.append(host[h : h + n, row])
-            copy_pairs(dst, src)
+            copy_pairs(dst, src, batched=tune.batched_cross_device)
 
     def _pages(self, transfer: Transfer) -> PagePlan:
         return plan_pages(transfer.host_indices, transfer.device_indices, self.page_size)

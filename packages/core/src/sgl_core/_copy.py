@@ -27,6 +27,7 @@ import torch
 __all__ = [
     "IndexRuns",
     "byte_view",
+    "copy_batched",
     "copy_blocks",
     "copy_each",
     "copy_pairs",
@@ -156,14 +157,48 @@ def copy_each(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
         d.copy_(s, non_blocking=host_side.is_contiguous())
 
 
-def copy_pairs(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
-    """Copy block pairs: batched on one device, pair by pair across devices."""
+def copy_pairs(
+    dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], *, batched: bool = False
+) -> None:
+    """Copy block pairs: batched on one device; across devices pair by pair, or batched.
+
+    ``batched`` (``CopyTuning.batched_cross_device``) issues every cross-device
+    block in one non-blocking ``_foreach_copy_``: torch loops over the pairs in
+    C++, one async copy each. A strided pair would be staged through a
+    pageable temporary an async copy could outlive, so such pairs are split
+    into their contiguous pieces first, and any that stay strided are copied
+    blocking.
+    """
     if not dst:
         return
     if dst[0].device == src[0].device:
         copy_blocks(dst, src)
-    else:
+    elif not batched:
         copy_each(dst, src)
+    else:
+        copy_batched(dst, src)
+
+
+def copy_batched(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+    """Cross-device pairs in one non-blocking ``_foreach_copy_`` (see ``copy_pairs``)."""
+    dst_parts: list[torch.Tensor] = []
+    src_parts: list[torch.Tensor] = []
+    strided: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for d, s in zip(dst, src, strict=True):
+        if d.is_contiguous() and s.is_contiguous():
+            dst_parts.append(d)
+            src_parts.append(s)
+            continue
+        for dp, sp in zip(d.unbind(0), s.unbind(0), strict=True):
+            if dp.is_contiguous() and sp.is_contiguous():
+                dst_parts.append(dp)
+                src_parts.append(sp)
+            else:
+                strided.append((dp, sp))
+    if dst_parts:
+        torch._foreach_copy_(dst_parts, src_parts, non_blocking=True)
+    for dp, sp in strided:
+        dp.copy_(sp)
 
 
 def _memmove_all(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> None:

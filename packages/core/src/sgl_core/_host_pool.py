@@ -27,6 +27,7 @@ from sgl_core._memory import available_host_bytes, should_pin
 from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
 from sgl_core._transfer import Mover, MoverFactory, Transfer
+from sgl_core._tuning import CopyTuning
 from sgl_core._validation import (
     check_index_bounds,
     check_index_device,
@@ -92,7 +93,10 @@ class MLAHostPoolBase(abc.ABC):
         host_size_gb: float = 0.0,
         pin_memory: bool | None = None,
         io_backend: IOBackend | str | None = None,
+        tuning: CopyTuning | None = None,
     ) -> None:
+        #: Path choices of this pool's direct copies; None: the device pool's preset.
+        self.tuning = tuning
         self._layout = self._check_layout(layout, io_backend)
         self._configure(device_pool)
         self.shape = MLAShape(

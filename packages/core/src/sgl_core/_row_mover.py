@@ -10,8 +10,8 @@ A transfer is planned once as *runs* (index pairs where both sides step by
 * short runs: one gather and one scatter per layer;
 * otherwise: one slice copy per (layer, run), batched.
 
-The size limits are ``_STACKED_MIN_RUN_BYTES``, ``_MEMMOVE_MIN_BLOCK_BYTES``
-and ``_SHORT_RUN_BYTES`` (measured values: BENCHMARKS.md). A per-layer load
+The size limits come from the pool's ``CopyTuning`` (default: the preset of
+the device pool's device, ``tuning_for``). A per-layer load
 reuses the first layer's plan while the host pool hands it the same
 ``Transfer`` (``PlanCache``); a plan keeps its gather buffer and per-layer
 addresses, so repeated loads of the same indices allocate nothing big.
@@ -30,18 +30,12 @@ from sgl_core._device_pool import device_layers, stacked_layers
 from sgl_core._enums import HostLayout
 from sgl_core._protocols import MLADevicePool
 from sgl_core._transfer import PlanCache, Transfer
+from sgl_core._tuning import CopyTuning, tuning_for
 
 if TYPE_CHECKING:
     from sgl_core._token_host_pool import TokenRowHostPool
 
 __all__ = ["RowDirectMover"]
-
-# Per-layer runs shorter than this copy faster as one gather/scatter per layer.
-_SHORT_RUN_BYTES = 96 << 10
-# All-layer strided copies beat per-layer gathers once a run of one layer is this big.
-_STACKED_MIN_RUN_BYTES = 8 << 10
-# Between CPU buffers, blocks of one layer at least this big copy faster by address.
-_MEMMOVE_MIN_BLOCK_BYTES = 32 << 10
 
 
 @dataclasses.dataclass
@@ -74,7 +68,11 @@ class RowDirectMover:
         self.paged = self.layout is HostLayout.PAGE_FIRST_DIRECT
         self.unit = pool.page_size if self.paged else 1
         self.host_layer_step = (self.unit if self.paged else self.size) * self.row
+        self.tuning = pool.tuning
         self._plans: PlanCache[_Plan] = PlanCache()
+
+    def _tuning(self, device_pool: MLADevicePool) -> CopyTuning:
+        return self.tuning or tuning_for(device_pool.device)
 
     # ------------------------------------------------------------ the seam
     def check(self, device_pool: MLADevicePool) -> None:
@@ -85,31 +83,33 @@ class RowDirectMover:
 
     def backup(self, transfer: Transfer) -> None:
         plan = self.plan(transfer)
+        tune = self._tuning(transfer.device_pool)
         layers = device_layers(transfer.device_pool)
         stacked = stacked_layers(layers) if self.layer_num > 1 else None
-        if stacked is not None and plan.run_bytes >= _STACKED_MIN_RUN_BYTES:
+        if stacked is not None and plan.run_bytes >= tune.stacked_min_run_bytes:
             host_blocks, dev_blocks = self._all_layer_blocks(widen_rows(stacked), plan.runs)
-            copy_pairs(host_blocks, dev_blocks)
-        elif plan.block_bytes >= _MEMMOVE_MIN_BLOCK_BYTES and self._addressable(layers):
+            copy_pairs(host_blocks, dev_blocks, batched=tune.batched_cross_device)
+        elif plan.block_bytes >= tune.by_address_min_block_bytes and self._addressable(layers):
             for layer_id, layer in enumerate(layers):
                 sizes, host_addrs, dev_addrs = self._addresses(plan, layer_id, layer)
                 memmove_blocks(host_addrs, dev_addrs, sizes)
-        elif plan.run_bytes < _SHORT_RUN_BYTES:
+        elif plan.run_bytes < tune.gather_below_run_bytes:
             for layer_id, layer in enumerate(layers):
                 dev = self._device_rows(widen_rows(layer))
                 rows = dev.index_select(0, plan.device_idx.to(dev.device)).to("cpu")
                 self._host_rows(layer_id).index_copy_(0, plan.host_idx, rows)
         else:
             host_blocks, dev_blocks = self._layer_blocks(layers, range(self.layer_num), plan)
-            copy_pairs(host_blocks, dev_blocks)
+            copy_pairs(host_blocks, dev_blocks, batched=tune.batched_cross_device)
 
     def load(self, transfer: Transfer, layer_id: int) -> None:
         plan = self._plans.get(transfer, self.plan)
+        tune = self._tuning(transfer.device_pool)
         layer = device_layers(transfer.device_pool)[layer_id]
-        if plan.block_bytes >= _MEMMOVE_MIN_BLOCK_BYTES and self._addressable((layer,)):
+        if plan.block_bytes >= tune.by_address_min_block_bytes and self._addressable((layer,)):
             sizes, host_addrs, dev_addrs = self._addresses(plan, layer_id, layer)
             memmove_blocks(dev_addrs, host_addrs, sizes)
-        elif plan.run_bytes < _SHORT_RUN_BYTES:
+        elif plan.run_bytes < tune.gather_below_run_bytes:
             dev = self._device_rows(widen_rows(layer))
             rows = self._host_rows(layer_id)
             staged = self._staging(plan, rows, dev.device)
@@ -118,7 +118,7 @@ class RowDirectMover:
             dev.index_copy_(0, d_idx, staged.to(dev.device))
         else:
             host_blocks, dev_blocks = self._layer_blocks((layer,), (layer_id,), plan)
-            copy_pairs(dev_blocks, host_blocks)
+            copy_pairs(dev_blocks, host_blocks, batched=tune.batched_cross_device)
 
     # ------------------------------------------------------------- planning
     def plan(self, transfer: Transfer) -> _Plan:

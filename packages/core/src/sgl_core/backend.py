@@ -32,7 +32,9 @@ Groups:
   ``should_pin``;
 * **the copy kit** (the ``direct`` io building blocks): ``IndexRuns``,
   ``merge_runs``, ``byte_view``, ``widen_rows``, ``copy_blocks``,
-  ``copy_each``, ``copy_pairs``, ``memmove_blocks``.
+  ``copy_each``, ``copy_batched``, ``copy_pairs``, ``memmove_blocks``, and
+  the one tuning object that picks a copy's path: ``CopyTuning`` with
+  per-device presets (``tuning_for``; ``NEVER`` turns a path off).
 
 The conformance suite a backend runs against itself is
 ``sgl_core.testing.BackendConformanceSuite`` (it needs the ``testing``
@@ -45,6 +47,7 @@ from sgl_core._backend_base import PoolBackend
 from sgl_core._copy import (
     IndexRuns,
     byte_view,
+    copy_batched,
     copy_blocks,
     copy_each,
     copy_pairs,
@@ -74,6 +77,7 @@ from sgl_core._row_mover import RowDirectMover
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import TokenRowHostPool
 from sgl_core._transfer import Mover, MoverFactory, PlanCache, Transfer
+from sgl_core._tuning import NEVER, CopyTuning, tuning_for
 from sgl_core._validation import (
     check_backed,
     check_index_bounds,
@@ -87,6 +91,7 @@ from sgl_core._validation import (
 
 __all__ = [
     "Backend",
+    "CopyTuning",
     "EmulatedWithoutDevice",
     "HostLayout",
     "IOBackend",
@@ -99,6 +104,7 @@ __all__ = [
     "MLAShape",
     "Mover",
     "MoverFactory",
+    "NEVER",
     "PerLayerMLADevicePool",
     "PlanCache",
     "PoolBackend",
@@ -116,6 +122,7 @@ __all__ = [
     "check_page_runs",
     "check_routing",
     "check_unique",
+    "copy_batched",
     "copy_blocks",
     "copy_each",
     "copy_pairs",
@@ -126,6 +133,7 @@ __all__ = [
     "parse_device",
     "should_pin",
     "stacked_layers",
+    "tuning_for",
     "usable_device",
     "widen_rows",
 ]

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_core.backend import IOBackend, MLADevicePool, PoolBackend
+from sgl_core.backend import CopyTuning, IOBackend, MLADevicePool, PoolBackend
 from sgl_cuda import kvcacheio
 from sgl_cuda._device_pool import CudaMLADevicePool
 from sgl_cuda._host_pool import CudaMLAHostPool
@@ -27,8 +27,8 @@ class CudaBackend(PoolBackend[CudaMLADevicePool, CudaMLAHostPool]):
     #: ``kernel`` (one Triton launch per call) wherever a layout runs it, else ``direct``.
     io_preference = (IOBackend.KERNEL, IOBackend.DIRECT)
 
-    def __init__(self) -> None:
-        super().__init__(CudaMLADevicePool, CudaMLAHostPool)
+    def __init__(self, *, tuning: CopyTuning | None = None) -> None:
+        super().__init__(CudaMLADevicePool, CudaMLAHostPool, tuning=tuning)
 
     def is_available(self) -> bool:
         return torch.cuda.is_available()

@@ -40,7 +40,7 @@ from types import ModuleType
 
 import torch
 
-from sgl_core.backend import byte_view, copy_blocks, merge_runs
+from sgl_core.backend import CopyTuning, byte_view, copy_pairs, merge_runs, tuning_for
 from sgl_core.errors import (
     BackendUnavailableError,
     IndexDTypeError,
@@ -64,8 +64,6 @@ __all__ = [
     "transfer_kv_per_layer_mla_pf_lf",
 ]
 
-# Average run length (bytes) below which direct copies gather/scatter instead.
-_SHORT_RUN_BYTES = 16 << 10
 _triton_module: ModuleType | None = None
 
 
@@ -368,26 +366,14 @@ def _check_page_size(page_size: int) -> int:
     return page_size
 
 
-def _copy_pairs(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    if not dst:
-        return
-    if dst[0].device == src[0].device:
-        copy_blocks(dst, src)
-        return
-    dst_parts: list[torch.Tensor] = []
-    src_parts: list[torch.Tensor] = []
-    for d, s in zip(dst, src, strict=True):
-        if d.is_contiguous() and s.is_contiguous():
-            dst_parts.append(d)
-            src_parts.append(s)
-        else:
-            # A strided cross-device copy would stage through a pageable
-            # temporary: copy the contiguous pieces (pages of a page-first run).
-            dst_parts.extend(d.unbind(0))
-            src_parts.extend(s.unbind(0))
-    # One call for all pieces: torch loops over the cross-device pairs in C++,
-    # one async memcpy each, without a Python round trip per page.
-    torch._foreach_copy_(dst_parts, src_parts, non_blocking=True)
+def _tuning(
+    tuning: CopyTuning | None, src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]
+) -> CopyTuning:
+    """``tuning``, else the preset of the accelerator side (CPU when both are on the CPU)."""
+    if tuning is not None:
+        return tuning
+    devices = [t.device for t in (*src[:1], *dst[:1]) if t.device.type != "cpu"]
+    return tuning_for(devices[0] if devices else torch.device("cpu"))
 
 
 def transfer_kv_direct(
@@ -398,6 +384,7 @@ def transfer_kv_direct(
     page_size: int,
     *,
     mode: str | None = None,
+    tuning: CopyTuning | None = None,
 ) -> None:
     """Row ``src_layers[l][src_indices[i]]`` -> ``dst_layers[l][dst_indices[i]]`` for every l.
 
@@ -409,6 +396,8 @@ def transfer_kv_direct(
 
     With CUDA >= 12.8 and long runs, every (layer, run) piece goes in one
     batched copy-engine call (``mode``: see ``sgl_cuda._copy_engine``).
+    ``tuning`` (default: the device's preset, ``sgl_core.backend.tuning_for``)
+    sets what counts as a short run and the cross-device copy policy.
     """
     _check_page_size(page_size)
     copy_mode = _copy_engine.resolve_mode(mode)
@@ -421,11 +410,13 @@ def transfer_kv_direct(
     n = src_idx.numel()
     if n == 0 or not src_list:
         return
-    if _copy_engine.layer_first(src_list, dst_list, src_idx, dst_idx, copy_mode, _SHORT_RUN_BYTES):
+    tune = _tuning(tuning, src_list, dst_list)
+    short = tune.gather_below_run_bytes
+    if _copy_engine.layer_first(src_list, dst_list, src_idx, dst_idx, copy_mode, short):
         return
     runs = merge_runs(src_idx, dst_idx)
     row_bytes = src_list[0][0].numel() * src_list[0].element_size()
-    if row_bytes * n // len(runs) < _SHORT_RUN_BYTES:
+    if row_bytes * n // len(runs) < short:
         s_dev = src_idx.to(src_list[0].device, non_blocking=True)
         d_dev = dst_idx.to(dst_list[0].device, non_blocking=True)
         for s_layer, d_layer in zip(src_list, dst_list, strict=True):
@@ -441,7 +432,7 @@ def transfer_kv_direct(
         for s, d, length in runs:
             dst_blocks.append(d_layer[d : d + length])
             src_blocks.append(s_layer[s : s + length])
-    _copy_pairs(dst_blocks, src_blocks)
+    copy_pairs(dst_blocks, src_blocks, batched=tune.batched_cross_device)
 
 
 def _page_indices(
@@ -489,6 +480,7 @@ def transfer_kv_per_layer_direct_pf_lf(
     page_size: int,
     *,
     mode: str | None = None,
+    tuning: CopyTuning | None = None,
 ) -> None:
     """Page-first-direct host -> per-layer device, whole pages, from layer ``layer_id``.
 
@@ -523,7 +515,8 @@ def transfer_kv_per_layer_direct_pf_lf(
                 block = host[s // ps : (s + length) // ps, layer_id + j]
                 dst_blocks.append(d_layer[d : d + length].view(block.shape))
                 src_blocks.append(block)
-    _copy_pairs(dst_blocks, src_blocks)
+    tune = _tuning(tuning, hosts, [g[0] for g in groups if g])
+    copy_pairs(dst_blocks, src_blocks, batched=tune.batched_cross_device)
 
 
 def transfer_kv_all_layer_direct_lf_pf(
@@ -534,6 +527,7 @@ def transfer_kv_all_layer_direct_lf_pf(
     page_size: int,
     *,
     mode: str | None = None,
+    tuning: CopyTuning | None = None,
 ) -> None:
     """Per-layer device -> page-first-direct host, every layer, whole pages.
 
@@ -564,4 +558,5 @@ def transfer_kv_all_layer_direct_lf_pf(
                 block = host[d // ps : (d + length) // ps, j]
                 dst_blocks.append(block)
                 src_blocks.append(s_layer[s : s + length].view(block.shape))
-    _copy_pairs(dst_blocks, src_blocks)
+    tune = _tuning(tuning, [g[0] for g in groups if g], hosts)
+    copy_pairs(dst_blocks, src_blocks, batched=tune.batched_cross_device)
