@@ -1,4 +1,4 @@
-"""Contiguous multi-layer MLA device pool of the Ascend backend (DESIGN §3).
+"""Contiguous multi-layer MLA device pool of the Ascend backend (docs/design.md section 5).
 
 Each component is one contiguous, layer-major 5-D tensor::
 

@@ -3,14 +3,14 @@
 Copies are planned as *runs*: maximal stretches where source and destination
 indices both step by +1. Each run becomes one slice copy per layer, and all
 slice copies of a call are issued through ``torch._foreach_copy_`` split
-across a few threads (CPU memcpy of scattered 10-100 KB blocks is bound by
-one core's bandwidth; two cores get close to a contiguous copy).
+across a few threads (CPU memcpy of scattered blocks is bound by one core's
+bandwidth, so a second thread helps).
 
 Between two CPU buffers, :func:`memmove_blocks` copies such blocks by address
-with libc's ``memmove`` (through ctypes, which drops the GIL for the call):
-about 1.5 us a block against about 10 us to build the two tensor views a
-``_foreach_copy_`` block needs, which is what bounds per-layer loads of
-scattered pages.
+with libc's ``memmove`` (through ctypes, which drops the GIL for the call),
+which costs less per block than building the two tensor views a
+``_foreach_copy_`` block needs; that cost bounds per-layer loads of scattered
+pages (measurements: BENCHMARKS.md, "Copy-path limits").
 """
 
 from __future__ import annotations

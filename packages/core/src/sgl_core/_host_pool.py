@@ -13,8 +13,6 @@ and never has to undo a partial copy.
 from __future__ import annotations
 
 import abc
-import math
-import numbers
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -22,8 +20,10 @@ from typing import Any, ClassVar
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._host_args import HostArguments, describe_pairs, size_argument
+from sgl_core._host_slots import HostSlots
 from sgl_core._load_memo import CheckedLoad, tensor_signature
-from sgl_core._memory import available_host_bytes, should_pin
+from sgl_core._memory import should_pin
 from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
 from sgl_core._transfer import Mover, MoverFactory, Transfer
@@ -32,45 +32,19 @@ from sgl_core._validation import (
     check_index_bounds,
     check_index_device,
     check_index_pair,
-    check_index_tensor,
     check_layer_id,
     check_page_runs,
     check_unique,
 )
 from sgl_core.errors import (
-    ArgumentTypeError,
-    FreeError,
-    IndexOutOfRangeError,
-    PageAlignmentError,
     PoolMismatchError,
     PoolSizeError,
-    UnsupportedLayoutError,
 )
 
 __all__ = ["MLAHostPoolBase", "describe_pairs"]
 
-# Leave this much host memory to the rest of the process when sizing pools.
-_MEMORY_HEADROOM = 1 << 30
 
-
-def _size_argument(name: str, value: object) -> float:
-    """A finite, non-negative real number (``bool`` excluded), or a typed error."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ArgumentTypeError(f"{name} must be a real number, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
-        raise PoolSizeError(f"{name} must be finite and not negative, got {value!r}")
-    return number
-
-
-def describe_pairs(pairs: Mapping[HostLayout, frozenset[IOBackend]]) -> str:
-    return "; ".join(
-        f"{layout.value}: {', '.join(sorted(io.value for io in ios))}"
-        for layout, ios in pairs.items()
-    )
-
-
-class MLAHostPoolBase(abc.ABC):
+class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
     """Common behaviour of MLA host pools (see ``sgl_core.MLAHostPool``)."""
 
     #: Per host layout this class builds: each io backend it runs and its mover factory.
@@ -108,8 +82,8 @@ class MLAHostPoolBase(abc.ABC):
         self._page_size = device_pool.page_size
         self._size = self._compute_size(
             device_pool,
-            _size_argument("host_to_device_ratio", host_to_device_ratio),
-            _size_argument("host_size_gb", host_size_gb),
+            size_argument("host_to_device_ratio", host_to_device_ratio),
+            size_argument("host_size_gb", host_size_gb),
         )
         self.pin_memory = self._pin_policy(pin_memory, device_pool.device)
         self._lock = threading.RLock()
@@ -129,7 +103,7 @@ class MLAHostPoolBase(abc.ABC):
     def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
         """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
 
-    def _configure(self, device_pool: MLADevicePool) -> None:  # noqa: B027
+    def _configure(self, device_pool: MLADevicePool) -> None:
         """Read what sizing and allocation need from ``device_pool`` (first hook called)."""
 
     def _pin_policy(self, requested: bool | None, device: torch.device) -> bool:
@@ -144,7 +118,7 @@ class MLAHostPoolBase(abc.ABC):
         """True when ``io_backend`` on this layout moves whole pages only."""
         return False
 
-    def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:  # noqa: B027
+    def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
         """Reject device pools whose storage this host pool cannot address."""
 
     def _layer_storage(self, device_pool: MLADevicePool, layer_id: int) -> Sequence[torch.Tensor]:
@@ -195,111 +169,6 @@ class MLAHostPoolBase(abc.ABC):
     @property
     def kv_cache_dim(self) -> int:
         return self.shape.kv_cache_dim
-
-    # ---------------------------------------------------------------- sizing
-    def _check_layout(
-        self, layout: HostLayout | str, io_backend: IOBackend | str | None
-    ) -> HostLayout:
-        pairs = type(self).supported_pairs
-        try:
-            parsed = HostLayout.parse(layout, argument="layout")
-        except ValueError as exc:
-            raise UnsupportedLayoutError(
-                f"{exc}; supported pairs: {describe_pairs(pairs)}"
-            ) from None
-        if parsed not in pairs:
-            raise UnsupportedLayoutError(
-                f"layout={parsed.value!r} is not supported by {type(self).__name__}; "
-                f"supported pairs: {describe_pairs(pairs)}"
-            )
-        if io_backend is not None:
-            self._check_io_backend(parsed, io_backend)
-        return parsed
-
-    def _check_io_backend(self, layout: HostLayout, io_backend: IOBackend | str) -> IOBackend:
-        pairs = type(self).supported_pairs
-        try:
-            parsed = IOBackend.parse(io_backend, argument="io_backend")
-        except ValueError as exc:
-            raise UnsupportedLayoutError(
-                f"{exc}; supported pairs: {describe_pairs(pairs)}"
-            ) from None
-        if parsed not in pairs[layout]:
-            raise UnsupportedLayoutError(
-                f"io_backend={parsed.value!r} does not run layout={layout.value!r}; "
-                f"supported pairs: {describe_pairs(pairs)}"
-            )
-        return parsed
-
-    def _compute_size(
-        self, device_pool: MLADevicePool, host_to_device_ratio: float, host_size_gb: float
-    ) -> int:
-        per_token = self._bytes_per_token(device_pool)
-        if host_size_gb > 0:
-            tokens = int(host_size_gb * 1e9) // per_token
-        else:
-            tokens = int(device_pool.size * host_to_device_ratio)
-        size = tokens // self._page_size * self._page_size
-        if size <= 0:
-            raise PoolSizeError(
-                f"host pool would hold no whole page of {self._page_size} tokens "
-                f"(host_size_gb={host_size_gb}, host_to_device_ratio={host_to_device_ratio})"
-            )
-        needed = size * per_token
-        available = available_host_bytes()
-        if available is not None and needed > available - _MEMORY_HEADROOM:
-            raise PoolSizeError(
-                f"host pool needs {needed / 1e9:.2f} GB but only {available / 1e9:.2f} GB "
-                "of host memory is available (keeping 1 GiB headroom); "
-                "lower host_size_gb or host_to_device_ratio"
-            )
-        return size
-
-    # ------------------------------------------------------------ accounting
-    def available_size(self) -> int:
-        with self._lock:
-            return int(self._free_slots.numel())
-
-    def alloc(self, need_size: int) -> torch.Tensor | None:
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-            raise PoolSizeError(f"need_size must be a non-negative int, got {need_size!r}")
-        if need_size % self._page_size:
-            raise PageAlignmentError(
-                f"need_size={need_size} is not a multiple of page_size={self._page_size}"
-            )
-        with self._lock:
-            if need_size > self._free_slots.numel():
-                return None
-            taken = self._free_slots[:need_size].clone()
-            self._free_slots = self._free_slots[need_size:]
-            self._allocated[taken] = True
-            return taken
-
-    def free(self, indices: torch.Tensor) -> int:
-        indices = check_index_tensor(indices, "indices").to("cpu")
-        with self._lock:
-            try:
-                check_index_bounds(indices, self._size, "indices")
-            except IndexOutOfRangeError as exc:
-                raise FreeError(str(exc)) from None
-            if torch.unique(indices).numel() != indices.numel():
-                raise FreeError("indices frees the same slot twice")
-            try:
-                check_page_runs(indices, self._page_size, "indices")
-            except PageAlignmentError as exc:
-                # alloc hands out whole pages; a partial page back would misalign later allocs
-                raise FreeError(str(exc)) from None
-            if indices.numel() and not bool(self._allocated[indices].all()):
-                bad = int(indices[~self._allocated[indices]][0])
-                raise FreeError(f"indices holds slot {bad}, which is not allocated (double free?)")
-            self._allocated[indices] = False
-            self._free_slots = torch.cat([self._free_slots, indices])
-            return int(indices.numel())
-
-    def clear(self) -> None:
-        with self._lock:
-            self._allocated.zero_()
-            self._free_slots = torch.arange(self._size, dtype=torch.int64)
 
     # ------------------------------------------------------------- transfers
     def backup_from_device_all_layer(
@@ -421,38 +290,3 @@ class MLAHostPoolBase(abc.ABC):
                 f"qk_rope_head_dim, dtype, page_size) = {theirs}, expected {mine}"
             )
         self._check_device_pool_kind(device_pool)
-
-    # -------------------------------------------------------------- L3 pages
-    def _check_page_start(self, index: int) -> int:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise ArgumentTypeError(f"index must be an int, got {type(index).__name__}")
-        if not 0 <= index < self._size:
-            raise IndexOutOfRangeError(f"index={index} is outside [0, {self._size})")
-        if index % self._page_size:
-            raise PageAlignmentError(
-                f"index={index} is not a page start (page_size={self._page_size})"
-            )
-        return index
-
-    def _page_starts(self, indices: torch.Tensor | Sequence[int]) -> list[int]:
-        tensor = (
-            indices
-            if isinstance(indices, torch.Tensor)
-            else torch.tensor(list(indices), dtype=torch.int64)
-        )
-        tensor = check_index_tensor(tensor, "indices").to("cpu")
-        check_index_bounds(tensor, self._size, "indices")
-        check_page_runs(tensor, self._page_size, "indices")
-        starts: list[int] = tensor[:: self._page_size].tolist()
-        return starts
-
-    def _check_flat_page(self, data_page: torch.Tensor, expected_numel: int) -> None:
-        if not isinstance(data_page, torch.Tensor):
-            raise ArgumentTypeError(
-                f"data_page must be a torch.Tensor, got {type(data_page).__name__}"
-            )
-        if data_page.dtype != self.dtype or data_page.numel() != expected_numel:
-            raise PoolMismatchError(
-                f"data_page must hold {expected_numel} elements of {self.dtype}, "
-                f"got {data_page.numel()} of {data_page.dtype}"
-            )

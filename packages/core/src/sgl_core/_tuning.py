@@ -6,7 +6,8 @@ functions picks its path by comparing block and run sizes with one
 :class:`CopyTuning`. :func:`tuning_for` returns the preset of the device the
 device pool lives on; a pool or a call given a ``CopyTuning`` uses that one
 instead (tests pin a path that way). The preset values were measured
-(BENCHMARKS.md); they are speed choices only, every path moves the same bytes.
+(BENCHMARKS.md, "Copy-path limits"); they are speed choices only: every path
+moves the same bytes.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ _PRESETS: dict[str, CopyTuning] = {
     "cuda": CopyTuning(
         by_address_min_block_bytes=NEVER, gather_below_run_bytes=16 << 10, batched_cross_device=True
     ),
-    # An NPU: every run is a DMA launch (~10 us), so batch aggressively.
+    # An NPU: every run is a DMA launch, so batch aggressively.
     "npu": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_run_bytes=256 << 10),
 }
 
