@@ -71,7 +71,7 @@ def test_plan_merges_runs_consecutive_on_both_sides() -> None:
 
 @pytest.mark.parametrize("short_run_bytes", [0, 1 << 40], ids=["strided-runs", "gather"])
 def test_backup_and_load_match_per_page_oracle(short_run_bytes: int) -> None:
-    dev, host = pools(0, CopyTuning(gather_below_run_bytes=short_run_bytes))
+    dev, host = pools(0, CopyTuning(gather_below_page_run_bytes=short_run_bytes))
     hp = [20, 21, 22, 3, 11, 12]
     dp = [5, 6, 7, 0, 12, 2]
     expect = expected_backup(host, dev, hp, dp)
@@ -113,7 +113,7 @@ def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch
             d.copy_(s)
 
     monkeypatch.setattr(_transfer, "copy_pairs", record)
-    dev, host = pools(2, CopyTuning(gather_below_run_bytes=0))
+    dev, host = pools(2, CopyTuning(gather_below_page_run_bytes=0))
     hp = [*list(range(8, 18)), 2]
     dp = [*list(range(1, 11)), 12]
     host.backup_from_device_all_layer(dev, page_indices(hp, PS), page_indices(dp, PS), IO)
@@ -129,7 +129,7 @@ def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch
 
 def test_short_runs_use_one_gather_per_component(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_transfer, "copy_pairs", lambda *a, **k: pytest.fail("per-run path"))
-    dev, host = pools(3, CopyTuning(gather_below_run_bytes=1 << 40))
+    dev, host = pools(3, CopyTuning(gather_below_page_run_bytes=1 << 40))
     hp, dp = [5, 1, 9, 3], [2, 8, 4, 0]
     host.backup_from_device_all_layer(dev, page_indices(hp, PS), page_indices(dp, PS), IO)
     for got, want in zip(host.buffers, expected_backup(host, dev, hp, dp), strict=True):
@@ -139,7 +139,7 @@ def test_short_runs_use_one_gather_per_component(monkeypatch: pytest.MonkeyPatch
 def test_single_run_uses_strided_copy_even_when_short(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    huge = CopyTuning(gather_below_run_bytes=1 << 40)
+    huge = CopyTuning(gather_below_page_run_bytes=1 << 40)
     plan = _transfer.plan_pages(page_indices([3, 4], PS), page_indices([0, 1], PS), PS)
     assert not _transfer._short_runs(plan, 1, huge)
     assert not _transfer._short_runs(plan, 1, CopyTuning())

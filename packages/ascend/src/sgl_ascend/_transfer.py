@@ -85,9 +85,10 @@ def _page_bytes(tensor: torch.Tensor, rows: int) -> int:
 
 
 def _short_runs(plan: PagePlan, bytes_per_page: int, tuning: CopyTuning) -> bool:
-    """Whether runs average under ``tuning.gather_below_run_bytes`` (gather instead)."""
+    """Whether runs average under ``tuning.gather_below_page_run_bytes`` (gather instead)."""
     runs = len(plan.runs)
-    return runs > 1 and plan.num_pages * bytes_per_page < tuning.gather_below_run_bytes * runs
+    limit = tuning.gather_below_page_run_bytes
+    return runs > 1 and plan.num_pages * bytes_per_page < limit * runs
 
 
 def backup_rows(

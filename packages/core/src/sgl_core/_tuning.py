@@ -33,6 +33,11 @@ class CopyTuning:
       layer at least this big are copied by address (``memmove``).
     * ``gather_below_run_bytes``: runs of one layer shorter than this on
       average go through one gather and one scatter instead of slice copies.
+    * ``gather_below_page_run_bytes``: the same choice for page-major copies
+      (``page_first_kv_split``), where one run is a (pages x rows) block of
+      every component and its bytes count over all the rows it moves; a
+      gather there is another operation (over the page axis of 5-D tensors),
+      so it has its own limit.
     * ``batched_cross_device``: between devices, issue every block in one
       non-blocking ``_foreach_copy_`` (host sides split into contiguous
       pieces) instead of one ``copy_`` per block.
@@ -41,6 +46,7 @@ class CopyTuning:
     stacked_min_run_bytes: int = 8 << 10
     by_address_min_block_bytes: int = 32 << 10
     gather_below_run_bytes: int = 96 << 10
+    gather_below_page_run_bytes: int = 32 << 10
     batched_cross_device: bool = False
 
 
@@ -49,10 +55,17 @@ _PRESETS: dict[str, CopyTuning] = {
     "cpu": CopyTuning(),
     # A GPU and pinned host memory: each block is a DMA launch, gathers pay off longer.
     "cuda": CopyTuning(
-        by_address_min_block_bytes=NEVER, gather_below_run_bytes=16 << 10, batched_cross_device=True
+        by_address_min_block_bytes=NEVER,
+        gather_below_run_bytes=16 << 10,
+        gather_below_page_run_bytes=256 << 10,
+        batched_cross_device=True,
     ),
     # An NPU: every run is a DMA launch, so batch aggressively.
-    "npu": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_run_bytes=256 << 10),
+    "npu": CopyTuning(
+        by_address_min_block_bytes=NEVER,
+        gather_below_run_bytes=256 << 10,
+        gather_below_page_run_bytes=256 << 10,
+    ),
 }
 
 
