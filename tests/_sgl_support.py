@@ -26,7 +26,7 @@ PACKAGES: dict[str, tuple[Path, str]] = {
 TORCH_VERSION = "2.13.0"
 TRITON_VERSION = "3.7.1"
 
-# Top-level modules of each device stack (DESIGN §2).
+# Top-level modules of each device stack (docs/design.md section 2).
 CUDA_STACK = ("sgl_cuda", "triton", "sgl_kernel")
 ASCEND_STACK = ("sgl_ascend", "torch_npu", "sgl_kernel_npu")
 

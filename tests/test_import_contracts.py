@@ -1,4 +1,4 @@
-"""The import rules of DESIGN §2, checked two independent ways.
+"""The import rules of docs/design.md section 2, checked two independent ways.
 
 1. import-linter with the repository's ``[tool.importlinter]`` contracts: every
    expected contract is configured and kept.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,7 +33,9 @@ EXPECTED_CONTRACTS = {
     "ascend-never-imports-cuda",
     "triton-confined",
     "torch-npu-confined",
+    "device-packages-use-public-core",
 }
+PRIVATE_CONTRACT = "device-packages-use-public-core"
 
 # package -> top-level modules it must never import
 FORBIDDEN: dict[str, frozenset[str]] = {
@@ -51,6 +54,10 @@ CONFINED: dict[str, tuple[str, str]] = {
 # Dynamic imports of another package that are allowed, with the reason. Empty:
 # device packages reach sgl_core's tools through entry points instead.
 DYNAMIC_ALLOWED: dict[tuple[str, str], str] = {}
+# Device packages build on sgl_core's public modules (sgl_core.backend for backend
+# authors), never on a private one: (importing module, private module) -> why allowed.
+# (device module, private sgl_core module) -> why; empty: none is allowed.
+PRIVATE_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 # --- import-linter ---------------------------------------------------------------------
@@ -65,17 +72,15 @@ def test_expected_contracts_configured() -> None:
     assert set(configured_contracts()) >= EXPECTED_CONTRACTS
 
 
-def test_import_linter_contracts_kept() -> None:
-    pytest.importorskip("importlinter", reason="import-linter is part of the dev environment")
-    src = [str(project / "src") for project, _ in PACKAGES.values()]
+def _lint_imports(src: list[Path], config: Path = PYPROJECT) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = os.pathsep.join(src)
+    env["PYTHONPATH"] = os.pathsep.join(str(path) for path in src)
     code = (
         "import sys; from importlinter.cli import lint_imports_command; "
         "sys.argv[0] = 'lint-imports'; lint_imports_command()"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, "--no-cache", str(PYPROJECT)],
+        [sys.executable, "-c", code, "--no-cache", "--config", str(config)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -83,11 +88,61 @@ def test_import_linter_contracts_kept() -> None:
         timeout=300,
         check=False,
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_import_linter_contracts_kept() -> None:
+    pytest.importorskip("importlinter", reason="import-linter is part of the dev environment")
+    returncode, output = _lint_imports([project / "src" for project, _ in PACKAGES.values()])
+    assert returncode == 0, output
     for contract_id, name in configured_contracts().items():
         assert f"{name} KEPT" in output, f"contract {contract_id} not reported KEPT:\n{output}"
     assert "0 broken" in output, output
+
+
+def _private_core_modules() -> set[str]:
+    src = PACKAGES["sgl-core"][0] / "src" / "sgl_core"
+    return {
+        f"sgl_core.{path.stem if path.is_file() else path.name}"
+        for path in src.iterdir()
+        if path.name.startswith("_")
+        and not path.name.startswith("__")
+        and (path.suffix == ".py" or (path / "__init__.py").exists())
+    }
+
+
+def test_private_contract_lists_every_private_core_module() -> None:
+    """import-linter has no ``_*`` wildcard: a new private module must join the list."""
+    config = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["id"] == PRIVATE_CONTRACT]
+    assert set(contract["source_modules"]) == {"sgl_cuda", "sgl_ascend"}
+    private = _private_core_modules()
+    assert {"sgl_core._copy", "sgl_core._host_pool", "sgl_core._cli"} <= private
+    assert private <= set(contract["forbidden_modules"])
+
+
+def test_import_linter_breaks_on_a_private_core_import(tmp_path: Path) -> None:
+    """Must-fail: the same config, on a copy of the sources plus one private import."""
+    pytest.importorskip("importlinter", reason="import-linter is part of the dev environment")
+    src = []
+    for name, (project, package) in PACKAGES.items():
+        dest = tmp_path / name
+        shutil.copytree(
+            project / "src" / package,
+            dest / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+        src.append(dest)
+    bad = tmp_path / "sgl-ascend" / "sgl_ascend" / "_violation.py"
+    bad.write_text("from sgl_core._copy import byte_view\n\n__all__ = ['byte_view']\n")
+    returncode, output = _lint_imports(src)
+    assert returncode != 0, output
+    name = configured_contracts()[PRIVATE_CONTRACT]
+    assert f"{name} BROKEN" in output, output
+    assert "sgl_ascend._violation -> sgl_core._copy" in output, output
+    for contract_id, other in configured_contracts().items():
+        if contract_id != PRIVATE_CONTRACT:
+            assert f"{other} KEPT" in output, output
 
 
 # --- AST scan --------------------------------------------------------------------------
@@ -157,20 +212,41 @@ def package_imports() -> list[ImportSite]:
     return sites
 
 
+PRIVATE_USERS = frozenset({"sgl_cuda", "sgl_ascend"})
+
+
+def _module_part(imported: str) -> str:
+    """``sgl_core._moe.check_routing`` -> ``sgl_core._moe`` (up to the first private part)."""
+    parts = imported.split(".")
+    for i, part in enumerate(parts[1:], start=1):
+        if part.startswith("_"):
+            return ".".join(parts[: i + 1])
+    return imported
+
+
 def violations(sites: list[ImportSite]) -> list[str]:
     """One message per (module, line, top-level module) that breaks a rule."""
     found: list[str] = []
     seen: set[tuple[str, int, str]] = set()
     for site in sites:
-        if (site.module, site.line, site.root) in seen:
-            continue
-        seen.add((site.module, site.line, site.root))
         package = site.module.partition(".")[0]
+        private = (
+            package in PRIVATE_USERS
+            and site.root == "sgl_core"
+            and any(part.startswith("_") for part in site.imported.split(".")[1:])
+        )
+        # ``from pkg import a`` yields ``pkg`` and ``pkg.a``: one message per rule and line
+        key = (site.module, site.line, site.root + ("._" if private else ""))
+        if key in seen:
+            continue
+        seen.add(key)
         where = f"{site.module}:{site.line} imports {site.imported}"
         if site.root in FORBIDDEN.get(package, frozenset()):
             if site.dynamic and (site.module, site.imported) in DYNAMIC_ALLOWED:
                 continue
             found.append(f"{where} (forbidden in {package})")
+        if private and (site.module, _module_part(site.imported)) not in PRIVATE_ALLOWED:
+            found.append(f"{where} (private sgl_core module; use sgl_core.backend)")
         confined = CONFINED.get(site.root)
         if confined and confined[0] == package:
             allowed = confined[1]
@@ -210,6 +286,33 @@ except ImportError:
     ]
     assert not violations(list(imports_of("import triton", "sgl_cuda._triton.ggml")))
     assert not violations(list(imports_of("import torch_npu", "sgl_ascend._npu")))
+
+
+def test_scanner_rejects_private_core_imports() -> None:
+    """Must-fail: a device package importing a private sgl_core module, in any form."""
+    source = """
+from sgl_core._copy import byte_view
+import sgl_core._validation
+from sgl_core.l3._pages import x
+from sgl_core import _moe
+from sgl_core.backend import byte_view
+from sgl_core import errors
+import sgl_core.testing
+"""
+    for module in ("sgl_cuda.kvcacheio", "sgl_ascend._transfer"):
+        bad = violations(list(imports_of(source, module)))
+        assert {int(b.split(":")[1].split()[0]) for b in bad} == {2, 3, 4, 5}, bad
+        assert all("use sgl_core.backend" in b for b in bad)
+    assert not violations(list(imports_of(source, "sgl_core._token_host_pool")))
+    once_allowed = "from sgl_core._moe import check_routing"
+    assert violations(list(imports_of(once_allowed, "sgl_cuda.quantization._method")))
+
+
+def test_private_allowlist_is_current() -> None:
+    """Each allowed private import still exists (drop the entry when the code goes)."""
+    sites = {(s.module, _module_part(s.imported)) for s in package_imports()}
+    stale = set(PRIVATE_ALLOWED) - sites
+    assert not stale, f"stale PRIVATE_ALLOWED entries: {stale}"
 
 
 def test_scanner_found_the_packages() -> None:

@@ -159,7 +159,7 @@ def test_entry_points_discoverable(isolated_env: EnvGetter, name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ENVS)
 def test_get_backend_resolution(isolated_env: EnvGetter, name: str) -> None:
-    """DESIGN §2: SGL_BACKEND, else the one available device backend, else "torch"."""
+    """Resolution order (docs/design.md section 4): SGL_BACKEND, the one device backend, torch."""
     report = probe(isolated_env, name)
     # No NPU can be usable (torch_npu is never installed); CUDA only on a GPU runner.
     auto = "cuda" if name == "cuda" and report["cuda_available"] else "torch"

@@ -213,7 +213,7 @@ def test_pass_module_runs(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # Each package's static conformance lines: protocol -> classes assigned to it
-# inside `if TYPE_CHECKING:` somewhere in the package (DESIGN §2, issue 6).
+# inside `if TYPE_CHECKING:` somewhere in the package (docs/design.md section 2, issue 6).
 REQUIRED_CONFORMANCE: dict[str, set[str]] = {
     "sgl_core": {"Backend", "MLADevicePool", "MLAHostPool", "MoEMethod"},
     "sgl_cuda": {"Backend", "MLADevicePool", "MLAHostPool", "MoEMethod"},

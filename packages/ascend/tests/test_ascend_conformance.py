@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import sgl_ascend
-from sgl_ascend import _transfer
 from sgl_core import Backend, MLADevicePool
+from sgl_core.backend import CopyTuning
 from sgl_core.testing import BackendConformanceSuite
 
 
@@ -38,14 +38,18 @@ class TestAscendIndexerConformance(BackendConformanceSuite):
 class TestAscendLoadByAddressConformance(TestAscendIndexerConformance):
     """The indexer contract again, with every CPU per-row load copied by address."""
 
-    @pytest.fixture(autouse=True)
-    def _always_by_address(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(_transfer, "BY_ADDRESS_PAGE_BYTES", 0)
+    @pytest.fixture
+    def backend(self, monkeypatch: pytest.MonkeyPatch) -> Backend:
+        # The backend's tuning object goes to every host pool it builds.
+        monkeypatch.setattr(sgl_ascend.backend, "tuning", CopyTuning(by_address_min_block_bytes=0))
+        return sgl_ascend.backend
 
 
 class TestAscendLoadByAddressPlainConformance(TestAscendConformance):
     """The plain contract, every CPU per-row load copied by address."""
 
-    @pytest.fixture(autouse=True)
-    def _always_by_address(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(_transfer, "BY_ADDRESS_PAGE_BYTES", 0)
+    @pytest.fixture
+    def backend(self, monkeypatch: pytest.MonkeyPatch) -> Backend:
+        # The backend's tuning object goes to every host pool it builds.
+        monkeypatch.setattr(sgl_ascend.backend, "tuning", CopyTuning(by_address_min_block_bytes=0))
+        return sgl_ascend.backend

@@ -304,3 +304,27 @@ def test_flat_page_unaligned_slice_is_accepted() -> None:
     shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), page])[1:]  # odd storage offset
     host.set_from_flat_data_page(PS, shifted)
     assert torch.equal(host.get_data_page(PS), page)
+
+
+def test_capabilities_and_layer_views() -> None:
+    from sgl_core.backend import LayerViews
+
+    dev = make_dev(indexer=False)
+    fill(dev, 4)
+    host = make_host(dev)
+    assert host.moves_whole_pages("kernel_ascend") is True
+    with pytest.raises(UnsupportedLayoutError):
+        host.moves_whole_pages("direct")
+    host.synchronize()  # CPU tensors: nothing queued, returns
+    assert isinstance(host, LayerViews)
+    idx = page_indices([1, 3], dev.page_size)
+    host.backup_from_device_all_layer(dev, idx, idx, "kernel_ascend")
+    (k_rows, k_pages), (v_rows, v_pages) = host.layer_views(dev, 1)
+    assert k_rows.shape[-1] == dev.kv_lora_rank and v_rows.shape[-1] == dev.qk_rope_head_dim
+    assert k_rows.data_ptr() == dev.k_buffer[1].data_ptr()
+    for t in idx.tolist():
+        page, offset = divmod(t, dev.page_size)
+        assert same(k_pages[page, offset], k_rows[t])
+        assert same(v_pages[page, offset], v_rows[t])
+    with pytest.raises(LayerIndexError):
+        host.layer_views(dev, dev.layer_num)

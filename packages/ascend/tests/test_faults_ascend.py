@@ -12,9 +12,10 @@ from sgl_ascend import (
     AscendMoEMethod,
     AscendW8A8DynamicMoEMethod,
     W8A8MoEWeights,
-    _transfer,
 )
+from sgl_ascend._backend import AscendBackend
 from sgl_core import MoEWeights, errors
+from sgl_core.backend import NEVER, CopyTuning
 from sgl_core.testing import page_indices, random_bits
 
 PS = 4
@@ -23,7 +24,9 @@ LAYERS = 3
 IO = "kernel_ascend"
 
 
-def pools(seed: int = 0) -> tuple[AscendMLADevicePool, AscendMLAHostPool]:
+def pools(
+    seed: int = 0, tuning: CopyTuning | None = None
+) -> tuple[AscendMLADevicePool, AscendMLAHostPool]:
     dev = sgl_ascend.backend.create_device_pool(
         size=PAGES * PS,
         page_size=PS,
@@ -35,7 +38,7 @@ def pools(seed: int = 0) -> tuple[AscendMLADevicePool, AscendMLAHostPool]:
     gen = torch.Generator().manual_seed(seed)
     for buf in AscendMLAHostPool._device_buffers(dev):
         buf.copy_(random_bits(tuple(buf.shape), buf.dtype, gen))
-    host = sgl_ascend.backend.create_host_pool(dev, layout="page_first_kv_split")
+    host = AscendBackend(tuning=tuning).create_host_pool(dev, layout="page_first_kv_split")
     idx = page_indices(list(range(PAGES)), PS)
     host.backup_from_device_all_layer(dev, idx, idx, IO)
     return dev, host
@@ -50,15 +53,14 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 @pytest.fixture(params=["runs", "by_address"])
-def copy_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "by_address":
-        monkeypatch.setattr(_transfer, "BY_ADDRESS_PAGE_BYTES", 0)
-    return str(request.param)
+def copy_path(request: pytest.FixtureRequest) -> CopyTuning:
+    """The per-row load path, chosen by the tuning object the pools are built with."""
+    by_address = 0 if request.param == "by_address" else NEVER
+    return CopyTuning(by_address_min_block_bytes=by_address)
 
 
-@pytest.mark.usefixtures("copy_path")
-def test_buffer_shrunk_with_set_after_validation_is_rejected() -> None:
-    dev, host = pools()
+def test_buffer_shrunk_with_set_after_validation_is_rejected(copy_path: CopyTuning) -> None:
+    dev, host = pools(tuning=copy_path)
     h_idx, d_idx = page_indices([0, 1], PS), page_indices([PAGES - 1, PAGES], PS)
     host.load_to_device_per_layer(dev, h_idx, d_idx, 0, IO)  # validated, memo armed
     shape = tuple(dev.k_buffer.shape)
@@ -71,9 +73,10 @@ def test_buffer_shrunk_with_set_after_validation_is_rejected() -> None:
     assert same(before, state(host, guard, dev.v_buffer))
 
 
-@pytest.mark.usefixtures("copy_path")
-def test_replaced_buffer_of_wrong_shape_is_rejected_before_the_first_load() -> None:
-    dev, host = pools()
+def test_replaced_buffer_of_wrong_shape_is_rejected_before_the_first_load(
+    copy_path: CopyTuning,
+) -> None:
+    dev, host = pools(tuning=copy_path)
     dev.v_buffer = torch.zeros(LAYERS, 2, PS, 1, 8, dtype=torch.bfloat16)
     idx = page_indices([PAGES], PS)
     before = state(host, dev.k_buffer, dev.v_buffer)
@@ -84,9 +87,8 @@ def test_replaced_buffer_of_wrong_shape_is_rejected_before_the_first_load() -> N
     assert same(before, state(host, dev.k_buffer, dev.v_buffer))
 
 
-@pytest.mark.usefixtures("copy_path")
-def test_buffer_moved_with_set_is_written_at_its_new_place() -> None:
-    dev, host = pools(seed=2)
+def test_buffer_moved_with_set_is_written_at_its_new_place(copy_path: CopyTuning) -> None:
+    dev, host = pools(seed=2, tuning=copy_path)
     h_idx, d_idx = page_indices([3, 1], PS), page_indices([2, 5], PS)
     host.load_to_device_per_layer(dev, h_idx, d_idx, 0, IO)
     fresh = torch.zeros_like(dev.k_buffer)

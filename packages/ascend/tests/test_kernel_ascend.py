@@ -9,6 +9,8 @@ import torch
 
 import sgl_ascend
 from sgl_ascend import AscendMLADevicePool, AscendMLAHostPool, _transfer
+from sgl_ascend._backend import AscendBackend
+from sgl_core.backend import CopyTuning
 from sgl_core.errors import (
     LayerIndexError,
     PageAlignmentError,
@@ -22,7 +24,9 @@ LAYERS = 5
 IO = "kernel_ascend"
 
 
-def pools(seed: int) -> tuple[AscendMLADevicePool, AscendMLAHostPool]:
+def pools(
+    seed: int, tuning: CopyTuning | None = None
+) -> tuple[AscendMLADevicePool, AscendMLAHostPool]:
     dev = sgl_ascend.backend.create_device_pool(
         size=12 * PS,
         page_size=PS,
@@ -37,7 +41,8 @@ def pools(seed: int) -> tuple[AscendMLADevicePool, AscendMLAHostPool]:
     gen = torch.Generator().manual_seed(seed)
     for buf in AscendMLAHostPool._device_buffers(dev):
         buf.copy_(random_bits(tuple(buf.shape), buf.dtype, gen))
-    return dev, sgl_ascend.backend.create_host_pool(dev, layout="page_first_kv_split")
+    host = AscendBackend(tuning=tuning).create_host_pool(dev, layout="page_first_kv_split")
+    return dev, host
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -65,11 +70,8 @@ def test_plan_merges_runs_consecutive_on_both_sides() -> None:
 
 
 @pytest.mark.parametrize("short_run_bytes", [0, 1 << 40], ids=["strided-runs", "gather"])
-def test_backup_and_load_match_per_page_oracle(
-    short_run_bytes: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_transfer, "SHORT_RUN_BYTES_SAME_DEVICE", short_run_bytes)
-    dev, host = pools(0)
+def test_backup_and_load_match_per_page_oracle(short_run_bytes: int) -> None:
+    dev, host = pools(0, CopyTuning(gather_below_page_run_bytes=short_run_bytes))
     hp = [20, 21, 22, 3, 11, 12]
     dp = [5, 6, 7, 0, 12, 2]
     expect = expected_backup(host, dev, hp, dp)
@@ -102,17 +104,16 @@ def test_backup_and_load_match_per_page_oracle(
 
 def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run of many pages is one block per component, for every layer at once."""
-    monkeypatch.setattr(_transfer, "SHORT_RUN_BYTES_SAME_DEVICE", 0)
     calls: list[list[tuple[int, ...]]] = []
 
-    def record(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    def record(dst: list[torch.Tensor], src: list[torch.Tensor], **_: object) -> None:
         # (shape, bytes of the last dim): blocks may be viewed as wider ints.
         calls.append([(*d.shape[:-1], d.shape[-1] * d.element_size()) for d in dst])
         for d, s in zip(dst, src, strict=True):
             d.copy_(s)
 
     monkeypatch.setattr(_transfer, "copy_pairs", record)
-    dev, host = pools(2)
+    dev, host = pools(2, CopyTuning(gather_below_page_run_bytes=0))
     hp = [*list(range(8, 18)), 2]
     dp = [*list(range(1, 11)), 12]
     host.backup_from_device_all_layer(dev, page_indices(hp, PS), page_indices(dp, PS), IO)
@@ -127,9 +128,8 @@ def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch
 
 
 def test_short_runs_use_one_gather_per_component(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_transfer, "SHORT_RUN_BYTES_SAME_DEVICE", 1 << 40)
-    monkeypatch.setattr(_transfer, "copy_pairs", lambda *a: pytest.fail("per-run path used"))
-    dev, host = pools(3)
+    monkeypatch.setattr(_transfer, "copy_pairs", lambda *a, **k: pytest.fail("per-run path"))
+    dev, host = pools(3, CopyTuning(gather_below_page_run_bytes=1 << 40))
     hp, dp = [5, 1, 9, 3], [2, 8, 4, 0]
     host.backup_from_device_all_layer(dev, page_indices(hp, PS), page_indices(dp, PS), IO)
     for got, want in zip(host.buffers, expected_backup(host, dev, hp, dp), strict=True):
@@ -139,12 +139,12 @@ def test_short_runs_use_one_gather_per_component(monkeypatch: pytest.MonkeyPatch
 def test_single_run_uses_strided_copy_even_when_short(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_transfer, "SHORT_RUN_BYTES_SAME_DEVICE", 1 << 40)
+    huge = CopyTuning(gather_below_page_run_bytes=1 << 40)
     plan = _transfer.plan_pages(page_indices([3, 4], PS), page_indices([0, 1], PS), PS)
-    assert not _transfer._short_runs(plan, 1, same_device=True)
-    assert not _transfer._short_runs(plan, 1, same_device=False)
+    assert not _transfer._short_runs(plan, 1, huge)
+    assert not _transfer._short_runs(plan, 1, CopyTuning())
     many = _transfer.plan_pages(page_indices([3, 1], PS), page_indices([0, 5], PS), PS)
-    assert _transfer._short_runs(many, 1, same_device=True)
+    assert _transfer._short_runs(many, 1, huge)
 
 
 def test_plan_reused_only_for_equal_indices(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +156,7 @@ def test_plan_reused_only_for_equal_indices(monkeypatch: pytest.MonkeyPatch) -> 
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("sgl_ascend._host_pool.plan_pages", counting)
+    monkeypatch.setattr(_transfer, "plan_pages", counting)
     h_idx, d_idx = page_indices([1, 2], PS), page_indices([3, 4], PS)
     for layer in range(LAYERS):
         host.load_to_device_per_layer(dev, h_idx, d_idx, layer, IO)

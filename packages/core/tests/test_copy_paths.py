@@ -3,8 +3,8 @@
 The host pool picks a path by block size (all-layer strided copies, copies by
 address, per-layer gather/scatter, per-block slice copies); the suite's small
 pools would only ever reach some of them. Each class here pins one choice by
-moving the size thresholds, and runs the whole suite, on device pools with the
-layers in one allocation and in one allocation per layer.
+building its backend with a ``CopyTuning``, and runs the whole suite, on device
+pools with the layers in one allocation and in one allocation per layer.
 """
 
 from __future__ import annotations
@@ -12,13 +12,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pytest
+import torch
 
 import sgl_core
-from sgl_core import _token_host_pool
-from sgl_core._protocols import Backend, MLADevicePool
+from sgl_core.backend import NEVER, Backend, CopyTuning, MLADevicePool
 from sgl_core.testing import BackendConformanceSuite
-
-NEVER = 1 << 62
 
 
 class SeparateLayers(sgl_core.PerLayerMLADevicePool):
@@ -27,13 +25,12 @@ class SeparateLayers(sgl_core.PerLayerMLADevicePool):
 
 class _PinnedPath(BackendConformanceSuite):
     backend_name = "torch"
-    thresholds: ClassVar[dict[str, int]] = {}
+    tuning: ClassVar[CopyTuning] = CopyTuning()
     separate_layers = False
 
-    @pytest.fixture(autouse=True)
-    def _pin_path(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for name, value in self.thresholds.items():
-            monkeypatch.setattr(_token_host_pool, name, value)
+    @pytest.fixture
+    def backend(self) -> Backend:
+        return sgl_core.TorchBackend(tuning=self.tuning)
 
     def make_device_pool(self, backend: Backend, *, page_size: int, pages: int) -> MLADevicePool:
         if not self.separate_layers:
@@ -48,43 +45,66 @@ class _PinnedPath(BackendConformanceSuite):
         )
 
 
-_BY_ADDRESS = {"_STACKED_MIN_RUN_BYTES": NEVER, "_MEMMOVE_MIN_BLOCK_BYTES": 0}
-_GATHER = {"_STACKED_MIN_RUN_BYTES": NEVER, "_MEMMOVE_MIN_BLOCK_BYTES": NEVER}
-_SLICES = {
-    "_STACKED_MIN_RUN_BYTES": NEVER,
-    "_MEMMOVE_MIN_BLOCK_BYTES": NEVER,
-    "_SHORT_RUN_BYTES": 0,
-}
-_STACKED = {"_STACKED_MIN_RUN_BYTES": 0}
+_BY_ADDRESS = CopyTuning(stacked_min_run_bytes=NEVER, by_address_min_block_bytes=0)
+_GATHER = CopyTuning(
+    stacked_min_run_bytes=NEVER, by_address_min_block_bytes=NEVER, gather_below_run_bytes=NEVER
+)
+_SLICES = CopyTuning(
+    stacked_min_run_bytes=NEVER, by_address_min_block_bytes=NEVER, gather_below_run_bytes=0
+)
+_STACKED = CopyTuning(stacked_min_run_bytes=0)
 
 
 class TestByAddress(_PinnedPath):
-    thresholds = _BY_ADDRESS
+    tuning = _BY_ADDRESS
 
 
 class TestByAddressSeparateLayers(_PinnedPath):
-    thresholds = _BY_ADDRESS
+    tuning = _BY_ADDRESS
     separate_layers = True
 
 
 class TestGatherScatter(_PinnedPath):
-    thresholds = _GATHER
+    tuning = _GATHER
 
 
 class TestSliceBlocks(_PinnedPath):
-    thresholds = _SLICES
+    tuning = _SLICES
 
 
 class TestSliceBlocksSeparateLayers(_PinnedPath):
-    thresholds = _SLICES
+    tuning = _SLICES
     separate_layers = True
 
 
 class TestStackedAllLayers(_PinnedPath):
-    thresholds = _STACKED
+    tuning = _STACKED
 
 
-def test_paths_are_pinned_by_these_names() -> None:
-    for thresholds in (_BY_ADDRESS, _GATHER, _SLICES, _STACKED):
-        for name in thresholds:
-            assert isinstance(getattr(_token_host_pool, name), int), name
+def test_each_tuning_takes_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuning objects above really select different copy paths."""
+    from sgl_core import _copy, _row_mover
+    from sgl_core.testing import page_indices
+
+    seen: list[str] = []
+    for name, module in (("memmove", _copy), ("copy_pairs", _row_mover)):
+        real = getattr(module, "memmove_blocks" if name == "memmove" else name)
+
+        def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> None:
+            seen.append(_name)
+            _real(*args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(_row_mover, "memmove_blocks" if name == "memmove" else name, spy)
+    paths = {}
+    for label, tuning in (("by_address", _BY_ADDRESS), ("gather", _GATHER), ("slices", _SLICES)):
+        backend = sgl_core.TorchBackend(tuning=tuning)
+        dev = backend.create_device_pool(
+            size=64, page_size=16, dtype=torch.bfloat16, kv_lora_rank=8, qk_rope_head_dim=8,
+            layer_num=2,
+        )  # fmt: skip
+        host = backend.create_host_pool(dev, layout="layer_first")
+        idx = page_indices([2, 0], 16)
+        seen.clear()
+        host.load_to_device_per_layer(dev, idx, idx, 0, "direct")
+        paths[label] = tuple(seen)
+    assert paths == {"by_address": ("memmove",), "gather": (), "slices": ("copy_pairs",)}

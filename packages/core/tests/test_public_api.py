@@ -9,7 +9,13 @@ import pytest
 
 import sgl_core
 
-PUBLIC_MODULES = ["sgl_core", "sgl_core.errors", "sgl_core.l3", "sgl_core.testing"]
+PUBLIC_MODULES = [
+    "sgl_core",
+    "sgl_core.backend",
+    "sgl_core.errors",
+    "sgl_core.l3",
+    "sgl_core.testing",
+]
 
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)
@@ -59,4 +65,9 @@ def test_dir_shows_only_the_api() -> None:
     """No stray module-level names (``annotations`` from a __future__ import, helpers)."""
     public = {name for name in dir(sgl_core) if not name.startswith("_")}
     assert "annotations" not in public
-    assert public - set(sgl_core.__all__) <= {"integrations", "l3", "testing"}  # submodules
+    assert public - set(sgl_core.__all__) <= {
+        "backend",
+        "integrations",
+        "l3",
+        "testing",
+    }  # submodules

@@ -8,6 +8,7 @@ a fixed layer stride) would read or write the wrong bytes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from sgl_core.backend import CopyTuning, tuning_for
 from sgl_core.errors import IndexDTypeError, IndexShapeError, PageAlignmentError, SGLError
 from sgl_cuda import _copy_engine, kvcacheio
 
@@ -259,9 +261,8 @@ def test_empty_indices_are_a_no_op() -> None:
 @pytest.fixture(params=["slices", "gather", "batch"])
 def direct_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Run direct copies through run slices (threshold 0), gather/scatter (huge) and
-    the batched copy engine (threshold 0; on CPU it falls back to the slices)."""
-    threshold = 1 << 40 if request.param == "gather" else 0
-    monkeypatch.setattr(kvcacheio, "_SHORT_RUN_BYTES", threshold)
+    the batched copy engine (threshold 0; on CPU it falls back to the slices);
+    ``tuning_of(mode)`` is the tuning object a test passes to pick the path."""
     batch = request.param == "batch"
     monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "batch" if batch else "foreach")
     monkeypatch.setattr(_copy_engine, "MAX_BATCH", 3)  # several runtime calls per transfer
@@ -279,20 +280,27 @@ def direct_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     assert _copy_engine.disabled_reason() == ""
 
 
+def tuning_of(mode: str) -> CopyTuning:
+    """The device's preset (its cross-device policy too), with the gather limit pinned."""
+    limit = 1 << 40 if mode == "gather" else 0
+    return dataclasses.replace(tuning_for(DEVICE), gather_below_run_bytes=limit)
+
+
 @cases
 def test_transfer_kv_direct(dtype: torch.dtype, page_size: int, direct_mode: str) -> None:
+    tuning = tuning_of(direct_mode)
     b = make(page_size, dtype)
     # pages 6, 7 -> 0, 1 are one run on both sides; 3 -> 4 and 0 -> 2 are not
     h, d = pages([6, 7, 3, 0], page_size), pages([0, 1, 4, 2], page_size)
     before = [t.clone() for t in b.host_lf]
-    kvcacheio.transfer_kv_direct(b.dev, b.host_lf, d.to(DEVICE), h, page_size)
+    kvcacheio.transfer_kv_direct(b.dev, b.host_lf, d.to(DEVICE), h, page_size, tuning=tuning)
     sync()
     for layer in range(LAYERS):
         expect_rows(before[layer], b.host_lf[layer], h, b.dev[layer][d.to(DEVICE)])
     # and back, one layer
     dst_before = b.dev[1].cpu()
     src = bits(tuple(b.host_lf[1].shape), dtype, torch.Generator().manual_seed(3))
-    kvcacheio.transfer_kv_direct([src], [b.dev[1]], h, d, page_size)
+    kvcacheio.transfer_kv_direct([src], [b.dev[1]], h, d, page_size, tuning=tuning)
     sync()
     expect_rows(dst_before, b.dev[1], d, src[h])
 

@@ -16,7 +16,7 @@ import torch
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._host_pool import AscendMLAHostPool
-from sgl_core import IOBackend, MLADevicePool, PoolBackend
+from sgl_core.backend import CopyTuning, IOBackend, MLADevicePool, PoolBackend
 
 __all__ = ["AscendBackend", "backend"]
 
@@ -28,8 +28,8 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
     #: Its one layout runs only ``kernel_ascend``.
     io_preference = (IOBackend.KERNEL_ASCEND,)
 
-    def __init__(self) -> None:
-        super().__init__(AscendMLADevicePool, AscendMLAHostPool)
+    def __init__(self, *, tuning: CopyTuning | None = None) -> None:
+        super().__init__(AscendMLADevicePool, AscendMLAHostPool, tuning=tuning)
 
     def is_available(self) -> bool:
         """True only when ``torch_npu`` imports and an NPU is visible."""

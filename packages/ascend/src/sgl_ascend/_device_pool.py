@@ -1,4 +1,4 @@
-"""Contiguous multi-layer MLA device pool of the Ascend backend (DESIGN §3).
+"""Contiguous multi-layer MLA device pool of the Ascend backend (docs/design.md section 5).
 
 Each component is one contiguous, layer-major 5-D tensor::
 
@@ -21,8 +21,8 @@ import torch
 
 from sgl_ascend import _npu
 from sgl_core import MLAPoolGeometry
-from sgl_core._copy import byte_view
-from sgl_core._validation import (
+from sgl_core.backend import (
+    byte_view,
     check_index_bounds,
     check_index_device,
     check_index_tensor,
@@ -132,6 +132,12 @@ class AscendMLADevicePool(MLAPoolGeometry):
     @property
     def has_index_k_scale(self) -> bool:
         return self.index_k_scale_buffer is not None
+
+    @property
+    def components(self) -> list[torch.Tensor]:
+        """k, v[, index_k[, index_k_scale]]: the buffers a host page mirrors, in flat order."""
+        extra = [b for b in (self.index_k_buffer, self.index_k_scale_buffer) if b is not None]
+        return [self.k_buffer, self.v_buffer, *extra]
 
     def indexer_slot(self, layer_id: int) -> int | None:
         """Row of ``layer_id`` in the indexer buffers, or None if it has no indexer."""

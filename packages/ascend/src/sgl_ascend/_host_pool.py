@@ -37,10 +37,18 @@ import torch
 
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
-from sgl_ascend._transfer import PagePlan, backup_rows, load_row, plan_pages
-from sgl_core import HostLayout, IOBackend, MLADevicePool, MLAHostPoolBase
-from sgl_core._memory import page_aligned_zeros
-from sgl_core._validation import check_backed
+from sgl_ascend._transfer import KvSplitMover
+from sgl_core.backend import (
+    CopyTuning,
+    HostLayout,
+    IOBackend,
+    MLADevicePool,
+    MLAHostPoolBase,
+    MoverFactory,
+    check_backed,
+    check_layer_id,
+    page_aligned_zeros,
+)
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 
 __all__ = ["AscendMLAHostPool"]
@@ -53,8 +61,8 @@ def _indexer_config(pool: AscendMLADevicePool) -> tuple[int | None, tuple[int, .
 class AscendMLAHostPool(MLAHostPoolBase):
     """``page_first_kv_split`` host pool for :class:`AscendMLADevicePool` device pools."""
 
-    supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]] = {
-        HostLayout.PAGE_FIRST_KV_SPLIT: frozenset({IOBackend.KERNEL_ASCEND})
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
+        HostLayout.PAGE_FIRST_KV_SPLIT: {IOBackend.KERNEL_ASCEND: KvSplitMover}
     }
 
     k_buffer: torch.Tensor
@@ -71,11 +79,8 @@ class AscendMLAHostPool(MLAHostPoolBase):
         host_size_gb: float = 0.0,
         pin_memory: bool | None = None,
         io_backend: IOBackend | str | None = None,
+        tuning: CopyTuning | None = None,
     ) -> None:
-        self._check_layout(layout, io_backend)  # unsupported layouts fail first, by name
-        pool = self._ascend_pool(device_pool)
-        self._pin_request = pin_memory
-        self._indexer = _indexer_config(pool)
         super().__init__(
             device_pool,
             layout=layout,
@@ -83,9 +88,17 @@ class AscendMLAHostPool(MLAHostPoolBase):
             host_size_gb=host_size_gb,
             pin_memory=pin_memory,
             io_backend=io_backend,
+            tuning=tuning,
         )
 
     # ----------------------------------------------------------------- hooks
+    def _configure(self, device_pool: MLADevicePool) -> None:
+        # After the layout check (unsupported layouts fail first, by name).
+        self._indexer = _indexer_config(self._ascend_pool(device_pool))
+
+    def _pin_policy(self, requested: bool | None, device: torch.device) -> bool:
+        return _npu.pin_host_memory(requested, device, super()._pin_policy(requested, device))
+
     @staticmethod
     def _ascend_pool(device_pool: MLADevicePool) -> AscendMLADevicePool:
         if not isinstance(device_pool, AscendMLADevicePool):
@@ -135,16 +148,10 @@ class AscendMLAHostPool(MLAHostPoolBase):
         per_indexer_row = (head_dim or 0) * self.shape.itemsize + (4 if scale else 0)
         return self.shape.layout_dim + len(layers) * per_indexer_row
 
-    #: The only io backend of this layout (validated before it is used).
-    _io = IOBackend.KERNEL_ASCEND
-
     def _is_page_granular(self, io_backend: IOBackend) -> bool:
         return True
 
     def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
-        self.pin_memory = _npu.pin_host_memory(
-            self._pin_request, device_pool.device, self.pin_memory
-        )
         pages = (self.page_num, self.layer_num, self.page_size, 1)
         self.k_buffer = self._zeros((*pages, self.shape.kv_lora_rank), self.dtype)
         self.v_buffer = self._zeros((*pages, self.shape.qk_rope_head_dim), self.dtype)
@@ -174,44 +181,20 @@ class AscendMLAHostPool(MLAHostPoolBase):
 
     @staticmethod
     def _device_buffers(pool: AscendMLADevicePool) -> list[torch.Tensor]:
-        extra = [b for b in (pool.index_k_buffer, pool.index_k_scale_buffer) if b is not None]
-        return [pool.k_buffer, pool.v_buffer, *extra]
+        return pool.components
 
-    # ------------------------------------------------------------- transfers
-    def _backup(
-        self,
-        device_pool: MLADevicePool,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        io_backend: IOBackend,
-    ) -> None:
-        dev = self._device_buffers(self._ascend_pool(device_pool))
-        backup_rows(
-            list(zip(self.buffers, dev, strict=True)), self._plan(host_indices, device_indices)
-        )
-
-    def _load(
-        self,
-        device_pool: MLADevicePool,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        layer_id: int,
-        io_backend: IOBackend,
-    ) -> None:
+    def layer_views(
+        self, device_pool: MLADevicePool, layer_id: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(device_rows, host_pages)`` of ``k`` then ``v`` for one layer."""
+        layer_id = check_layer_id(layer_id, self.layer_num)
+        self.check_device_pool(device_pool)
         pool = self._ascend_pool(device_pool)
-        slot = pool.indexer_slot(layer_id)
-        rows = [layer_id, layer_id] + ([] if slot is None else [slot, slot])
-        triples = list(zip(self.buffers, self._device_buffers(pool), rows, strict=False))
-        load_row(triples, self._plan(host_indices, device_indices))
-
-    def _plan(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> PagePlan:
-        """Plan a transfer; per-layer loads of the same indices reuse the first layer's plan."""
-        cached = self._cached_plan()
-        if isinstance(cached, PagePlan):
-            return cached
-        plan = plan_pages(host_indices, device_indices, self.page_size)
-        self._store_plan(plan)
-        return plan
+        views = []
+        for dev, host in ((pool.k_buffer, self.k_buffer), (pool.v_buffer, self.v_buffer)):
+            rows = dev[layer_id]
+            views.append((rows.reshape(-1, rows.shape[-1]), host[:, layer_id, :, 0]))
+        return views
 
     # -------------------------------------------------------------- L3 pages
     @property

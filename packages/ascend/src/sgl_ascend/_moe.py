@@ -28,7 +28,7 @@ import torch
 
 from sgl_ascend import _npu
 from sgl_core import MoEWeights, silu_and_mul
-from sgl_core._moe import check_routing
+from sgl_core.backend import check_routing
 from sgl_core.errors import ShapeMismatchError
 
 __all__ = [

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sgl_core._devices import parse_device, usable_device
+from sgl_core.backend import parse_device, usable_device
 from sgl_core.errors import BackendUnavailableError
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "npu_available",
     "pin_host_memory",
     "resolve_device",
+    "synchronize",
     "transfer_stream",
 ]
 
@@ -115,6 +116,15 @@ def transfer_stream(device: torch.device) -> Iterator[None]:
     with npu.stream(side):
         yield
     current.wait_stream(side)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for all work queued on ``device``; a no-op outside NPUs (copies are synchronous)."""
+    if device.type != "npu":
+        return
+    import_torch_npu()
+    npu: Any = getattr(torch, "npu")  # noqa: B009 - attribute added by torch_npu
+    npu.synchronize(device)
 
 
 @functools.cache

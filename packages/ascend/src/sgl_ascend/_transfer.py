@@ -14,7 +14,7 @@ runs are short (many tiny blocks), the whole batch instead goes through one
 ``index_select``/``index_copy_`` over the page axis per component. Either way
 there is no Python loop per page, and no loop per layer. The exception is a
 per-row load between CPU tensors with big pages: each page of each component
-is then one ``memmove`` by address (``sgl_core._copy.memmove_blocks``), which
+is then one ``memmove`` by address (``sgl_core.backend.memmove_blocks``), which
 costs less than the two tensor views a run copy needs.
 
 Between devices (an NPU pool and a pinned host pool) the run copies are
@@ -31,31 +31,30 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from sgl_ascend import _npu
-from sgl_core._copy import (
+from sgl_ascend._device_pool import AscendMLADevicePool
+from sgl_core.backend import (
+    CopyTuning,
     IndexRuns,
+    MLADevicePool,
+    PlanCache,
+    Transfer,
     byte_view,
     copy_pairs,
     memmove_blocks,
     merge_runs,
+    tuning_for,
     widen_rows,
 )
 
-__all__ = ["PagePlan", "backup_rows", "load_row", "plan_pages"]
+if TYPE_CHECKING:
+    from sgl_ascend._host_pool import AscendMLAHostPool
 
-# Runs that move fewer bytes than this (all components) go through gather/scatter.
-# Between devices every run is a DMA launch (~10 us), so batch aggressively; on one
-# device (CPU tensors) a run costs a few us of Python and gather/scatter costs a
-# second pass over the bytes, so only tiny runs are worth it.
-SHORT_RUN_BYTES = 256 << 10
-SHORT_RUN_BYTES_SAME_DEVICE = 32 << 10
-# Per-row loads between CPU tensors copy page blocks by address (``memmove_blocks``)
-# once a page of one row is this big over all components (page 32 and up at
-# DeepSeek-V3 width); building views costs more than copying such blocks.
-BY_ADDRESS_PAGE_BYTES = 32 << 10
+__all__ = ["KvSplitMover", "PagePlan", "backup_rows", "plan_pages"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,21 +84,23 @@ def _page_bytes(tensor: torch.Tensor, rows: int) -> int:
     return rows * int(tensor.shape[2]) * int(tensor.shape[4]) * tensor.element_size()
 
 
-def _short_runs(plan: PagePlan, bytes_per_page: int, *, same_device: bool = False) -> bool:
+def _short_runs(plan: PagePlan, bytes_per_page: int, tuning: CopyTuning) -> bool:
+    """Whether runs average under ``tuning.gather_below_page_run_bytes`` (gather instead)."""
     runs = len(plan.runs)
-    limit = SHORT_RUN_BYTES_SAME_DEVICE if same_device else SHORT_RUN_BYTES
+    limit = tuning.gather_below_page_run_bytes
     return runs > 1 and plan.num_pages * bytes_per_page < limit * runs
 
 
-def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan) -> None:
+def backup_rows(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan, tuning: CopyTuning
+) -> None:
     """Device -> host for every row of every ``(host, device)`` component pair."""
     if not pairs or not plan.num_pages:
         return
     device = pairs[0][1].device
     per_page = sum(_page_bytes(h, int(h.shape[1])) for h, _ in pairs)
-    same = pairs[0][0].device == device
     with _npu.transfer_stream(device):
-        if _short_runs(plan, per_page, same_device=same):
+        if _short_runs(plan, per_page, tuning):
             dev_pages = plan.device_pages.to(device)
             for host, dev in pairs:  # fp8 has no index kernels: move bytes
                 gathered = byte_view(dev).index_select(1, dev_pages).transpose(0, 1)
@@ -114,45 +115,19 @@ def backup_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePl
             for host, dev_pages in page_major:
                 dst.append(host[h : h + n])
                 src.append(dev_pages[d : d + n])
-        copy_pairs(dst, src)
+        copy_pairs(dst, src, batched=tuning.batched_cross_device)
 
 
-def load_row(triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: PagePlan) -> None:
-    """Host -> device of one row per ``(host, device, row)`` component; other rows untouched."""
-    if not triples or not plan.num_pages:
-        return
-    device = triples[0][1].device
-    per_page = sum(_page_bytes(h, 1) for h, _, _ in triples)
-    same = triples[0][0].device == device
-    by_address = same and device.type == "cpu" and per_page >= BY_ADDRESS_PAGE_BYTES
-    if by_address and _load_row_by_address(triples, plan):
-        return
-    with _npu.transfer_stream(device):
-        if _short_runs(plan, per_page, same_device=same):
-            dev_pages = plan.device_pages.to(device)
-            for host, dev, row in triples:
-                staged = byte_view(host[:, row]).index_select(0, plan.host_pages.to(host.device))
-                byte_view(dev[row]).index_copy_(0, dev_pages, staged.to(device))
-            return
-        # One page of one row in its own dtype is big enough for ATen to copy
-        # with all cores (faster here than serial wide-int blocks).
-        one_row = [(dev[row], host[:, row]) for host, dev, row in triples]
-        dst: list[torch.Tensor] = []
-        src: list[torch.Tensor] = []
-        for h, d, n in plan.runs:
-            for dev_row, host_row in one_row:
-                dst.append(dev_row[d : d + n])
-                src.append(host_row[h : h + n])
-        copy_pairs(dst, src)
-
-
-def _load_row_by_address(
+def _row_addresses(
     triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: PagePlan
-) -> bool:
-    """One ``memmove`` per (page, component); False (nothing copied) if a page is not contiguous."""
+) -> tuple[list[int], list[int], list[int]] | None:
+    """Device and host addresses and sizes of one ``memmove`` per (page, component).
+
+    None (copy another way) when a component is not contiguous.
+    """
     for host, dev, _ in triples:
         if not (host.is_contiguous() and dev.is_contiguous()):
-            return False
+            return None
     host_pages = plan.host_pages
     dev_pages = plan.device_pages
     dst: list[int] = []
@@ -172,5 +147,92 @@ def _load_row_by_address(
         src += (host_pages * (host.stride(0) * item) + host_base).tolist()
         dst += (dev_pages * (dev.stride(1) * item) + dev_base).tolist()
         sizes += [_page_bytes(host, 1)] * plan.num_pages
-    memmove_blocks(dst, src, sizes)
-    return True
+    return dst, src, sizes
+
+
+@dataclasses.dataclass
+class _LoadPlan:
+    """A transfer's page plan and, per row, the by-address blocks of its loads."""
+
+    pages: PagePlan
+    addresses: dict[int, tuple[list[int], list[int], list[int]] | None] = dataclasses.field(
+        default_factory=dict
+    )
+
+
+class KvSplitMover:
+    """``kernel_ascend`` io of ``page_first_kv_split``: whole pages, every component.
+
+    ``buffers`` are the host components in flat-page order; ``device_buffers``
+    maps a (validated) device pool to its components in the same order and
+    ``rows`` a layer to the row of each component (``indexer_slot``).
+    """
+
+    def __init__(self, pool: AscendMLAHostPool) -> None:
+        self.buffers = pool.buffers
+        self.page_size = pool.page_size
+        self.tuning = pool.tuning
+        self._plans: PlanCache[_LoadPlan] = PlanCache()
+        self._queued_on: set[torch.device] = set()
+
+    def check(self, device_pool: MLADevicePool) -> None:
+        """The host pool checks the device pool's components; nothing more here."""
+
+    def synchronize(self) -> None:
+        """Wait for the copies queued on NPU streams (no-op on CPU)."""
+        for device in list(self._queued_on):
+            _npu.synchronize(device)
+
+    def backup(self, transfer: Transfer) -> None:
+        pool = _ascend(transfer.device_pool)
+        self._queued_on.add(pool.device)
+        pairs = list(zip(self.buffers, pool.components, strict=True))
+        backup_rows(pairs, self._pages(transfer), self.tuning or tuning_for(pool.device))
+
+    def load(self, transfer: Transfer, layer_id: int) -> None:
+        """Host -> device of one layer (and its indexer row); other rows untouched."""
+        pool = _ascend(transfer.device_pool)
+        plan = self._plans.get(transfer, lambda t: _LoadPlan(self._pages(t)))
+        pages = plan.pages
+        slot = pool.indexer_slot(layer_id)
+        rows = [layer_id, layer_id] + ([] if slot is None else [slot, slot])
+        triples = list(zip(self.buffers, pool.components, rows, strict=False))
+        device = pool.device
+        tune = self.tuning or tuning_for(device)
+        per_page = sum(_page_bytes(h, 1) for h, _, _ in triples)
+        same = self.buffers[0].device == device
+        if same and device.type == "cpu" and per_page >= tune.by_address_min_block_bytes:
+            if layer_id not in plan.addresses:  # the memo re-checked the storage
+                plan.addresses[layer_id] = _row_addresses(triples, pages)
+            blocks = plan.addresses[layer_id]
+            if blocks is not None:
+                memmove_blocks(*blocks)
+                return
+        self._queued_on.add(device)
+        with _npu.transfer_stream(device):
+            if _short_runs(pages, per_page, tune):
+                dev_pages = pages.device_pages.to(device)
+                for host, dev, row in triples:
+                    staged = byte_view(host[:, row]).index_select(
+                        0, pages.host_pages.to(host.device)
+                    )
+                    byte_view(dev[row]).index_copy_(0, dev_pages, staged.to(device))
+                return
+            # One page of one row in its own dtype is big enough for ATen to copy
+            # with all cores (faster here than serial wide-int blocks).
+            dst: list[torch.Tensor] = []
+            src: list[torch.Tensor] = []
+            for h, d, n in pages.runs:
+                for host, dev, row in triples:
+                    dst.append(dev[row, d : d + n])
+                    src.append(host[h : h + n, row])
+            copy_pairs(dst, src, batched=tune.batched_cross_device)
+
+    def _pages(self, transfer: Transfer) -> PagePlan:
+        return plan_pages(transfer.host_indices, transfer.device_indices, self.page_size)
+
+
+def _ascend(device_pool: MLADevicePool) -> AscendMLADevicePool:
+    # The host pool accepted only AscendMLADevicePool device pools.
+    assert isinstance(device_pool, AscendMLADevicePool)
+    return device_pool

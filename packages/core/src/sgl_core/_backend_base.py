@@ -11,6 +11,7 @@ from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._foreign_pool import as_device_pool
 from sgl_core._host_pool import MLAHostPoolBase
 from sgl_core._protocols import MLADevicePool
+from sgl_core._tuning import CopyTuning
 from sgl_core.errors import UnsupportedLayoutError
 
 __all__ = ["PoolBackend"]
@@ -36,10 +37,16 @@ class PoolBackend(Generic[DeviceT, HostT]):
     )
 
     def __init__(
-        self, device_pool_class: Callable[..., DeviceT], host_pool_class: type[HostT]
+        self,
+        device_pool_class: Callable[..., DeviceT],
+        host_pool_class: type[HostT],
+        *,
+        tuning: CopyTuning | None = None,
     ) -> None:
         self._device_pool_class = device_pool_class
         self._host_pool_class = host_pool_class
+        #: Given to every host pool this backend builds (None: each device's preset).
+        self.tuning = tuning
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -113,4 +120,5 @@ class PoolBackend(Generic[DeviceT, HostT]):
             host_size_gb=host_size_gb,
             pin_memory=pin_memory,
             io_backend=io_backend,
+            tuning=self.tuning,
         )

@@ -3,14 +3,14 @@
 Copies are planned as *runs*: maximal stretches where source and destination
 indices both step by +1. Each run becomes one slice copy per layer, and all
 slice copies of a call are issued through ``torch._foreach_copy_`` split
-across a few threads (CPU memcpy of scattered 10-100 KB blocks is bound by
-one core's bandwidth; two cores get close to a contiguous copy).
+across a few threads (CPU memcpy of scattered blocks is bound by one core's
+bandwidth, so a second thread helps).
 
 Between two CPU buffers, :func:`memmove_blocks` copies such blocks by address
-with libc's ``memmove`` (through ctypes, which drops the GIL for the call):
-about 1.5 us a block against about 10 us to build the two tensor views a
-``_foreach_copy_`` block needs, which is what bounds per-layer loads of
-scattered pages.
+with libc's ``memmove`` (through ctypes, which drops the GIL for the call),
+which costs less per block than building the two tensor views a
+``_foreach_copy_`` block needs; that cost bounds per-layer loads of scattered
+pages (measurements: BENCHMARKS.md, "Copy-path limits").
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 __all__ = [
     "IndexRuns",
     "byte_view",
+    "copy_batched",
     "copy_blocks",
     "copy_each",
     "copy_pairs",
@@ -156,14 +157,48 @@ def copy_each(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
         d.copy_(s, non_blocking=host_side.is_contiguous())
 
 
-def copy_pairs(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
-    """Copy block pairs: batched on one device, pair by pair across devices."""
+def copy_pairs(
+    dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], *, batched: bool = False
+) -> None:
+    """Copy block pairs: batched on one device; across devices pair by pair, or batched.
+
+    ``batched`` (``CopyTuning.batched_cross_device``) issues every cross-device
+    block in one non-blocking ``_foreach_copy_``: torch loops over the pairs in
+    C++, one async copy each. A strided pair would be staged through a
+    pageable temporary an async copy could outlive, so such pairs are split
+    into their contiguous pieces first, and any that stay strided are copied
+    blocking.
+    """
     if not dst:
         return
     if dst[0].device == src[0].device:
         copy_blocks(dst, src)
-    else:
+    elif not batched:
         copy_each(dst, src)
+    else:
+        copy_batched(dst, src)
+
+
+def copy_batched(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+    """Cross-device pairs in one non-blocking ``_foreach_copy_`` (see ``copy_pairs``)."""
+    dst_parts: list[torch.Tensor] = []
+    src_parts: list[torch.Tensor] = []
+    strided: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for d, s in zip(dst, src, strict=True):
+        if d.is_contiguous() and s.is_contiguous():
+            dst_parts.append(d)
+            src_parts.append(s)
+            continue
+        for dp, sp in zip(d.unbind(0), s.unbind(0), strict=True):
+            if dp.is_contiguous() and sp.is_contiguous():
+                dst_parts.append(dp)
+                src_parts.append(sp)
+            else:
+                strided.append((dp, sp))
+    if dst_parts:
+        torch._foreach_copy_(dst_parts, src_parts, non_blocking=True)
+    for dp, sp in strided:
+        dp.copy_(sp)
 
 
 def _memmove_all(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> None:

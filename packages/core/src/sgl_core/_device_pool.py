@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
 
 from sgl_core._copy import byte_view
 from sgl_core._devices import check_fits, usable_device
+from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
 from sgl_core._validation import (
     check_index_bounds,
@@ -17,7 +19,13 @@ from sgl_core._validation import (
 )
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, PoolSizeError
 
-__all__ = ["MLAPoolGeometry", "PerLayerMLADevicePool", "check_pool_geometry"]
+__all__ = [
+    "MLAPoolGeometry",
+    "PerLayerMLADevicePool",
+    "check_pool_geometry",
+    "device_layers",
+    "stacked_layers",
+]
 
 
 def check_pool_geometry(size: int, page_size: int) -> None:
@@ -187,3 +195,40 @@ class PerLayerMLADevicePool(MLAPoolGeometry):
         loc = self._check_loc(layer_id, loc)
         rows = byte_view(self.kv_buffer[layer_id]).index_select(0, loc).view(self.dtype)
         return rows[..., : self.kv_lora_rank], rows[..., self.kv_lora_rank :]
+
+
+def stacked_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``(layer_num, *layer.shape)`` view of layers that are equally spaced in one storage.
+
+    None when the layers are separate allocations (or replaced, or strided):
+    the caller then copies layer by layer.
+    """
+    first = layers[0]
+    if len(layers) < 2 or not first.is_contiguous():
+        return None
+    item = first.element_size()
+    step = layers[1].data_ptr() - first.data_ptr()
+    if step < first.numel() * item or step % item:
+        return None
+    storage = first.untyped_storage().data_ptr()
+    for i, layer in enumerate(layers):
+        if (
+            layer.data_ptr() != first.data_ptr() + i * step
+            or layer.untyped_storage().data_ptr() != storage
+            or layer.shape != first.shape
+            or layer.dtype != first.dtype
+            or not layer.is_contiguous()
+        ):
+            return None
+    return first.as_strided((len(layers), *first.shape), (step // item, *first.stride()))
+
+
+def device_layers(device_pool: MLADevicePool) -> list[torch.Tensor]:
+    """The per-layer ``kv_buffer`` list of a device pool, or ``PoolMismatchError``."""
+    layers = getattr(device_pool, "kv_buffer", None)
+    if not isinstance(layers, list) or len(layers) != device_pool.layer_num:
+        raise PoolMismatchError(
+            f"{type(device_pool).__name__} has no per-layer kv_buffer list; "
+            "this host pool needs a per-layer device pool (torch or cuda backend)"
+        )
+    return layers

@@ -40,7 +40,7 @@ class _StrChoice(str, enum.Enum):
 
 
 class HostLayout(_StrChoice):
-    """How a host pool arranges (token, layer) rows; see DESIGN §3."""
+    """How a host pool arranges (token, layer) rows; see docs/design.md section 5."""
 
     LAYER_FIRST = "layer_first"
     PAGE_FIRST = "page_first"

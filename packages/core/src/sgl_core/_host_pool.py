@@ -1,75 +1,62 @@
-"""Host-pool base shared by every backend: sizing, accounting, validation.
+"""Host-pool base shared by every backend: sizing, accounting, validation, dispatch.
 
-Backend authors subclass :class:`MLAHostPoolBase` and implement the
-``_allocate_buffers``/``_backup``/``_load`` hooks and the L3 page helpers. The
-public transfer methods here validate *everything* first and only then call
-the hooks, so a hook may assume well-formed, in-range, duplicate-free
-arguments and never has to undo a partial copy.
+Backend authors subclass :class:`MLAHostPoolBase`, implement
+``_allocate_buffers`` and the L3 page helpers, and declare ``movers``: per
+layout, the io backends the class runs and a factory for each one's
+:class:`~sgl_core._transfer.Mover`. ``supported_pairs`` is derived from
+``movers``. The public transfer methods validate *everything* first into a
+:class:`~sgl_core._transfer.Transfer` and then hand it to the mover in one
+call, so a mover may assume well-formed, in-range, duplicate-free arguments
+and never has to undo a partial copy.
 """
 
 from __future__ import annotations
 
 import abc
-import math
-import numbers
 import threading
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._host_args import HostArguments, describe_pairs, size_argument
+from sgl_core._host_slots import HostSlots
 from sgl_core._load_memo import CheckedLoad, tensor_signature
-from sgl_core._memory import available_host_bytes, should_pin
+from sgl_core._memory import should_pin
 from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
+from sgl_core._transfer import Mover, MoverFactory, Transfer
+from sgl_core._tuning import CopyTuning
 from sgl_core._validation import (
     check_index_bounds,
     check_index_device,
     check_index_pair,
-    check_index_tensor,
     check_layer_id,
     check_page_runs,
     check_unique,
 )
 from sgl_core.errors import (
-    ArgumentTypeError,
-    FreeError,
-    IndexOutOfRangeError,
-    PageAlignmentError,
     PoolMismatchError,
     PoolSizeError,
-    UnsupportedLayoutError,
 )
 
 __all__ = ["MLAHostPoolBase", "describe_pairs"]
 
-# Leave this much host memory to the rest of the process when sizing pools.
-_MEMORY_HEADROOM = 1 << 30
 
-
-def _size_argument(name: str, value: object) -> float:
-    """A finite, non-negative real number (``bool`` excluded), or a typed error."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ArgumentTypeError(f"{name} must be a real number, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
-        raise PoolSizeError(f"{name} must be finite and not negative, got {value!r}")
-    return number
-
-
-def describe_pairs(pairs: Mapping[HostLayout, frozenset[IOBackend]]) -> str:
-    return "; ".join(
-        f"{layout.value}: {', '.join(sorted(io.value for io in ios))}"
-        for layout, ios in pairs.items()
-    )
-
-
-class MLAHostPoolBase(abc.ABC):
+class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
     """Common behaviour of MLA host pools (see ``sgl_core.MLAHostPool``)."""
 
-    #: Host layouts this class builds, each with the io backends it runs.
+    #: Per host layout this class builds: each io backend it runs and its mover factory.
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
+    #: Host layouts this class builds, each with the io backends it runs (from ``movers``).
     supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        movers = getattr(cls, "movers", None)
+        if movers is not None:
+            cls.supported_pairs = {layout: frozenset(ios) for layout, ios in movers.items()}
 
     def __init__(
         self,
@@ -80,8 +67,12 @@ class MLAHostPoolBase(abc.ABC):
         host_size_gb: float = 0.0,
         pin_memory: bool | None = None,
         io_backend: IOBackend | str | None = None,
+        tuning: CopyTuning | None = None,
     ) -> None:
+        #: Path choices of this pool's direct copies; None: the device pool's preset.
+        self.tuning = tuning
         self._layout = self._check_layout(layout, io_backend)
+        self._configure(device_pool)
         self.shape = MLAShape(
             device_pool.layer_num,
             device_pool.kv_lora_rank,
@@ -91,46 +82,33 @@ class MLAHostPoolBase(abc.ABC):
         self._page_size = device_pool.page_size
         self._size = self._compute_size(
             device_pool,
-            _size_argument("host_to_device_ratio", host_to_device_ratio),
-            _size_argument("host_size_gb", host_size_gb),
+            size_argument("host_to_device_ratio", host_to_device_ratio),
+            size_argument("host_size_gb", host_size_gb),
         )
-        self.pin_memory = should_pin(pin_memory, device_pool.device)
+        self.pin_memory = self._pin_policy(pin_memory, device_pool.device)
         self._lock = threading.RLock()
         self._allocated = torch.zeros(self._size, dtype=torch.bool)
         self._last_checked: CheckedLoad | None = None
-        # Per thread: a write-back thread and a load thread share one pool.
-        self._call_state = threading.local()
         self._free_slots = torch.arange(self._size, dtype=torch.int64)
         try:
             self._allocate_buffers(device_pool)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise PoolSizeError(f"host pool of {self._size} tokens does not fit: {exc}") from None
+        self._movers: dict[IOBackend, Mover] = {
+            io: factory(self) for io, factory in type(self).movers[self._layout].items()
+        }
 
     # ----------------------------------------------------------------- hooks
     @abc.abstractmethod
     def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
         """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
 
-    @abc.abstractmethod
-    def _backup(
-        self,
-        device_pool: MLADevicePool,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        io_backend: IOBackend,
-    ) -> None:
-        """Device -> host, every layer; arguments are already validated."""
+    def _configure(self, device_pool: MLADevicePool) -> None:
+        """Read what sizing and allocation need from ``device_pool`` (first hook called)."""
 
-    @abc.abstractmethod
-    def _load(
-        self,
-        device_pool: MLADevicePool,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        layer_id: int,
-        io_backend: IOBackend,
-    ) -> None:
-        """Host -> device, one layer; arguments are already validated."""
+    def _pin_policy(self, requested: bool | None, device: torch.device) -> bool:
+        """Whether host memory is pinned: ``requested``, else when ``device`` can use it."""
+        return should_pin(requested, device)
 
     def _bytes_per_token(self, device_pool: MLADevicePool) -> int:
         """Host bytes one token costs across layers and components."""
@@ -140,17 +118,28 @@ class MLAHostPoolBase(abc.ABC):
         """True when ``io_backend`` on this layout moves whole pages only."""
         return False
 
-    def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:  # noqa: B027
+    def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
         """Reject device pools whose storage this host pool cannot address."""
 
     def _layer_storage(self, device_pool: MLADevicePool, layer_id: int) -> Sequence[torch.Tensor]:
         """The device tensors a load of ``layer_id`` writes (re-checked on the memo path)."""
         return ()
 
-    def _check_io_support(  # noqa: B027
-        self, device_pool: MLADevicePool, io_backend: IOBackend
-    ) -> None:
-        """Reject an io backend that cannot run with this device pool (e.g. unpinned memory)."""
+    # ---------------------------------------------------------- capabilities
+    def synchronize(self) -> None:
+        """Wait for every transfer this pool queued; a no-op where transfers are synchronous."""
+        for mover in self._movers.values():
+            mover.synchronize()
+
+    def moves_whole_pages(self, io_backend: IOBackend | str) -> bool:
+        """True when ``io_backend`` on this layout takes whole, aligned pages only."""
+        return self._is_page_granular(self._check_io_backend(self._layout, io_backend))
+
+    def layer_views(
+        self, device_pool: MLADevicePool, layer_id: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per component: ``(device_rows, host_pages)`` of one layer (see ``LayerViews``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not show layer views")
 
     # ------------------------------------------------------------ properties
     @property
@@ -181,111 +170,6 @@ class MLAHostPoolBase(abc.ABC):
     def kv_cache_dim(self) -> int:
         return self.shape.kv_cache_dim
 
-    # ---------------------------------------------------------------- sizing
-    def _check_layout(
-        self, layout: HostLayout | str, io_backend: IOBackend | str | None
-    ) -> HostLayout:
-        pairs = type(self).supported_pairs
-        try:
-            parsed = HostLayout.parse(layout, argument="layout")
-        except ValueError as exc:
-            raise UnsupportedLayoutError(
-                f"{exc}; supported pairs: {describe_pairs(pairs)}"
-            ) from None
-        if parsed not in pairs:
-            raise UnsupportedLayoutError(
-                f"layout={parsed.value!r} is not supported by {type(self).__name__}; "
-                f"supported pairs: {describe_pairs(pairs)}"
-            )
-        if io_backend is not None:
-            self._check_io_backend(parsed, io_backend)
-        return parsed
-
-    def _check_io_backend(self, layout: HostLayout, io_backend: IOBackend | str) -> IOBackend:
-        pairs = type(self).supported_pairs
-        try:
-            parsed = IOBackend.parse(io_backend, argument="io_backend")
-        except ValueError as exc:
-            raise UnsupportedLayoutError(
-                f"{exc}; supported pairs: {describe_pairs(pairs)}"
-            ) from None
-        if parsed not in pairs[layout]:
-            raise UnsupportedLayoutError(
-                f"io_backend={parsed.value!r} does not run layout={layout.value!r}; "
-                f"supported pairs: {describe_pairs(pairs)}"
-            )
-        return parsed
-
-    def _compute_size(
-        self, device_pool: MLADevicePool, host_to_device_ratio: float, host_size_gb: float
-    ) -> int:
-        per_token = self._bytes_per_token(device_pool)
-        if host_size_gb > 0:
-            tokens = int(host_size_gb * 1e9) // per_token
-        else:
-            tokens = int(device_pool.size * host_to_device_ratio)
-        size = tokens // self._page_size * self._page_size
-        if size <= 0:
-            raise PoolSizeError(
-                f"host pool would hold no whole page of {self._page_size} tokens "
-                f"(host_size_gb={host_size_gb}, host_to_device_ratio={host_to_device_ratio})"
-            )
-        needed = size * per_token
-        available = available_host_bytes()
-        if available is not None and needed > available - _MEMORY_HEADROOM:
-            raise PoolSizeError(
-                f"host pool needs {needed / 1e9:.2f} GB but only {available / 1e9:.2f} GB "
-                "of host memory is available (keeping 1 GiB headroom); "
-                "lower host_size_gb or host_to_device_ratio"
-            )
-        return size
-
-    # ------------------------------------------------------------ accounting
-    def available_size(self) -> int:
-        with self._lock:
-            return int(self._free_slots.numel())
-
-    def alloc(self, need_size: int) -> torch.Tensor | None:
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-            raise PoolSizeError(f"need_size must be a non-negative int, got {need_size!r}")
-        if need_size % self._page_size:
-            raise PageAlignmentError(
-                f"need_size={need_size} is not a multiple of page_size={self._page_size}"
-            )
-        with self._lock:
-            if need_size > self._free_slots.numel():
-                return None
-            taken = self._free_slots[:need_size].clone()
-            self._free_slots = self._free_slots[need_size:]
-            self._allocated[taken] = True
-            return taken
-
-    def free(self, indices: torch.Tensor) -> int:
-        indices = check_index_tensor(indices, "indices").to("cpu")
-        with self._lock:
-            try:
-                check_index_bounds(indices, self._size, "indices")
-            except IndexOutOfRangeError as exc:
-                raise FreeError(str(exc)) from None
-            if torch.unique(indices).numel() != indices.numel():
-                raise FreeError("indices frees the same slot twice")
-            try:
-                check_page_runs(indices, self._page_size, "indices")
-            except PageAlignmentError as exc:
-                # alloc hands out whole pages; a partial page back would misalign later allocs
-                raise FreeError(str(exc)) from None
-            if indices.numel() and not bool(self._allocated[indices].all()):
-                bad = int(indices[~self._allocated[indices]][0])
-                raise FreeError(f"indices holds slot {bad}, which is not allocated (double free?)")
-            self._allocated[indices] = False
-            self._free_slots = torch.cat([self._free_slots, indices])
-            return int(indices.numel())
-
-    def clear(self) -> None:
-        with self._lock:
-            self._allocated.zero_()
-            self._free_slots = torch.arange(self._size, dtype=torch.int64)
-
     # ------------------------------------------------------------- transfers
     def backup_from_device_all_layer(
         self,
@@ -294,11 +178,11 @@ class MLAHostPoolBase(abc.ABC):
         device_indices: torch.Tensor,
         io_backend: IOBackend | str,
     ) -> None:
-        io = self._check_transfer(
+        transfer = self._check_transfer(
             device_pool, host_indices, device_indices, io_backend, "host_indices"
         )
-        if host_indices.numel():
-            self._backup(device_pool, host_indices, device_indices, io)
+        if transfer.count:
+            self._movers[transfer.io].backup(transfer)
 
     def load_to_device_per_layer(
         self,
@@ -332,38 +216,17 @@ class MLAHostPoolBase(abc.ABC):
             or not checked.matches(fingerprint, host_indices, device_indices, io_backend)
             or checked.storage[layer_id] != self._storage_signature(device_pool, layer_id)
         ):
-            io = self._check_transfer(
+            transfer = self._check_transfer(
                 device_pool, host_indices, device_indices, io_backend, "device_indices"
             )
             storage = [self._storage_signature(device_pool, i) for i in range(self.layer_num)]
-            checked = CheckedLoad(
-                fingerprint, host_indices, device_indices, io_backend, io, storage
-            )
+            checked = CheckedLoad(fingerprint, io_backend, transfer, storage)
             self._last_checked = checked
-        if host_indices.numel():
-            self._call_state.call = checked
-            try:
-                self._load(device_pool, host_indices, device_indices, layer_id, checked.io)
-            finally:
-                self._call_state.call = None
+        if checked.transfer.count:
+            self._movers[checked.transfer.io].load(checked.transfer, layer_id)
 
     def _storage_signature(self, device_pool: MLADevicePool, layer_id: int) -> tuple[object, ...]:
         return tuple(tensor_signature(t) for t in self._layer_storage(device_pool, layer_id))
-
-    def _active_call(self) -> CheckedLoad | None:
-        call: CheckedLoad | None = getattr(self._call_state, "call", None)
-        return call
-
-    def _cached_plan(self) -> object:
-        """The copy plan a hook stored for this thread's current per-layer load, if any."""
-        call = self._active_call()
-        return None if call is None else call.plan
-
-    def _store_plan(self, plan: object) -> None:
-        """Keep ``plan`` for the following layers' loads of the same indices (this thread)."""
-        call = self._active_call()
-        if call is not None:
-            call.plan = plan
 
     def _device_pool_fingerprint(self, device_pool: MLADevicePool) -> tuple[object, ...]:
         """Objects compared by identity; held (not their ids) so none can be recycled.
@@ -379,7 +242,8 @@ class MLAHostPoolBase(abc.ABC):
         device_indices: torch.Tensor,
         io_backend: IOBackend | str,
         destination: str,
-    ) -> IOBackend:
+    ) -> Transfer:
+        """Every check of a transfer, before any byte moves; the typed result."""
         io = self._check_io_backend(self._layout, io_backend)
         self.check_device_pool(device_pool)
         host_indices, device_indices = check_index_pair(
@@ -398,8 +262,8 @@ class MLAHostPoolBase(abc.ABC):
         if self._is_page_granular(io):
             check_page_runs(host_indices, self._page_size, "host_indices")
             check_page_runs(device_indices, self._page_size, "device_indices")
-        self._check_io_support(device_pool, io)
-        return io
+        self._movers[io].check(device_pool)
+        return Transfer(device_pool, host_indices, device_indices, io)
 
     def check_device_pool(self, device_pool: MLADevicePool) -> None:
         """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
@@ -426,38 +290,3 @@ class MLAHostPoolBase(abc.ABC):
                 f"qk_rope_head_dim, dtype, page_size) = {theirs}, expected {mine}"
             )
         self._check_device_pool_kind(device_pool)
-
-    # -------------------------------------------------------------- L3 pages
-    def _check_page_start(self, index: int) -> int:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise ArgumentTypeError(f"index must be an int, got {type(index).__name__}")
-        if not 0 <= index < self._size:
-            raise IndexOutOfRangeError(f"index={index} is outside [0, {self._size})")
-        if index % self._page_size:
-            raise PageAlignmentError(
-                f"index={index} is not a page start (page_size={self._page_size})"
-            )
-        return index
-
-    def _page_starts(self, indices: torch.Tensor | Sequence[int]) -> list[int]:
-        tensor = (
-            indices
-            if isinstance(indices, torch.Tensor)
-            else torch.tensor(list(indices), dtype=torch.int64)
-        )
-        tensor = check_index_tensor(tensor, "indices").to("cpu")
-        check_index_bounds(tensor, self._size, "indices")
-        check_page_runs(tensor, self._page_size, "indices")
-        starts: list[int] = tensor[:: self._page_size].tolist()
-        return starts
-
-    def _check_flat_page(self, data_page: torch.Tensor, expected_numel: int) -> None:
-        if not isinstance(data_page, torch.Tensor):
-            raise ArgumentTypeError(
-                f"data_page must be a torch.Tensor, got {type(data_page).__name__}"
-            )
-        if data_page.dtype != self.dtype or data_page.numel() != expected_numel:
-            raise PoolMismatchError(
-                f"data_page must hold {expected_numel} elements of {self.dtype}, "
-                f"got {data_page.numel()} of {data_page.dtype}"
-            )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from sgl_core._enums import IOBackend
+from sgl_core._transfer import Transfer
 
 __all__ = ["CheckedLoad", "IndexStamp", "reads_contents", "tensor_signature"]
 
@@ -92,30 +93,26 @@ class CheckedLoad:
         "device_indices",
         "fingerprint",
         "host_indices",
-        "io",
         "io_backend",
-        "plan",
         "storage",
+        "transfer",
     )
 
     def __init__(
         self,
         fingerprint: tuple[object, ...],
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
         io_backend: IOBackend | str,
-        io: IOBackend,
+        transfer: Transfer,
         storage: list[tuple[object, ...]],
     ) -> None:
         self.fingerprint = fingerprint
-        self.host_indices = IndexStamp(host_indices)
-        self.device_indices = IndexStamp(device_indices)
+        self.host_indices = IndexStamp(transfer.host_indices)
+        self.device_indices = IndexStamp(transfer.device_indices)
         self.io_backend = io_backend
-        self.io = io
+        #: The validated transfer, handed again to the mover for the next layers' loads.
+        self.transfer = transfer
         #: Per layer: the signatures of the device tensors its load touches.
         self.storage = storage
-        # A backend's copy plan for these indices, reused by the next layers' loads.
-        self.plan: object = None
 
     def matches(
         self,

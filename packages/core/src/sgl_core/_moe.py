@@ -79,7 +79,7 @@ def maybe_fuse_routed_scale_and_shared_add(
     shared: torch.Tensor | None,
     routed_scaling_factor: float,
 ) -> torch.Tensor:
-    """Combine routed and shared expert outputs in place (DESIGN §5).
+    """Combine routed and shared expert outputs in place (docs/design.md section 9).
 
     * Methods that fold the scale: ``shared.add_(routed, alpha=s)`` when
       ``shared`` is given (returns ``shared``), else ``routed.mul_(s)``;

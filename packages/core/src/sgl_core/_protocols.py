@@ -19,7 +19,15 @@ import torch
 
 from sgl_core._enums import HostLayout, IOBackend
 
-__all__ = ["Backend", "MLADevicePool", "MLAHostPool", "MoEExperts", "MoEMethod"]
+__all__ = [
+    "Backend",
+    "EmulatedWithoutDevice",
+    "LayerViews",
+    "MLADevicePool",
+    "MLAHostPool",
+    "MoEExperts",
+    "MoEMethod",
+]
 
 
 @runtime_checkable
@@ -67,11 +75,14 @@ class MLADevicePool(Protocol):
 
 @runtime_checkable
 class MLAHostPool(Protocol):
-    """A host-memory backup of MLA KV pages (HiCache L2), see DESIGN §4.
+    """A host-memory backup of MLA KV pages (HiCache L2), see docs/design.md section 6.
 
     Host token indices are ``[0, size)``; ``size`` is whole pages. Transfers
     validate every argument first: a rejected call raises a
     ``sgl_core.errors`` exception and changes no byte of either pool.
+    Transfers may return once queued on an accelerator stream: call
+    ``synchronize()`` before reading host bytes another way than through the
+    pool (its own page helpers wait by themselves).
     """
 
     @property
@@ -104,6 +115,14 @@ class MLAHostPool(Protocol):
         io_backend: IOBackend | str,
     ) -> None:
         """Copy layer ``layer_id`` of ``host_indices`` rows back to the device."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait until every transfer this pool queued has finished (no-op when synchronous)."""
+        ...
+
+    def moves_whole_pages(self, io_backend: IOBackend | str) -> bool:
+        """True when ``io_backend`` on this pool's layout takes whole, aligned pages only."""
         ...
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -143,6 +162,42 @@ class MLAHostPool(Protocol):
 
     def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
         """``(base_ptrs, total_bytes, object_bytes)`` of each host buffer, for registration."""
+        ...
+
+
+@runtime_checkable
+class LayerViews(Protocol):
+    """A host pool that shows one layer of a transfer as tensors (benchmarks, checks).
+
+    ``layer_views(device_pool, layer_id)`` returns, per component of the
+    layer, ``(device_rows, host_pages)``: ``device_rows (slots, dim)``
+    addressed by device token index and ``host_pages (pages, page_size, dim)``
+    addressed by ``(host_index // page_size, host_index % page_size)``; both
+    are views of the pools' own memory, so copies between them move real bytes.
+    """
+
+    def layer_views(
+        self, device_pool: MLADevicePool, layer_id: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+@runtime_checkable
+class EmulatedWithoutDevice(Protocol):
+    """A backend that, without its device, runs only in an emulator (correctness only).
+
+    Tools that time transfers leave such a backend out of "every backend"
+    runs, and turn the emulator on when it is named explicitly.
+    """
+
+    def missing_device(self) -> str:
+        """Why it is not available here, e.g. ``"no XYZ device here"``."""
+        ...
+
+    def start_emulation(self) -> str:
+        """Make this process run the backend emulated; a note saying how.
+
+        Raises ``BackendUnavailableError`` when it is too late in this process.
+        """
         ...
 
 

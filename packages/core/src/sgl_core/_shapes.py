@@ -1,4 +1,4 @@
-"""Shape and byte arithmetic of MLA KV caches (DESIGN §3)."""
+"""Shape and byte arithmetic of MLA KV caches (docs/design.md section 5)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from sgl_core._backend_base import PoolBackend
 from sgl_core._device_pool import PerLayerMLADevicePool
 from sgl_core._enums import IOBackend
 from sgl_core._token_host_pool import TokenRowHostPool
+from sgl_core._tuning import CopyTuning
 
 __all__ = ["TorchBackend", "backend"]
 
@@ -26,8 +27,8 @@ class TorchBackend(PoolBackend[PerLayerMLADevicePool, TokenRowHostPool]):
     #: Every layout runs only ``direct`` (torch copies, no kernels).
     io_preference = (IOBackend.DIRECT,)
 
-    def __init__(self) -> None:
-        super().__init__(PerLayerMLADevicePool, TokenRowHostPool)
+    def __init__(self, *, tuning: CopyTuning | None = None) -> None:
+        super().__init__(PerLayerMLADevicePool, TokenRowHostPool, tuning=tuning)
 
 
 backend = TorchBackend()

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_core import IOBackend, PoolBackend
-from sgl_core._protocols import MLADevicePool
+from sgl_core.backend import CopyTuning, IOBackend, MLADevicePool, PoolBackend
+from sgl_cuda import kvcacheio
 from sgl_cuda._device_pool import CudaMLADevicePool
 from sgl_cuda._host_pool import CudaMLAHostPool
 
@@ -27,19 +27,31 @@ class CudaBackend(PoolBackend[CudaMLADevicePool, CudaMLAHostPool]):
     #: ``kernel`` (one Triton launch per call) wherever a layout runs it, else ``direct``.
     io_preference = (IOBackend.KERNEL, IOBackend.DIRECT)
 
-    def __init__(self) -> None:
-        super().__init__(CudaMLADevicePool, CudaMLAHostPool)
+    def __init__(self, *, tuning: CopyTuning | None = None) -> None:
+        super().__init__(CudaMLADevicePool, CudaMLAHostPool, tuning=tuning)
 
     def is_available(self) -> bool:
         return torch.cuda.is_available()
+
+    # ``sgl_core.backend.EmulatedWithoutDevice``: without a GPU, Triton's interpreter.
+    def missing_device(self) -> str:
+        return "no CUDA device here"
+
+    def start_emulation(self) -> str:
+        how = kvcacheio.start_interpreter()
+        return (
+            f"no CUDA device here; its Triton kernels run in the interpreter on CPU tensors "
+            f"({how}); its GB/s are not meaningful, its bit-exact checks are"
+        )
 
 
 backend = CudaBackend()
 
 if TYPE_CHECKING:
-    from sgl_core._protocols import Backend, MLAHostPool
+    from sgl_core.backend import Backend, EmulatedWithoutDevice, MLAHostPool
 
     _b: Backend = backend
+    _e: EmulatedWithoutDevice = backend
     _d: MLADevicePool = CudaMLADevicePool(
         size=1, page_size=1, dtype=torch.bfloat16, kv_lora_rank=1, qk_rope_head_dim=1, layer_num=1
     )

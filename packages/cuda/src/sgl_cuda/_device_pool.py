@@ -7,9 +7,7 @@ from typing import SupportsIndex, overload
 
 import torch
 
-from sgl_core import PerLayerMLADevicePool
-from sgl_core._devices import parse_device
-from sgl_core._validation import check_layer_id
+from sgl_core.backend import PerLayerMLADevicePool, check_layer_id, parse_device
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError
 from sgl_cuda.kvcacheio import interpreter_active
 

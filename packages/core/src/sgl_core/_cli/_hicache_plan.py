@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import sys
 
 import torch
 
@@ -25,7 +23,8 @@ from sgl_core._cli._checks import (
 )
 from sgl_core._cli._hicache import Case, HicacheConfig, list_cases
 from sgl_core._discovery import available_backends, get_backend
-from sgl_core._protocols import Backend
+from sgl_core._protocols import Backend, EmulatedWithoutDevice
+from sgl_core.errors import BackendUnavailableError
 
 __all__ = ["FULL_PAGE_SIZES", "INTERPRETED_SIZE", "Plan", "plan_run"]
 
@@ -33,10 +32,6 @@ FULL_PAGE_SIZES = [1, 16, 64, 128]
 # Under Triton's interpreter a kernel runs as numpy calls per program: the run
 # shrinks to this (layers, tokens) unless --layers/--tokens/--pages are given.
 INTERPRETED_SIZE = (4, 256)
-_TRUE = {"1", "true", "on", "yes"}
-# The module that defines the cuda backend's transfer kernels; Triton decides
-# interpreter or compiler when it is imported (read here, never imported).
-_CUDA_KERNELS = "sgl_cuda._triton.kvcacheio"
 
 
 @dataclasses.dataclass
@@ -51,33 +46,24 @@ class Plan:
     interpreted: set[str]  # backends whose kernels run in Triton's interpreter
 
 
-def _cuda_on_cpu(spec_all: bool, notes: list[str]) -> bool:
-    """Decide how the cuda backend runs without a CUDA device; False: leave it out.
+def _emulated(backend: EmulatedWithoutDevice, name: str, spec_all: bool, notes: list[str]) -> bool:
+    """Decide how a backend that only emulates without its device runs; False: leave it out.
 
-    Named explicitly, it runs in Triton's interpreter, which this process turns
-    on itself when the kernels are not yet defined; with ``--backend all`` it
-    is left out (the interpreter measures nothing about a GPU).
+    Named explicitly, it runs emulated (the backend turns its emulator on for
+    this process); with ``--backend all`` it is left out (an emulator measures
+    nothing about the device).
     """
     if spec_all:
         notes.append(
-            "backend 'cuda' left out: no CUDA device here; `sgl-bench hicache --backend cuda` "
-            "runs its kernels in the Triton interpreter (correctness only)"
+            f"backend {name!r} left out: {backend.missing_device()}; "
+            f"`sgl-bench hicache --backend {name}` runs it emulated (correctness only)"
         )
         return False
-    kernels = sys.modules.get(_CUDA_KERNELS)
-    if kernels is not None and not getattr(kernels, "INTERPRETED", False):
-        raise UsageError(
-            "backend 'cuda': no CUDA device here, and its Triton kernels were already built "
-            "for a GPU in this process; run it in a new process"
-        )
-    how = "TRITON_INTERPRET=1 was set"
-    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in _TRUE:
-        os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when the kernels are defined
-        how = "this run set TRITON_INTERPRET=1"
-    notes.append(
-        f"backend 'cuda': no CUDA device here; its Triton kernels run in the interpreter on "
-        f"CPU tensors ({how}); its GB/s are not meaningful, its bit-exact checks are"
-    )
+    try:
+        how = backend.start_emulation()
+    except BackendUnavailableError as exc:
+        raise UsageError(f"backend {name!r}: {exc}") from None
+    notes.append(f"backend {name!r}: {how}")
     return True
 
 
@@ -96,8 +82,8 @@ def select_backends(spec: str | None, notes: list[str]) -> tuple[list[Backend], 
         if backend in chosen:
             continue
         if not backend.is_available():
-            if backend.name == "cuda":
-                if not _cuda_on_cpu(spec_all, notes):
+            if isinstance(backend, EmulatedWithoutDevice):
+                if not _emulated(backend, backend.name, spec_all, notes):
                     continue
                 interpreted.add(backend.name)
             else:

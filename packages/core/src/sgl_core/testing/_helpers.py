@@ -63,8 +63,7 @@ def device_rows(device_pool: MLADevicePool, layer_id: int, loc: torch.Tensor) ->
 
 def host_bytes(host_pool: MLAHostPool) -> list[torch.Tensor]:
     """Every host page's flat bytes, in page order."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()  # transfers may still be in flight on a stream
+    host_pool.synchronize()  # transfers may still be in flight on a stream
     return [
         host_pool.get_data_page(start).contiguous().view(torch.uint8).clone()
         for start in range(0, host_pool.size, host_pool.page_size)

@@ -15,127 +15,39 @@ compares raw bytes read back through the public pool API.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from typing import ClassVar
+from collections.abc import Callable
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sgl_core._discovery import get_backend
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
 from sgl_core.errors import (
-    DeviceError,
-    FreeError,
     PageAlignmentError,
-    PoolSizeError,
     SGLError,
     UnsupportedLayoutError,
 )
 from sgl_core.testing._helpers import (
     device_rows,
     fill_device_random,
-    host_bytes,
     page_indices,
     random_bits,
-    read_memory,
     same_bytes,
     snapshot,
 )
+from sgl_core.testing._suite_pools import PoolChecks
 
 __all__ = ["BackendConformanceSuite"]
 
-Pair = tuple[HostLayout, IOBackend]
 
-# DESIGN §3: these pairs move whole pages and must reject anything else.
-PAGE_GRANULAR_PAIRS = frozenset(
-    {
-        (HostLayout.PAGE_FIRST_DIRECT, IOBackend.DIRECT),
-        (HostLayout.PAGE_FIRST_KV_SPLIT, IOBackend.KERNEL_ASCEND),
-    }
-)
+class BackendConformanceSuite(PoolChecks):
+    """Subclass with ``backend_name`` set; pytest collects the ``test_*`` methods.
 
-
-class BackendConformanceSuite:
-    """Subclass with ``backend_name`` set; pytest collects the ``test_*`` methods."""
-
-    backend_name: ClassVar[str] = "torch"
-    dtype: ClassVar[torch.dtype] = torch.bfloat16
-    layer_num: ClassVar[int] = 3
-    kv_lora_rank: ClassVar[int] = 16
-    qk_rope_head_dim: ClassVar[int] = 8
-    device_pages: ClassVar[int] = 6
-    page_sizes: ClassVar[tuple[int, ...]] = (1, 16, 64)
-    #: False where transfers cannot run from two threads (e.g. Triton's interpreter).
-    concurrent_transfers: ClassVar[bool] = True
-
-    # ----------------------------------------------------------------- hooks
-    @pytest.fixture
-    def backend(self) -> Backend:
-        return get_backend(self.backend_name)
-
-    def make_device_pool(self, backend: Backend, *, page_size: int, pages: int) -> MLADevicePool:
-        """Build a small device pool; override to pass backend-specific options."""
-        return backend.create_device_pool(
-            size=pages * page_size,
-            page_size=page_size,
-            dtype=self.dtype,
-            kv_lora_rank=self.kv_lora_rank,
-            qk_rope_head_dim=self.qk_rope_head_dim,
-            layer_num=self.layer_num,
-        )
-
-    # --------------------------------------------------------------- helpers
-    def pairs(self, backend: Backend) -> Iterator[Pair]:
-        for layout, ios in backend.supported_pairs.items():
-            for io in sorted(ios, key=lambda member: member.value):
-                yield layout, io
-
-    def build(
-        self, backend: Backend, layout: HostLayout, page_size: int, seed: int = 0
-    ) -> tuple[MLADevicePool, MLAHostPool]:
-        dev = self.make_device_pool(backend, page_size=page_size, pages=self.device_pages)
-        fill_device_random(dev, seed)
-        host = backend.create_host_pool(dev, layout=layout, host_to_device_ratio=2.0)
-        return dev, host
-
-    def round_trip(
-        self,
-        backend: Backend,
-        layout: HostLayout,
-        io: IOBackend,
-        page_size: int,
-        dev_pages: list[int],
-        host_pages: list[int],
-    ) -> None:
-        """Backup pages, reload them per layer into a second pool, compare bytes."""
-        src, host = self.build(backend, layout, page_size, seed=1)
-        dst = self.make_device_pool(backend, page_size=page_size, pages=self.device_pages)
-        fill_device_random(dst, 2)
-        d_idx = page_indices(dev_pages, page_size)
-        h_idx = page_indices(host_pages, page_size)
-        before_host = host_bytes(host)
-        host.backup_from_device_all_layer(src, h_idx, d_idx, io)
-        after_host = host_bytes(host)
-        for page in range(host.size // page_size):
-            if page not in host_pages:
-                assert torch.equal(before_host[page], after_host[page]), f"host page {page} touched"
-        all_slots = torch.arange(dst.size + dst.page_size, dtype=torch.int64)
-        untouched = torch.ones(all_slots.numel(), dtype=torch.bool)
-        untouched[d_idx] = False
-        dst_before = [device_rows(dst, layer, all_slots) for layer in range(self.layer_num)]
-        for layer in range(self.layer_num):
-            host.load_to_device_per_layer(dst, h_idx, d_idx, layer, io)
-        for layer in range(self.layer_num):
-            expected = device_rows(src, layer, d_idx)
-            got = device_rows(dst, layer, d_idx)
-            assert torch.equal(expected, got), (
-                f"{layout.value}/{io.value} page_size={page_size}: layer {layer} differs"
-            )
-            now = device_rows(dst, layer, all_slots)
-            assert torch.equal(now[untouched], dst_before[layer][untouched]), "device slot touched"
+    Hooks, class attributes and helpers: ``SuiteBase``; pool and L3 checks:
+    ``PoolChecks``; the transfer checks are here.
+    """
 
     # ----------------------------------------------------------------- tests
     def test_supported_pairs_are_typed(self, backend: Backend) -> None:
@@ -152,6 +64,32 @@ class BackendConformanceSuite:
             chosen = backend.default_io(layout)
             assert chosen in ios, f"default_io({layout.value!r}) = {chosen!r} not in {set(ios)}"
             assert backend.default_io(layout.value) is chosen  # strings too, same answer
+
+    def test_page_granularity_is_what_the_pool_says(self, backend: Backend) -> None:
+        """A pair that takes partial pages moves them bit-exact; one that does not rejects them.
+
+        (The rejection, with no byte changed, is in ``bad_calls``.)
+        """
+        ps = 16
+        for layout, io in self.pairs(backend):
+            src, host = self.build(backend, layout, ps, seed=11)
+            whole = host.moves_whole_pages(io)
+            assert isinstance(whole, bool)
+            assert host.moves_whole_pages(io.value) is whole
+            unsupported = [b for b in IOBackend if b not in backend.supported_pairs[layout]]
+            if unsupported:
+                with pytest.raises(UnsupportedLayoutError):
+                    host.moves_whole_pages(unsupported[0])
+            if whole:
+                continue
+            d_idx = torch.tensor([3, 17, 18, 40], dtype=torch.int64)
+            h_idx = torch.tensor([70, 5, 6, 33], dtype=torch.int64)
+            host.backup_from_device_all_layer(src, h_idx, d_idx, io)
+            dst = self.make_device_pool(backend, page_size=ps, pages=self.device_pages)
+            fill_device_random(dst, 12)
+            for layer in range(self.layer_num):
+                host.load_to_device_per_layer(dst, h_idx, d_idx, layer, io)
+                assert torch.equal(device_rows(src, layer, d_idx), device_rows(dst, layer, d_idx))
 
     @pytest.mark.parametrize("page_size", [1, 16, 64])
     def test_round_trip_shuffled_pages(self, backend: Backend, page_size: int) -> None:
@@ -280,7 +218,7 @@ class BackendConformanceSuite:
             cases.append(
                 ("unsupported io", ValueError, lambda: backup(dev, good_h, good_d, unsupported[0]))
             )
-        if ps > 1 and (host.layout, io) in PAGE_GRANULAR_PAIRS:
+        if ps > 1 and host.moves_whole_pages(io):
             shifted = good_h + 1
             cases.append(("misaligned", ValueError, lambda: backup(dev, shifted, good_d, io)))
         return cases
@@ -363,162 +301,6 @@ class BackendConformanceSuite:
                         device_rows(other, layer, d_idx), device_rows(dev, layer, d_idx)
                     )
 
-    def test_bad_pool_arguments_are_typed_errors(self, backend: Backend) -> None:
-        """Sizing and device arguments: ``sgl_core.errors``, before anything is allocated."""
-        dev = self.make_device_pool(backend, page_size=16, pages=2)
-        layout = next(iter(backend.supported_pairs))
-        for name, value, builtin in (
-            ("host_to_device_ratio", float("nan"), ValueError),
-            ("host_to_device_ratio", float("inf"), ValueError),
-            ("host_to_device_ratio", "2", TypeError),
-            ("host_size_gb", None, TypeError),
-            ("host_size_gb", float("nan"), ValueError),
-            ("host_size_gb", 1e9, ValueError),  # an exabyte: beyond memory
-        ):
-            with pytest.raises(SGLError) as info:
-                backend.create_host_pool(dev, layout=layout, **{name: value})  # type: ignore[arg-type]
-            assert isinstance(info.value, builtin), f"{name}={value!r}: {info.value!r}"
-        for device in ("bogus", 0, "meta"):
-            with pytest.raises(DeviceError):
-                backend.create_device_pool(
-                    size=16,
-                    page_size=16,
-                    dtype=self.dtype,
-                    kv_lora_rank=self.kv_lora_rank,
-                    qk_rope_head_dim=self.qk_rope_head_dim,
-                    layer_num=self.layer_num,
-                    device=device,  # type: ignore[arg-type]
-                )
-        with pytest.raises(PoolSizeError):  # about 1 PB
-            backend.create_device_pool(
-                size=2**40,
-                page_size=16,
-                dtype=self.dtype,
-                kv_lora_rank=512,
-                qk_rope_head_dim=64,
-                layer_num=self.layer_num,
-            )
-
-    def test_unsupported_layout_rejected_at_build(self, backend: Backend) -> None:
-        dev = self.make_device_pool(backend, page_size=16, pages=2)
-        for layout in HostLayout:
-            if layout not in backend.supported_pairs:
-                with pytest.raises(UnsupportedLayoutError, match="supported pairs"):
-                    backend.create_host_pool(dev, layout=layout)
-        with pytest.raises(UnsupportedLayoutError):
-            backend.create_host_pool(dev, layout="no_such_layout")
-        for layout, ios in backend.supported_pairs.items():
-            for io in IOBackend:
-                if io not in ios:
-                    with pytest.raises(UnsupportedLayoutError, match="supported pairs"):
-                        backend.create_host_pool(dev, layout=layout, io_backend=io)
-            # The engine's plain strings are accepted.
-            pool = backend.create_host_pool(
-                dev, layout=layout.value, io_backend=next(iter(ios)).value
-            )
-            assert pool.layout is layout
-
-    def test_l3_page_helpers(self, backend: Backend) -> None:
-        for layout, io in self.pairs(backend):
-            dev, host = self.build(backend, layout, 16, seed=7)
-            idx = page_indices([0, 1, 2], 16)
-            host.backup_from_device_all_layer(dev, page_indices([3, 1, 2], 16), idx, io)
-            page = host.get_data_page(16)
-            assert page.dim() == 1
-            dummy = host.get_dummy_flat_data_page()
-            assert dummy.shape == page.shape and dummy.dtype == page.dtype
-            assert not bool(dummy.view(torch.uint8).any())
-            host.set_from_flat_data_page(5 * 16, page)
-            assert torch.equal(host.get_data_page(5 * 16).view(torch.uint8), page.view(torch.uint8))
-            ptrs, sizes = host.get_page_buffer_meta(page_indices([1, 3], 16))
-            per_page = len(ptrs) // 2
-            assert len(ptrs) == len(sizes) == 2 * per_page > 0
-            for k, start in enumerate((16, 48)):
-                raw = b"".join(
-                    read_memory(p, s)
-                    for p, s in zip(
-                        ptrs[k * per_page : (k + 1) * per_page],
-                        sizes[k * per_page : (k + 1) * per_page],
-                        strict=True,
-                    )
-                )
-                assert (
-                    raw
-                    == host.get_data_page(start).contiguous().view(torch.uint8).numpy().tobytes()
-                )
-            bases, totals, objects = host.get_contiguous_buf_infos()
-            assert len(bases) == len(totals) == len(objects) > 0
-            for p, s in zip(ptrs, sizes, strict=True):
-                assert any(b <= p and p + s <= b + t for b, t in zip(bases, totals, strict=True))
-            with pytest.raises(IndexError):
-                host.get_data_page(host.size)
-            with pytest.raises(ValueError):
-                host.get_data_page(1)
-            with pytest.raises(ValueError):
-                host.set_from_flat_data_page(0, page[:-1])
-            with pytest.raises(ValueError):
-                host.get_page_buffer_meta([1, 2])
-
-    def test_alloc_free_accounting(self, backend: Backend) -> None:
-        layout = next(iter(backend.supported_pairs))
-        _, host = self.build(backend, layout, 16)
-        total = host.size
-        assert host.available_size() == total
-        first = host.alloc(32)
-        assert first is not None and first.numel() == 32
-        assert host.available_size() == total - 32
-        assert host.alloc(total) is None
-        with pytest.raises(ValueError):
-            host.alloc(5)
-        assert host.free(first) == 32
-        with pytest.raises(FreeError):
-            host.free(first)
-        with pytest.raises(FreeError):
-            host.free(torch.tensor([total], dtype=torch.int64))
-        assert host.available_size() == total
-        pages = host.alloc(32)
-        assert pages is not None
-        # Handing back part of a page would misalign later allocations.
-        with pytest.raises(FreeError):
-            host.free(pages[1:17])
-        assert host.free(pages) == 32
-        taken = host.alloc(total)
-        assert taken is not None and torch.unique(taken).numel() == total
-        host.clear()
-        assert host.available_size() == total
-
-    def test_alloc_free_threads(self, backend: Backend) -> None:
-        layout = next(iter(backend.supported_pairs))
-        _, host = self.build(backend, layout, 16)
-        owners: dict[int, int] = {}
-        owners_lock = threading.Lock()
-        errors: list[str] = []
-
-        def worker(me: int) -> None:
-            for _ in range(50):
-                got = host.alloc(16)
-                if got is None:
-                    continue
-                with owners_lock:
-                    for slot in got.tolist():
-                        if slot in owners:
-                            errors.append(f"slot {slot} handed out twice")
-                        owners[slot] = me
-                with owners_lock:
-                    for slot in got.tolist():
-                        del owners[slot]
-                host.free(got)
-
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
-        assert host.available_size() == host.size
-
-    # Each backend's subclass is its own executor of this one method; that is
-    # the point of a shared suite, so the differing-executors check is moot.
     @settings(
         max_examples=12,
         deadline=None,

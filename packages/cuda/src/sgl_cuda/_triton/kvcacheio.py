@@ -10,7 +10,7 @@ chunks of ``BLOCK_W`` words. A row's address is::
 where ``base(layer)`` is either a pointer table entry ``tbl[layer]`` (uint64
 holding a byte address, converted to an ``int64*``) or a plain base pointer
 plus ``layer * layer_stride``. That covers the three address forms of
-DESIGN §4: layer-first, page-first and pointer table.
+docs/design.md section 5: layer-first, page-first and pointer table.
 
 Programs run roughly in launch order, so the order decides which addresses are
 touched together. By default the layers are the outer loop (a 2-D grid of

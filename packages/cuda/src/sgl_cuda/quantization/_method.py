@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.nn.functional as F
 
-from sgl_core._moe import check_routing
+from sgl_core.backend import check_routing
 from sgl_core.errors import ArgumentTypeError, ShapeMismatchError
 from sgl_cuda.quantization._align import moe_align_block_size
 from sgl_cuda.quantization._ops import ggml_moe_a8_vec

@@ -1,0 +1,110 @@
+"""Constructor arguments of a host pool: layout and io backend checks, sizing.
+
+A base of ``MLAHostPoolBase``: a layout or io backend the class has no mover
+for is ``UnsupportedLayoutError`` naming the supported pairs; the pool's size
+comes from ``host_size_gb`` or ``host_to_device_ratio``, in whole pages, and
+must fit in the host memory the kernel reports as available, less a headroom.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import ClassVar
+
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._memory import available_host_bytes
+from sgl_core._protocols import MLADevicePool
+from sgl_core.errors import ArgumentTypeError, PoolSizeError, UnsupportedLayoutError
+
+__all__ = ["HostArguments", "describe_pairs", "size_argument"]
+
+# Leave this much host memory to the rest of the process when sizing pools.
+_MEMORY_HEADROOM = 1 << 30
+
+
+def size_argument(name: str, value: object) -> float:
+    """A finite, non-negative real number (``bool`` excluded), or a typed error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be a real number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise PoolSizeError(f"{name} must be finite and not negative, got {value!r}")
+    return number
+
+
+def describe_pairs(pairs: Mapping[HostLayout, frozenset[IOBackend]]) -> str:
+    return "; ".join(
+        f"{layout.value}: {', '.join(sorted(io.value for io in ios))}"
+        for layout, ios in pairs.items()
+    )
+
+
+class HostArguments:
+    """Layout, io backend and size checks; ``supported_pairs`` is the host class's."""
+
+    supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
+    _page_size: int
+
+    def _bytes_per_token(self, device_pool: MLADevicePool) -> int:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- sizing
+    def _check_layout(
+        self, layout: HostLayout | str, io_backend: IOBackend | str | None
+    ) -> HostLayout:
+        pairs = type(self).supported_pairs
+        try:
+            parsed = HostLayout.parse(layout, argument="layout")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(
+                f"{exc}; supported pairs: {describe_pairs(pairs)}"
+            ) from None
+        if parsed not in pairs:
+            raise UnsupportedLayoutError(
+                f"layout={parsed.value!r} is not supported by {type(self).__name__}; "
+                f"supported pairs: {describe_pairs(pairs)}"
+            )
+        if io_backend is not None:
+            self._check_io_backend(parsed, io_backend)
+        return parsed
+
+    def _check_io_backend(self, layout: HostLayout, io_backend: IOBackend | str) -> IOBackend:
+        pairs = type(self).supported_pairs
+        try:
+            parsed = IOBackend.parse(io_backend, argument="io_backend")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(
+                f"{exc}; supported pairs: {describe_pairs(pairs)}"
+            ) from None
+        if parsed not in pairs[layout]:
+            raise UnsupportedLayoutError(
+                f"io_backend={parsed.value!r} does not run layout={layout.value!r}; "
+                f"supported pairs: {describe_pairs(pairs)}"
+            )
+        return parsed
+
+    def _compute_size(
+        self, device_pool: MLADevicePool, host_to_device_ratio: float, host_size_gb: float
+    ) -> int:
+        per_token = self._bytes_per_token(device_pool)
+        if host_size_gb > 0:
+            tokens = int(host_size_gb * 1e9) // per_token
+        else:
+            tokens = int(device_pool.size * host_to_device_ratio)
+        size = tokens // self._page_size * self._page_size
+        if size <= 0:
+            raise PoolSizeError(
+                f"host pool would hold no whole page of {self._page_size} tokens "
+                f"(host_size_gb={host_size_gb}, host_to_device_ratio={host_to_device_ratio})"
+            )
+        needed = size * per_token
+        available = available_host_bytes()
+        if available is not None and needed > available - _MEMORY_HEADROOM:
+            raise PoolSizeError(
+                f"host pool needs {needed / 1e9:.2f} GB but only {available / 1e9:.2f} GB "
+                "of host memory is available (keeping 1 GiB headroom); "
+                "lower host_size_gb or host_to_device_ratio"
+            )
+        return size

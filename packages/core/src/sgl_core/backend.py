@@ -1,0 +1,141 @@
+"""What ``sgl_core`` promises to backend authors.
+
+``sgl_core`` (its ``__all__``) is the API a serving engine uses. This module
+is the interface a *device package* builds on: everything ``sgl_cuda`` and
+``sgl_ascend`` use from core comes from here, and an import-linter contract
+forbids them from importing any private ``sgl_core._*`` module. A name here
+is kept stable like the engine API; private modules may change shape freely.
+
+Groups:
+
+* **protocols and enums**: ``Backend``, ``MLADevicePool``, ``MLAHostPool``,
+  ``HostLayout``, ``IOBackend``; the capabilities tools ask for instead of
+  naming a device family: ``LayerViews`` (a host pool shows one layer as
+  tensors) and ``EmulatedWithoutDevice`` (a backend that, without its device,
+  runs only emulated);
+* **pool bases and geometry**: ``PoolBackend`` (backend plumbing),
+  ``MLAHostPoolBase`` (sizing, accounting, validation before any copy),
+  ``TokenRowHostPool`` (the token-row host layouts), ``PerLayerMLADevicePool``,
+  ``MLAPoolGeometry``, ``MLAShape``, ``describe_pairs``, ``device_layers``,
+  ``stacked_layers``;
+* **the mover seam**: a host pool validates a call into a ``Transfer`` and
+  hands it to the ``Mover`` of its io backend (``mover.backup(transfer)``,
+  ``mover.load(transfer, layer_id)``); ``MLAHostPoolBase.movers`` declares,
+  per layout, each io backend's ``MoverFactory`` (``supported_pairs`` is
+  derived from it); ``PlanCache`` keeps a mover's plan for the per-layer
+  loads of one transfer; ``RowDirectMover`` is the token-row ``direct`` mover;
+* **validation helpers** (each raises a typed ``sgl_core.errors`` error):
+  ``check_index_tensor``, ``check_index_pair``, ``check_index_device``,
+  ``check_index_bounds``, ``check_unique``, ``check_page_runs``,
+  ``check_layer_id``, ``check_backed``, ``check_routing`` (MoE top-k);
+* **devices and memory**: ``parse_device``, ``usable_device``, ``check_fits``,
+  ``should_pin``, ``page_aligned_zeros`` (host buffers on page boundaries, for
+  ``O_DIRECT`` storage);
+* **the copy kit** (the ``direct`` io building blocks): ``IndexRuns``,
+  ``merge_runs``, ``byte_view``, ``widen_rows``, ``copy_blocks``,
+  ``copy_each``, ``copy_batched``, ``copy_pairs``, ``memmove_blocks``, and
+  the one tuning object that picks a copy's path: ``CopyTuning`` with
+  per-device presets (``tuning_for``; ``NEVER`` turns a path off).
+
+The conformance suite a backend runs against itself is
+``sgl_core.testing.BackendConformanceSuite`` (it needs the ``testing``
+extra, so it is not imported here).
+"""
+
+from __future__ import annotations
+
+from sgl_core._backend_base import PoolBackend
+from sgl_core._copy import (
+    IndexRuns,
+    byte_view,
+    copy_batched,
+    copy_blocks,
+    copy_each,
+    copy_pairs,
+    memmove_blocks,
+    merge_runs,
+    widen_rows,
+)
+from sgl_core._device_pool import (
+    MLAPoolGeometry,
+    PerLayerMLADevicePool,
+    device_layers,
+    stacked_layers,
+)
+from sgl_core._devices import check_fits, parse_device, usable_device
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._host_pool import MLAHostPoolBase, describe_pairs
+from sgl_core._memory import page_aligned_zeros, should_pin
+from sgl_core._moe import check_routing
+from sgl_core._protocols import (
+    Backend,
+    EmulatedWithoutDevice,
+    LayerViews,
+    MLADevicePool,
+    MLAHostPool,
+)
+from sgl_core._row_mover import RowDirectMover
+from sgl_core._shapes import MLAShape
+from sgl_core._token_host_pool import TokenRowHostPool
+from sgl_core._transfer import Mover, MoverFactory, PlanCache, Transfer
+from sgl_core._tuning import NEVER, CopyTuning, tuning_for
+from sgl_core._validation import (
+    check_backed,
+    check_index_bounds,
+    check_index_device,
+    check_index_pair,
+    check_index_tensor,
+    check_layer_id,
+    check_page_runs,
+    check_unique,
+)
+
+__all__ = [
+    "Backend",
+    "CopyTuning",
+    "EmulatedWithoutDevice",
+    "HostLayout",
+    "IOBackend",
+    "IndexRuns",
+    "LayerViews",
+    "MLADevicePool",
+    "MLAHostPool",
+    "MLAHostPoolBase",
+    "MLAPoolGeometry",
+    "MLAShape",
+    "Mover",
+    "MoverFactory",
+    "NEVER",
+    "PerLayerMLADevicePool",
+    "PlanCache",
+    "PoolBackend",
+    "RowDirectMover",
+    "TokenRowHostPool",
+    "Transfer",
+    "byte_view",
+    "check_backed",
+    "check_fits",
+    "check_index_bounds",
+    "check_index_device",
+    "check_index_pair",
+    "check_index_tensor",
+    "check_layer_id",
+    "check_page_runs",
+    "check_routing",
+    "check_unique",
+    "copy_batched",
+    "copy_blocks",
+    "copy_each",
+    "copy_pairs",
+    "describe_pairs",
+    "device_layers",
+    "memmove_blocks",
+    "merge_runs",
+    "page_aligned_zeros",
+    "parse_device",
+    "should_pin",
+    "stacked_layers",
+    "tuning_for",
+    "usable_device",
+    "widen_rows",
+]

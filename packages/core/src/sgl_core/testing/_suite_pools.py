@@ -1,0 +1,186 @@
+"""Conformance checks of pool construction, accounting and the L3 page helpers."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._protocols import Backend
+from sgl_core.errors import (
+    DeviceError,
+    FreeError,
+    PoolSizeError,
+    SGLError,
+    UnsupportedLayoutError,
+)
+from sgl_core.testing._helpers import (
+    page_indices,
+    read_memory,
+)
+from sgl_core.testing._suite_base import SuiteBase
+
+__all__ = ["PoolChecks"]
+
+
+class PoolChecks(SuiteBase):
+    """Checks that need no transfer in flight: arguments, accounting, L3 pages."""
+
+    def test_bad_pool_arguments_are_typed_errors(self, backend: Backend) -> None:
+        """Sizing and device arguments: ``sgl_core.errors``, before anything is allocated."""
+        dev = self.make_device_pool(backend, page_size=16, pages=2)
+        layout = next(iter(backend.supported_pairs))
+        for name, value, builtin in (
+            ("host_to_device_ratio", float("nan"), ValueError),
+            ("host_to_device_ratio", float("inf"), ValueError),
+            ("host_to_device_ratio", "2", TypeError),
+            ("host_size_gb", None, TypeError),
+            ("host_size_gb", float("nan"), ValueError),
+            ("host_size_gb", 1e9, ValueError),  # an exabyte: beyond memory
+        ):
+            with pytest.raises(SGLError) as info:
+                backend.create_host_pool(dev, layout=layout, **{name: value})  # type: ignore[arg-type]
+            assert isinstance(info.value, builtin), f"{name}={value!r}: {info.value!r}"
+        for device in ("bogus", 0, "meta"):
+            with pytest.raises(DeviceError):
+                backend.create_device_pool(
+                    size=16,
+                    page_size=16,
+                    dtype=self.dtype,
+                    kv_lora_rank=self.kv_lora_rank,
+                    qk_rope_head_dim=self.qk_rope_head_dim,
+                    layer_num=self.layer_num,
+                    device=device,  # type: ignore[arg-type]
+                )
+        with pytest.raises(PoolSizeError):  # about 1 PB
+            backend.create_device_pool(
+                size=2**40,
+                page_size=16,
+                dtype=self.dtype,
+                kv_lora_rank=512,
+                qk_rope_head_dim=64,
+                layer_num=self.layer_num,
+            )
+
+    def test_unsupported_layout_rejected_at_build(self, backend: Backend) -> None:
+        dev = self.make_device_pool(backend, page_size=16, pages=2)
+        for layout in HostLayout:
+            if layout not in backend.supported_pairs:
+                with pytest.raises(UnsupportedLayoutError, match="supported pairs"):
+                    backend.create_host_pool(dev, layout=layout)
+        with pytest.raises(UnsupportedLayoutError):
+            backend.create_host_pool(dev, layout="no_such_layout")
+        for layout, ios in backend.supported_pairs.items():
+            for io in IOBackend:
+                if io not in ios:
+                    with pytest.raises(UnsupportedLayoutError, match="supported pairs"):
+                        backend.create_host_pool(dev, layout=layout, io_backend=io)
+            # The engine's plain strings are accepted.
+            pool = backend.create_host_pool(
+                dev, layout=layout.value, io_backend=next(iter(ios)).value
+            )
+            assert pool.layout is layout
+
+    def test_l3_page_helpers(self, backend: Backend) -> None:
+        for layout, io in self.pairs(backend):
+            dev, host = self.build(backend, layout, 16, seed=7)
+            idx = page_indices([0, 1, 2], 16)
+            host.backup_from_device_all_layer(dev, page_indices([3, 1, 2], 16), idx, io)
+            page = host.get_data_page(16)
+            assert page.dim() == 1
+            dummy = host.get_dummy_flat_data_page()
+            assert dummy.shape == page.shape and dummy.dtype == page.dtype
+            assert not bool(dummy.view(torch.uint8).any())
+            host.set_from_flat_data_page(5 * 16, page)
+            assert torch.equal(host.get_data_page(5 * 16).view(torch.uint8), page.view(torch.uint8))
+            ptrs, sizes = host.get_page_buffer_meta(page_indices([1, 3], 16))
+            per_page = len(ptrs) // 2
+            assert len(ptrs) == len(sizes) == 2 * per_page > 0
+            for k, start in enumerate((16, 48)):
+                raw = b"".join(
+                    read_memory(p, s)
+                    for p, s in zip(
+                        ptrs[k * per_page : (k + 1) * per_page],
+                        sizes[k * per_page : (k + 1) * per_page],
+                        strict=True,
+                    )
+                )
+                assert (
+                    raw
+                    == host.get_data_page(start).contiguous().view(torch.uint8).numpy().tobytes()
+                )
+            bases, totals, objects = host.get_contiguous_buf_infos()
+            assert len(bases) == len(totals) == len(objects) > 0
+            for p, s in zip(ptrs, sizes, strict=True):
+                assert any(b <= p and p + s <= b + t for b, t in zip(bases, totals, strict=True))
+            with pytest.raises(IndexError):
+                host.get_data_page(host.size)
+            with pytest.raises(ValueError):
+                host.get_data_page(1)
+            with pytest.raises(ValueError):
+                host.set_from_flat_data_page(0, page[:-1])
+            with pytest.raises(ValueError):
+                host.get_page_buffer_meta([1, 2])
+
+    def test_alloc_free_accounting(self, backend: Backend) -> None:
+        layout = next(iter(backend.supported_pairs))
+        _, host = self.build(backend, layout, 16)
+        total = host.size
+        assert host.available_size() == total
+        first = host.alloc(32)
+        assert first is not None and first.numel() == 32
+        assert host.available_size() == total - 32
+        assert host.alloc(total) is None
+        with pytest.raises(ValueError):
+            host.alloc(5)
+        assert host.free(first) == 32
+        with pytest.raises(FreeError):
+            host.free(first)
+        with pytest.raises(FreeError):
+            host.free(torch.tensor([total], dtype=torch.int64))
+        assert host.available_size() == total
+        pages = host.alloc(32)
+        assert pages is not None
+        # Handing back part of a page would misalign later allocations.
+        with pytest.raises(FreeError):
+            host.free(pages[1:17])
+        assert host.free(pages) == 32
+        taken = host.alloc(total)
+        assert taken is not None and torch.unique(taken).numel() == total
+        host.clear()
+        assert host.available_size() == total
+
+    def test_alloc_free_threads(self, backend: Backend) -> None:
+        layout = next(iter(backend.supported_pairs))
+        _, host = self.build(backend, layout, 16)
+        owners: dict[int, int] = {}
+        owners_lock = threading.Lock()
+        errors: list[str] = []
+
+        def worker(me: int) -> None:
+            for _ in range(50):
+                got = host.alloc(16)
+                if got is None:
+                    continue
+                with owners_lock:
+                    for slot in got.tolist():
+                        if slot in owners:
+                            errors.append(f"slot {slot} handed out twice")
+                        owners[slot] = me
+                with owners_lock:
+                    for slot in got.tolist():
+                        del owners[slot]
+                host.free(got)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert host.available_size() == host.size
+
+    # Each backend's subclass is its own executor of this one method; that is
+    # the point of a shared suite, so the differing-executors check is moot.

@@ -1,0 +1,251 @@
+"""The ``*_direct`` transfers of ``sgl_cuda.kvcacheio``: slice copies, no kernels.
+
+Index pairs are merged into runs where both sides step by +1 (whole pages for
+the page-first-direct forms), and each run is one slice copy per layer, or
+one gather/scatter per layer when runs are short; the limits and the
+cross-device policy come from a ``CopyTuning`` (``sgl_core.backend``; default:
+the accelerator side's preset). With CUDA >= 12.8 and an opt-in, the pieces
+go in one batched copy-engine call instead (``sgl_cuda._copy_engine``).
+Checked: what is O(1) to check; unchecked: bounds, duplicates, layer shapes
+(the host pools check those first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from sgl_core.backend import CopyTuning, byte_view, copy_pairs, merge_runs, tuning_for
+from sgl_core.errors import (
+    IndexDTypeError,
+    IndexShapeError,
+    LayerIndexError,
+    PageAlignmentError,
+    ShapeMismatchError,
+)
+from sgl_cuda import _copy_engine
+
+__all__ = [
+    "transfer_kv_all_layer_direct_lf_pf",
+    "transfer_kv_direct",
+    "transfer_kv_per_layer_direct_pf_lf",
+]
+
+
+def _cpu_indices(
+    src_indices: torch.Tensor, dst_indices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    for name, idx in (("src_indices", src_indices), ("dst_indices", dst_indices)):
+        if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64:
+            raise IndexDTypeError(f"{name} must be a torch.int64 tensor")
+        if idx.dim() != 1:
+            raise IndexShapeError(f"{name} must be 1-D")
+    if src_indices.numel() != dst_indices.numel():
+        raise IndexShapeError(
+            "src_indices and dst_indices must have equal length, "
+            f"got {src_indices.numel()} and {dst_indices.numel()}"
+        )
+    return src_indices.to("cpu"), dst_indices.to("cpu")
+
+
+def _check_page_size(page_size: int) -> int:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+        raise PageAlignmentError(f"page_size must be a positive int, got {page_size!r}")
+    return page_size
+
+
+def _tuning(
+    tuning: CopyTuning | None, src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]
+) -> CopyTuning:
+    """``tuning``, else the preset of the accelerator side (CPU when both are on the CPU)."""
+    if tuning is not None:
+        return tuning
+    devices = [t.device for t in (*src[:1], *dst[:1]) if t.device.type != "cpu"]
+    return tuning_for(devices[0] if devices else torch.device("cpu"))
+
+
+def transfer_kv_direct(
+    src_layers: Sequence[torch.Tensor],
+    dst_layers: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    page_size: int,
+    *,
+    mode: str | None = None,
+    tuning: CopyTuning | None = None,
+) -> None:
+    """Row ``src_layers[l][src_indices[i]]`` -> ``dst_layers[l][dst_indices[i]]`` for every l.
+
+    Index pairs are merged into runs where both sides step by +1; each run is
+    one slice copy per layer. When runs are short on average (scattered
+    tokens) each layer is one gather and one scatter instead. Any pairing
+    works; ``page_size`` is accepted for the upstream signature and only
+    checked to be positive. Unchecked: bounds, duplicates, layer shapes.
+
+    With CUDA >= 12.8 and long runs, every (layer, run) piece goes in one
+    batched copy-engine call (``mode``: see ``sgl_cuda._copy_engine``).
+    ``tuning`` (default: the device's preset, ``sgl_core.backend.tuning_for``)
+    sets what counts as a short run and the cross-device copy policy.
+    """
+    _check_page_size(page_size)
+    copy_mode = _copy_engine.resolve_mode(mode)
+    src_list, dst_list = list(src_layers), list(dst_layers)
+    if len(src_list) != len(dst_list):
+        raise ShapeMismatchError(
+            f"src_layers has {len(src_list)} layers, dst_layers {len(dst_list)}"
+        )
+    src_idx, dst_idx = _cpu_indices(src_indices, dst_indices)
+    n = src_idx.numel()
+    if n == 0 or not src_list:
+        return
+    tune = _tuning(tuning, src_list, dst_list)
+    short = tune.gather_below_run_bytes
+    if _copy_engine.layer_first(src_list, dst_list, src_idx, dst_idx, copy_mode, short):
+        return
+    runs = merge_runs(src_idx, dst_idx)
+    row_bytes = src_list[0][0].numel() * src_list[0].element_size()
+    if row_bytes * n // len(runs) < short:
+        s_dev = src_idx.to(src_list[0].device, non_blocking=True)
+        d_dev = dst_idx.to(dst_list[0].device, non_blocking=True)
+        for s_layer, d_layer in zip(src_list, dst_list, strict=True):
+            # fp8 has no index kernels: gather and scatter its bytes
+            rows = byte_view(s_layer).index_select(0, s_dev)
+            # Device -> CPU must complete before the CPU scatter reads ``rows``.
+            rows = rows.to(d_layer.device, non_blocking=d_layer.device.type != "cpu")
+            byte_view(d_layer).index_copy_(0, d_dev, rows)
+        return
+    dst_blocks: list[torch.Tensor] = []
+    src_blocks: list[torch.Tensor] = []
+    for s_layer, d_layer in zip(src_list, dst_list, strict=True):
+        for s, d, length in runs:
+            dst_blocks.append(d_layer[d : d + length])
+            src_blocks.append(s_layer[s : s + length])
+    copy_pairs(dst_blocks, src_blocks, batched=tune.batched_cross_device)
+
+
+def _page_indices(
+    src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    src_idx, dst_idx = _cpu_indices(src_indices, dst_indices)
+    if src_idx.numel() % page_size:
+        raise PageAlignmentError(
+            f"{src_idx.numel()} indices are not a whole number of pages of {page_size}"
+        )
+    return src_idx, dst_idx
+
+
+def _layer_range(first: int, count: int) -> torch.Tensor:
+    return torch.arange(first, first + count, dtype=torch.int64)
+
+
+def _page_runs(
+    src_idx: torch.Tensor, dst_idx: torch.Tensor, page_size: int
+) -> list[tuple[int, int, int]]:
+    runs = merge_runs(src_idx[::page_size], dst_idx[::page_size], unit=page_size)
+    return list(runs)
+
+
+def _split_components(
+    per_layer: list[torch.Tensor], paged: list[torch.Tensor], what: str
+) -> list[list[torch.Tensor]]:
+    """Group per-layer buffers by component (MLA: 1; K/V: 2, ``k_layers + v_layers``)."""
+    parts = len(paged)
+    if parts == 0 or len(per_layer) % parts:
+        raise ShapeMismatchError(
+            f"{what}: {len(per_layer)} per-layer buffers do not split over "
+            f"{parts} page-first buffers"
+        )
+    per = len(per_layer) // parts
+    return [per_layer[c * per : (c + 1) * per] for c in range(parts)]
+
+
+def transfer_kv_per_layer_direct_pf_lf(
+    src_ptrs: Sequence[torch.Tensor],
+    dst_ptrs: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    layer_id: int,
+    page_size: int,
+    *,
+    mode: str | None = None,
+    tuning: CopyTuning | None = None,
+) -> None:
+    """Page-first-direct host -> per-layer device, whole pages, from layer ``layer_id``.
+
+    ``src_ptrs`` holds the page-first-direct buffer(s) ``(page_num, layer_num,
+    page_size, ...)`` (one for MLA); ``dst_ptrs`` the per-layer destination
+    buffer(s) for layers ``layer_id, layer_id + 1, ...`` (one per layer and
+    component). Each run of consecutive pages on both sides is one slice copy.
+    Indices must be whole, aligned pages (only the count is checked here);
+    unchecked: bounds, duplicates, page alignment of each run. With CUDA >= 12.8
+    all pieces go in one batched copy-engine call (``mode``: see
+    ``sgl_cuda._copy_engine``).
+    """
+    ps = _check_page_size(page_size)
+    copy_mode = _copy_engine.resolve_mode(mode)
+    if isinstance(layer_id, bool) or not isinstance(layer_id, int) or layer_id < 0:
+        raise LayerIndexError(f"layer_id must be a non-negative int, got {layer_id!r}")
+    hosts = list(src_ptrs)
+    groups = _split_components(list(dst_ptrs), hosts, "dst_ptrs")
+    src_idx, dst_idx = _page_indices(src_indices, dst_indices, ps)
+    parts = [
+        (host, _layer_range(layer_id, len(layers)), layers)
+        for host, layers in zip(hosts, groups, strict=True)
+    ]
+    if _copy_engine.page_first(parts, src_idx, dst_idx, ps, copy_mode, to_host=False):
+        return
+    runs = _page_runs(src_idx, dst_idx, ps)
+    dst_blocks: list[torch.Tensor] = []
+    src_blocks: list[torch.Tensor] = []
+    for host, layers in zip(hosts, groups, strict=True):
+        for j, d_layer in enumerate(layers):
+            for s, d, length in runs:
+                block = host[s // ps : (s + length) // ps, layer_id + j]
+                dst_blocks.append(d_layer[d : d + length].view(block.shape))
+                src_blocks.append(block)
+    tune = _tuning(tuning, hosts, [g[0] for g in groups if g])
+    copy_pairs(dst_blocks, src_blocks, batched=tune.batched_cross_device)
+
+
+def transfer_kv_all_layer_direct_lf_pf(
+    src_ptrs: Sequence[torch.Tensor],
+    dst_ptrs: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    page_size: int,
+    *,
+    mode: str | None = None,
+    tuning: CopyTuning | None = None,
+) -> None:
+    """Per-layer device -> page-first-direct host, every layer, whole pages.
+
+    ``src_ptrs`` holds the per-layer buffers (``k_layers + v_layers`` for two
+    components); ``dst_ptrs`` the page-first-direct buffer(s). Each run of
+    consecutive pages on both sides is one slice copy per layer. Unchecked:
+    bounds, duplicates, page alignment of each run. With CUDA >= 12.8 all
+    pieces go in one batched copy-engine call (``mode``: see
+    ``sgl_cuda._copy_engine``).
+    """
+    ps = _check_page_size(page_size)
+    copy_mode = _copy_engine.resolve_mode(mode)
+    hosts = list(dst_ptrs)
+    groups = _split_components(list(src_ptrs), hosts, "src_ptrs")
+    src_idx, dst_idx = _page_indices(src_indices, dst_indices, ps)
+    parts = [
+        (host, _layer_range(0, len(layers)), layers)
+        for host, layers in zip(hosts, groups, strict=True)
+    ]
+    if _copy_engine.page_first(parts, dst_idx, src_idx, ps, copy_mode, to_host=True):
+        return
+    runs = _page_runs(src_idx, dst_idx, ps)
+    dst_blocks: list[torch.Tensor] = []
+    src_blocks: list[torch.Tensor] = []
+    for host, layers in zip(hosts, groups, strict=True):
+        for j, s_layer in enumerate(layers):
+            for s, d, length in runs:
+                block = host[d // ps : (d + length) // ps, j]
+                dst_blocks.append(block)
+                src_blocks.append(s_layer[s : s + length].view(block.shape))
+    tune = _tuning(tuning, [g[0] for g in groups if g], hosts)
+    copy_pairs(dst_blocks, src_blocks, batched=tune.batched_cross_device)

@@ -1,0 +1,62 @@
+"""Where ``sgl_cuda``'s Triton transfer kernels come from, and whether they are interpreted.
+
+Triton decides between compiling and interpreting (``TRITON_INTERPRET=1``)
+when the kernels are defined, so the kernel module is imported on first use
+and these helpers read or set that choice before it is made.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+
+from sgl_core.errors import BackendUnavailableError
+
+__all__ = ["interpreter_active", "kernels", "start_interpreter"]
+
+_triton_module: ModuleType | None = None
+
+
+def kernels() -> ModuleType:
+    """Import the Triton module on first use, so ``import sgl_cuda`` stays light."""
+    global _triton_module
+    if _triton_module is None:
+        from sgl_cuda._triton import kvcacheio as module
+
+        _triton_module = module
+    return _triton_module
+
+
+def _env_interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in {"1", "true", "on", "yes"}
+
+
+def start_interpreter() -> str:
+    """Make this process run the kernels in Triton's interpreter; says how it was turned on.
+
+    Triton reads ``TRITON_INTERPRET`` when the kernels are defined, so once they
+    were built for a GPU it is too late: ``BackendUnavailableError``.
+    """
+    # Read, never imported here: importing would build the kernels.
+    kernels = sys.modules.get("sgl_cuda._triton.kvcacheio")
+    if kernels is not None and not getattr(kernels, "INTERPRETED", False):
+        raise BackendUnavailableError(
+            "no CUDA device here, and its Triton kernels were already built "
+            "for a GPU in this process; run it in a new process"
+        )
+    if _env_interpret():
+        return "TRITON_INTERPRET=1 was set"
+    os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when the kernels are defined
+    return "this run set TRITON_INTERPRET=1"
+
+
+def interpreter_active() -> bool:
+    """True when the transfer kernels run in Triton's interpreter (CPU tensors).
+
+    Triton decides when the kernels are defined, so ``TRITON_INTERPRET=1`` must
+    be set before the first transfer (or before this call) in the process.
+    """
+    if _triton_module is None and not _env_interpret():
+        return False
+    return bool(kernels().INTERPRETED)
