@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -14,7 +15,10 @@ import sgl_core
 from sgl_core.backend import (
     NEVER,
     CopyTuning,
+    HostLayout,
+    IOBackend,
     MLAHostPoolBase,
+    MoverFactory,
     PlanCache,
     RowDirectMover,
     TokenRowHostPool,
@@ -103,6 +107,25 @@ def test_supported_pairs_come_from_the_movers() -> None:
     assert all(
         f is RowDirectMover for ios in TokenRowHostPool.movers.values() for f in ios.values()
     )
+
+
+def test_supported_pairs_cannot_be_declared_by_hand() -> None:
+    with pytest.raises(TypeError, match="declare movers"):
+
+        class HandWritten(TokenRowHostPool):
+            supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]] = {
+                sgl_core.HostLayout.LAYER_FIRST: frozenset({sgl_core.IOBackend.KERNEL})
+            }
+
+    class Narrowed(TokenRowHostPool):
+        movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
+            sgl_core.HostLayout.PAGE_FIRST: {sgl_core.IOBackend.DIRECT: RowDirectMover}
+        }
+
+    assert Narrowed.supported_pairs == {
+        sgl_core.HostLayout.PAGE_FIRST: frozenset({sgl_core.IOBackend.DIRECT})
+    }
+    assert TokenRowHostPool.supported_pairs != Narrowed.supported_pairs
 
 
 def test_plan_kept_only_for_the_same_transfer() -> None:

@@ -54,6 +54,9 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "supported_pairs" in cls.__dict__ and "movers" not in cls.__dict__:
+            # A hand-written list could name pairs no mover runs: it is derived.
+            raise TypeError(f"{cls.__name__} sets supported_pairs: declare movers instead")
         movers = getattr(cls, "movers", None)
         if movers is not None:
             cls.supported_pairs = {layout: frozenset(ios) for layout, ios in movers.items()}
