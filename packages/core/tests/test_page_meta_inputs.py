@@ -35,13 +35,23 @@ def test_int_sequence_gives_its_page() -> None:
     assert ptrs == [host.kv_buffer.data_ptr() + 4 * host.shape.layout_dim]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="MLAHostPoolBase._page_starts builds torch.tensor(list, dtype=int64), which "
-    "truncates floats (4.5 -> 4); fix pending in _host_pool.py (under redesign)",
-)
 @pytest.mark.parametrize("bad", [[4.5, 5.5, 6.5, 7.5], [4.0, 5.0, 6.0, 7.0]])
 def test_float_sequence_is_a_typed_error(bad: list[float]) -> None:
     host = _host()
     with pytest.raises(errors.IndexDTypeError):
+        host.get_page_buffer_meta(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ([True, False, True, False], errors.IndexDTypeError),
+        ("4567", errors.IndexDTypeError),
+        (4, errors.IndexDTypeError),
+        ([2**70] * PS, errors.IndexOutOfRangeError),
+    ],
+)
+def test_other_bad_sequences_are_typed_errors(bad: object, error: type[Exception]) -> None:
+    host = _host()
+    with pytest.raises(error):
         host.get_page_buffer_meta(bad)  # type: ignore[arg-type]

@@ -310,3 +310,29 @@ def test_per_layer_loads_upload_indices_once(reuse: bool, monkeypatch: pytest.Mo
     assert torch.equal(
         device_rows(dst, 1, page_indices([0], 4)), device_rows(dev, 1, page_indices([1], 4))
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pinned memory)")
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+def test_pinned_indices_reused_by_the_caller_at_once_load_the_rows_of_the_call(
+    layout: str,
+) -> None:
+    """The kernel io uploads a snapshot of CPU indices: an engine that rewrites its
+    (pinned) index tensor right after the call, while the GPU is still busy, must
+    still get the rows the call named."""
+    dev = make_pool(layers=2, pages=4)
+    fill_device_random(dev, 4)
+    host = backend.create_host_pool(dev, layout=layout)
+    h_idx = page_indices([1, 2], 4).pin_memory()
+    d_src = page_indices([1, 2], 4)
+    host.backup_from_device_all_layer(dev, h_idx.clone(), d_src, "kernel")
+    host.synchronize()
+    dst = make_pool(layers=2, pages=4)
+    d_idx = page_indices([3, 1], 4).pin_memory()
+    torch.cuda._sleep(50_000_000)  # keep the stream busy so the upload is still queued
+    host.load_to_device_per_layer(dst, h_idx, d_idx, 0, "kernel")
+    h_idx.copy_(page_indices([0, 3], 4))  # the engine reuses its tensors at once
+    d_idx.copy_(page_indices([2, 0], 4))
+    torch.cuda.synchronize()
+    expected = device_rows(dev, 0, d_src)
+    assert torch.equal(device_rows(dst, 0, page_indices([3, 1], 4)), expected)

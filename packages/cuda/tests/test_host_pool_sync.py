@@ -1,10 +1,10 @@
 """Two threads waiting for the host pool's queued transfers must both wait.
 
 ``CudaMLAHostPool.synchronize`` (run by ``get_page_buffer_meta`` and the
-other L3 page helpers) swaps out the pending events before waiting on them,
-so a second thread that arrives meanwhile finds none and reads host memory
-while the first thread's device-to-host copy is still running: an L3
-``batch_set`` there stores stale bytes, with a valid checksum, under the
+other L3 page helpers) once swapped out the pending events before waiting on
+them, so a second thread that arrived meanwhile found none and read host
+memory while the first thread's device-to-host copy was still running: an L3
+``batch_set`` there would store stale bytes, with a valid checksum, under the
 page's key. The events are stood in for by objects whose ``synchronize``
 blocks until released, so this runs without a GPU.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 import torch
 
 from sgl_cuda import CudaMLAHostPool, backend
@@ -29,11 +28,6 @@ class _SlowEvent:
         assert self.done.wait(10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="synchronize() pops the pending events, so a concurrent caller returns at once; "
-    "fix pending in sgl_cuda/_host_pool.py (under redesign)",
-)
 def test_a_second_waiter_waits_for_the_transfer() -> None:
     dev = backend.create_device_pool(
         size=8, page_size=4, dtype=torch.bfloat16, kv_lora_rank=8, qk_rope_head_dim=4, layer_num=2
@@ -41,7 +35,7 @@ def test_a_second_waiter_waits_for_the_transfer() -> None:
     host = backend.create_host_pool(dev, layout="layer_first", io_backend="direct")
     assert isinstance(host, CudaMLAHostPool)
     event = _SlowEvent()
-    host._pending = {1: event}  # type: ignore[dict-item]  # a copy queued on stream 1
+    host.fence._pending = {1: event}  # type: ignore[dict-item]  # a copy queued on stream 1
     first = threading.Thread(target=host.synchronize)
     first.start()
     assert event.waiting.wait(10)

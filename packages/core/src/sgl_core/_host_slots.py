@@ -13,7 +13,12 @@ from collections.abc import Sequence
 
 import torch
 
-from sgl_core._validation import check_index_bounds, check_index_tensor, check_page_runs
+from sgl_core._validation import (
+    as_index_tensor,
+    check_index_bounds,
+    check_index_tensor,
+    check_page_runs,
+)
 from sgl_core.errors import (
     ArgumentTypeError,
     FreeError,
@@ -98,12 +103,7 @@ class HostSlots:
         return index
 
     def _page_starts(self, indices: torch.Tensor | Sequence[int]) -> list[int]:
-        tensor = (
-            indices
-            if isinstance(indices, torch.Tensor)
-            else torch.tensor(list(indices), dtype=torch.int64)
-        )
-        tensor = check_index_tensor(tensor, "indices").to("cpu")
+        tensor = as_index_tensor(indices, "indices").to("cpu")
         check_index_bounds(tensor, self._size, "indices")
         check_page_runs(tensor, self._page_size, "indices")
         starts: list[int] = tensor[:: self._page_size].tolist()

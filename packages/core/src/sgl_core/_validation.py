@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from sgl_core.errors import (
@@ -17,6 +20,7 @@ from sgl_core.errors import (
 )
 
 __all__ = [
+    "as_index_tensor",
     "check_backed",
     "check_index_bounds",
     "check_index_device",
@@ -39,6 +43,32 @@ def check_index_tensor(indices: object, argument: str) -> torch.Tensor:
     if indices.device.type == "meta":
         raise DeviceError(f"{argument} is a meta tensor: it has no values to index with")
     return indices
+
+
+def as_index_tensor(indices: object, argument: str) -> torch.Tensor:
+    """``indices`` as a 1-D ``torch.int64`` tensor: a tensor is checked as it is,
+    a sequence (or numpy array) must hold ints; nothing is rounded.
+
+    Floats, bools, str and other objects raise ``IndexDTypeError``; a value
+    outside int64 raises ``IndexOutOfRangeError``.
+    """
+    if isinstance(indices, torch.Tensor):
+        return check_index_tensor(indices, argument)
+    if isinstance(indices, (str, bytes, bytearray)) or not isinstance(
+        indices, (Sequence, np.ndarray)
+    ):
+        raise IndexDTypeError(
+            f"{argument} must be a torch.int64 tensor or a sequence of ints, "
+            f"got {type(indices).__name__}"
+        )
+    values = list(indices)
+    for v in values:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise IndexDTypeError(f"{argument} must hold ints, got {v!r}")
+    try:
+        return torch.tensor([int(v) for v in values], dtype=torch.int64)
+    except (OverflowError, RuntimeError, ValueError) as exc:
+        raise IndexOutOfRangeError(f"{argument} holds a value outside int64: {exc}") from None
 
 
 def check_index_device(indices: torch.Tensor, argument: str, device: torch.device) -> None:

@@ -22,6 +22,7 @@ readers call :meth:`CudaMLAHostPool.synchronize`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -64,32 +65,52 @@ class _DeviceIndices:
 
 
 def _upload(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``indices`` on ``device``; from CPU through pinned memory, so the copy is async."""
+    """``indices`` on ``device``; from CPU through a pinned snapshot, so the copy is async.
+
+    Always a snapshot, also of an index tensor that is already pinned: the
+    async copy must not read the caller's memory after this call returns (the
+    caller may reuse its index tensor for the next batch at once).
+    """
     if indices.device == device:
         return indices.contiguous()
-    if device.type == "cuda" and indices.device.type == "cpu" and not indices.is_pinned():
-        indices = indices.pin_memory()
+    if device.type == "cuda" and indices.device.type == "cpu":
+        snapshot = torch.empty(indices.shape, dtype=indices.dtype, pin_memory=True)
+        indices = snapshot.copy_(indices)
     return indices.to(device, non_blocking=True).contiguous()
 
 
 class StreamFence:
-    """The point after the last transfer a pool queued, per CUDA stream."""
+    """The point after the last transfer a pool queued, per CUDA stream.
+
+    Thread-safe: every caller of :meth:`synchronize` waits for every transfer
+    recorded before it was called, also while another thread is already
+    waiting for the same events (an L3 reader must never see a page whose
+    device-to-host copy is still running).
+    """
 
     def __init__(self) -> None:
         self._pending: dict[int, torch.cuda.Event] = {}
+        self._lock = threading.Lock()
 
     def record(self, device: torch.device) -> None:
         """Remember the point on the current stream after the transfer just queued."""
         if device.type == "cuda":
             stream = torch.cuda.current_stream(device)
-            # One event per stream: a write-back stream and a load stream both count.
-            self._pending[stream.cuda_stream] = stream.record_event()
+            event = stream.record_event()
+            with self._lock:
+                # One event per stream: a write-back stream and a load stream both count.
+                self._pending[stream.cuda_stream] = event
 
     def synchronize(self) -> None:
         """Wait until every recorded transfer, on any stream, has finished."""
-        pending, self._pending = self._pending, {}
-        for event in pending.values():
+        with self._lock:
+            pending = list(self._pending.items())
+        for _, event in pending:  # outside the lock: recording must not wait for this
             event.synchronize()
+        with self._lock:  # forget only what was waited for, not an event recorded since
+            for key, event in pending:
+                if self._pending.get(key) is event:
+                    del self._pending[key]
 
 
 class KernelMover:

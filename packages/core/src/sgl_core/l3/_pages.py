@@ -9,22 +9,20 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
-import numpy as np
 import torch
 
 from sgl_core._protocols import MLAHostPool
 from sgl_core._validation import (
+    as_index_tensor,
     check_index_bounds,
-    check_index_tensor,
     check_page_runs,
     check_unique,
 )
 from sgl_core.errors import SGLError
 from sgl_core.l3._errors import (
     HOST_INDEX_ERRORS,
-    HostIndexDTypeError,
-    HostIndexRangeError,
     PageStoreArgumentError,
     PageStoreNotReadyError,
 )
@@ -70,10 +68,13 @@ def check_keys(keys: Sequence[str]) -> list[str]:
     return out
 
 
-def _checked(check: Callable[..., object], *args: object) -> None:
+_T = TypeVar("_T")
+
+
+def _checked(check: Callable[..., _T], *args: object) -> _T:
     """Run a ``sgl_core._validation`` check; raise its L3 twin error on failure."""
     try:
-        check(*args)
+        return check(*args)
     except SGLError as exc:
         twin = HOST_INDEX_ERRORS.get(type(exc))
         if twin is None:
@@ -86,25 +87,10 @@ def host_index_tensor(host_indices: object) -> torch.Tensor:
 
     A tensor must be ``torch.int64`` (as for transfers); a sequence must hold
     ints (``numpy`` integers too), never floats or bools: nothing is rounded.
+    The checks are the host pools' (``as_index_tensor``), raised as L3 twins.
     """
-    if isinstance(host_indices, torch.Tensor):
-        _checked(check_index_tensor, host_indices, "host_indices")  # meta: DeviceError twin
-        return host_indices.detach().to("cpu")
-    if isinstance(host_indices, (str, bytes, bytearray)) or not isinstance(
-        host_indices, (Sequence, np.ndarray)
-    ):
-        raise HostIndexDTypeError(
-            "host_indices must be a torch.int64 tensor or a sequence of ints, "
-            f"got {type(host_indices).__name__}"
-        )
-    values = list(host_indices)
-    for v in values:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise HostIndexDTypeError(f"host_indices must hold ints, got {v!r}")
-    try:
-        return torch.tensor([int(v) for v in values], dtype=torch.int64)
-    except (OverflowError, RuntimeError, ValueError) as exc:
-        raise HostIndexRangeError(f"host_indices holds a value outside int64: {exc}") from None
+    tensor = _checked(as_index_tensor, host_indices, "host_indices")
+    return tensor.detach().to("cpu")
 
 
 def resolve_pages(
