@@ -1,4 +1,4 @@
-"""The GGML (GGUF-quantized) fused-MoE method (DESIGN §5)."""
+"""The GGML (GGUF-quantized) fused-MoE method (docs/design.md, section 9)."""
 
 from __future__ import annotations
 

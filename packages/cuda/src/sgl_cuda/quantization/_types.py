@@ -1,4 +1,4 @@
-"""GGML quantization type ids and their block geometry (DESIGN §5)."""
+"""GGML quantization type ids and their block geometry (docs/design.md, section 9)."""
 
 from __future__ import annotations
 
