@@ -14,19 +14,14 @@ compares raw bytes read back through the public pool API.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
+from sgl_core._protocols import Backend
 from sgl_core.errors import (
-    PageAlignmentError,
-    SGLError,
     UnsupportedLayoutError,
 )
 from sgl_core.testing._helpers import (
@@ -37,16 +32,17 @@ from sgl_core.testing._helpers import (
     same_bytes,
     snapshot,
 )
-from sgl_core.testing._suite_pools import PoolChecks
+from sgl_core.testing._suite_misuse import MisuseChecks
 
 __all__ = ["BackendConformanceSuite"]
 
 
-class BackendConformanceSuite(PoolChecks):
+class BackendConformanceSuite(MisuseChecks):
     """Subclass with ``backend_name`` set; pytest collects the ``test_*`` methods.
 
     Hooks, class attributes and helpers: ``SuiteBase``; pool and L3 checks:
-    ``PoolChecks``; the transfer checks are here.
+    ``PoolChecks``; bad calls and concurrency: ``MisuseChecks``; the transfer
+    checks are here.
     """
 
     # ----------------------------------------------------------------- tests
@@ -161,145 +157,6 @@ class BackendConformanceSuite(PoolChecks):
                 if layer != target:
                     assert torch.equal(now, before[layer]), f"{layout.value}: layer {layer} touched"
             assert torch.equal(device_rows(dst, target, idx), device_rows(src, target, idx))
-
-    def bad_calls(
-        self, backend: Backend, dev: MLADevicePool, host: MLAHostPool, io: IOBackend
-    ) -> list[tuple[str, type[Exception], Callable[[], None]]]:
-        ps = host.page_size
-        good_h = page_indices([1, 3], ps)
-        good_d = page_indices([2, 4], ps)
-        other = self.make_device_pool(backend, page_size=ps, pages=self.device_pages)
-        backup = host.backup_from_device_all_layer
-        load = host.load_to_device_per_layer
-        dup = torch.cat([good_h[:ps], good_h[:ps]])
-        cases: list[tuple[str, type[Exception], Callable[[], None]]] = [
-            ("int32 indices", TypeError, lambda: backup(dev, good_h.int(), good_d, io)),
-            ("list indices", TypeError, lambda: backup(dev, good_h.tolist(), good_d, io)),  # type: ignore[arg-type]
-            (
-                "2-D indices",
-                ValueError,
-                lambda: backup(dev, good_h.view(1, -1), good_d.view(1, -1), io),
-            ),
-            ("length mismatch", ValueError, lambda: backup(dev, good_h, good_d[:ps], io)),
-            ("host out of range", IndexError, lambda: backup(dev, good_h + host.size, good_d, io)),
-            ("negative host", IndexError, lambda: backup(dev, good_h - 2 * ps, good_d, io)),
-            (
-                "device out of range",
-                IndexError,
-                lambda: load(dev, good_h, good_d + dev.size + dev.page_size, 0, io),
-            ),
-            ("duplicate host dst", ValueError, lambda: backup(dev, dup, good_d, io)),
-            (
-                "duplicate device dst",
-                ValueError,
-                lambda: load(dev, good_h, torch.cat([good_d[:ps]] * 2), 0, io),
-            ),
-            ("layer -1", IndexError, lambda: load(dev, good_h, good_d, -1, io)),
-            ("layer too big", IndexError, lambda: load(dev, good_h, good_d, self.layer_num, io)),
-            ("unknown io backend", ValueError, lambda: backup(dev, good_h, good_d, "warp_drive")),
-            ("meta host", ValueError, lambda: backup(dev, good_h.to("meta"), good_d, io)),
-            ("meta device", ValueError, lambda: load(dev, good_h, good_d.to("meta"), 0, io)),
-            ("float indices", TypeError, lambda: load(dev, good_h.double(), good_d, 0, io)),
-        ]
-        if other.layer_num == dev.layer_num:
-            mismatched = backend.create_device_pool(
-                size=dev.size,
-                page_size=ps,
-                dtype=self.dtype,
-                kv_lora_rank=self.kv_lora_rank,
-                qk_rope_head_dim=self.qk_rope_head_dim,
-                layer_num=self.layer_num + 1,
-            )
-            cases.append(
-                ("mismatched pool", ValueError, lambda: backup(mismatched, good_h, good_d, io))
-            )
-        unsupported = [b for b in IOBackend if b not in backend.supported_pairs[host.layout]]
-        if unsupported:
-            cases.append(
-                ("unsupported io", ValueError, lambda: backup(dev, good_h, good_d, unsupported[0]))
-            )
-        if ps > 1 and host.moves_whole_pages(io):
-            shifted = good_h + 1
-            cases.append(("misaligned", ValueError, lambda: backup(dev, shifted, good_d, io)))
-        return cases
-
-    def test_bad_input_rejected_and_pools_unchanged(self, backend: Backend) -> None:
-        for layout, io in self.pairs(backend):
-            for ps in (1, 16):
-                dev, host = self.build(backend, layout, ps, seed=5)
-                # Put known bytes in the host pool so "unchanged" means something.
-                idx = page_indices(list(range(self.device_pages)), ps)
-                host.backup_from_device_all_layer(dev, idx, idx, io)
-                fill_device_random(dev, 6)
-                for name, builtin, call in self.bad_calls(backend, dev, host, io):
-                    before = snapshot(dev, host)
-                    with pytest.raises(SGLError) as info:
-                        call()
-                        pytest.fail(f"{layout.value}/{io.value} ps={ps}: {name} was accepted")
-                    assert isinstance(info.value, builtin), f"{name}: {info.value!r}"
-                    if name == "misaligned" and isinstance(info.value, PageAlignmentError):
-                        assert "host_indices" in str(info.value)
-                    assert same_bytes(before, snapshot(dev, host)), f"{layout}/{io}: {name} mutated"
-
-    def test_repeated_load_revalidates_changed_indices(self, backend: Backend) -> None:
-        """Per-layer loads may skip re-validation only for identical index values."""
-        for layout, io in self.pairs(backend):
-            dev, host = self.build(backend, layout, 16, seed=8)
-            h_idx, d_idx = page_indices([1, 2], 16), page_indices([3, 4], 16)
-            host.backup_from_device_all_layer(dev, h_idx, d_idx, io)
-            host.load_to_device_per_layer(dev, h_idx, d_idx, 0, io)
-            before = snapshot(dev, host)
-            # Written behind torch's back (no version bump): must still be caught.
-            d_idx.numpy()[:16] += dev.size + dev.page_size
-            with pytest.raises(IndexError):
-                host.load_to_device_per_layer(dev, h_idx, d_idx, 1, io)
-            assert same_bytes(before, snapshot(dev, host))
-
-    @staticmethod
-    def _load_repeatedly(
-        host: MLAHostPool,
-        dev: MLADevicePool,
-        indices: tuple[torch.Tensor, torch.Tensor],
-        io: IOBackend,
-        start: threading.Barrier,
-        failures: list[BaseException],
-    ) -> None:
-        try:
-            start.wait()
-            for _ in range(24):
-                for layer in range(dev.layer_num):
-                    host.load_to_device_per_layer(dev, indices[0], indices[1], layer, io)
-        except BaseException as exc:
-            failures.append(exc)
-
-    def test_concurrent_backup_and_load(self, backend: Backend) -> None:
-        """A write-back thread and a load thread share a pool; neither sees the other's plan."""
-        if not self.concurrent_transfers:
-            pytest.skip(f"{self.backend_name}: transfers are not thread-safe in this setup")
-        for layout, io in self.pairs(backend):
-            dev, host = self.build(backend, layout, 16, seed=9)
-            load_h, load_d = page_indices([0, 1], 16), page_indices([5, 6], 16)
-            host.backup_from_device_all_layer(dev, load_h, page_indices([1, 2], 16), io)
-            back_h, back_d = page_indices([7, 9], 16), page_indices([3, 4], 16)
-            failures: list[BaseException] = []
-            start = threading.Barrier(2)
-            thread = threading.Thread(
-                target=self._load_repeatedly,
-                args=(host, dev, (load_h, load_d), io, start, failures),
-            )
-            thread.start()
-            start.wait()
-            for _ in range(24):
-                host.backup_from_device_all_layer(dev, back_h, back_d, io)
-            thread.join()
-            assert not failures, failures
-            other = self.make_device_pool(backend, page_size=16, pages=self.device_pages)
-            for layer in range(self.layer_num):
-                for h_idx, d_idx in ((back_h, back_d), (load_h, load_d)):
-                    host.load_to_device_per_layer(other, h_idx, d_idx, layer, io)
-                    assert torch.equal(
-                        device_rows(other, layer, d_idx), device_rows(dev, layer, d_idx)
-                    )
 
     @settings(
         max_examples=12,

@@ -1,0 +1,86 @@
+"""On-disk pieces of :class:`~sgl_core.l3.FilePageStore`: names, temp files, raw I/O.
+
+Page files are ``<root>/pages/<xx>/<64 hex digits>``; temp files end in
+``.tmp`` and are ``flock``-ed by their writer until the rename, which is how a
+store tells a live writer's temp file from one whose writer died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import re
+from pathlib import Path
+
+from sgl_core.l3._errors import PageStoreArgumentError
+
+__all__ = [
+    "PAGE_NAME",
+    "TMP_SUFFIX",
+    "check_root",
+    "fsync_dir",
+    "host_view",
+    "tmp_state",
+    "write_all",
+]
+
+PAGE_NAME = re.compile(r"[0-9a-f]{64}")
+TMP_SUFFIX = ".tmp"
+
+
+def host_view(ptr: int, size: int) -> memoryview:
+    return memoryview((ctypes.c_char * size).from_address(ptr)).cast("B")
+
+
+def check_root(root: object) -> Path:
+    if root is None or not isinstance(root, (str, os.PathLike)):
+        raise PageStoreArgumentError(
+            f"root must be a str or os.PathLike directory path, got {type(root).__name__}"
+        )
+    text = os.fspath(root)
+    if not isinstance(text, str):
+        raise PageStoreArgumentError("root must be a str path, not bytes")
+    if not text.strip():
+        raise PageStoreArgumentError("root must be a directory path, got an empty string")
+    if "\x00" in text:
+        raise PageStoreArgumentError("root must not contain NUL characters")
+    return Path(text)
+
+
+def tmp_state(path: Path) -> int | None:
+    """-1: removed (its writer is gone); n: bytes of a live writer's file; None: gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.fstat(fd).st_size
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return -1
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, views: list[memoryview]) -> None:
+    for whole in views:
+        view = whole
+        while view.nbytes:
+            done = os.write(fd, view)
+            view = view[done:]
+
+
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
