@@ -271,7 +271,7 @@ def test_page_format_fields() -> None:
     assert torch_fmt["field:kv_lora_rank"] == 64
     assert torch_fmt["field:qk_rope_head_dim"] == 16
     assert torch_fmt["dtype"] == "torch.bfloat16"
-    for bad in ({"x": object()}, {"": 1}, {3: 1}):
+    for bad in ({"x": object()}, {"": 1}, {3: 1}, {"indexer_layer_ids": [0, 1]}):
         with pytest.raises(PageStoreArgumentError):
             page_format(_IndexedPool(extra=bad))  # type: ignore[arg-type]
     for not_a_pool in (object(), None, "pool"):

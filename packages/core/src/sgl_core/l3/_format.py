@@ -5,7 +5,8 @@ different things: a ``page_first`` page is token-major and a
 ``page_first_direct`` page layer-major; a bf16 page and an fp16 page are the
 same width. A page store therefore files every page under its key **and**
 the format of the pool that stored it. A pool of another format gets a miss,
-and never reads, overwrites or deletes those pages.
+and never reads or overwrites those pages (capacity eviction may still remove
+them: a later miss, never a misread).
 
 :func:`page_format` derives the format from the host pool's public
 attributes only, never from its class or device family:
@@ -21,7 +22,8 @@ attributes only, never from its class or device family:
 * ``page_format_fields()``: a pool whose rows mean more than these (MHA
   heads, fp8 rows with scales, ...) returns a mapping of extra fields; each
   value is a ``str``, ``int``, ``float``, ``bool``, ``None``, a
-  ``torch.dtype`` or a tuple/list of those. Adding a field changes the
+  ``torch.dtype`` or a tuple/list of those, and may not repeat a field
+  derived from the pool (so it cannot hide one). Adding a field changes the
   fingerprint, so pages stored before the pool declared it become misses,
   never misreads.
 
@@ -224,6 +226,10 @@ def _page_format(host: MLAHostPool) -> PageFormat:
         for name, value in extra.items():
             if not isinstance(name, str) or not name:
                 raise PageStoreArgumentError(f"page format field names must be str, got {name!r}")
+            if name in fields:  # a declared value must not hide what the pool's buffers say
+                raise PageStoreArgumentError(
+                    f"page_format_fields() declares {name!r}, a field derived from the pool"
+                )
             fields[name] = value
     return PageFormat(
         layout=_layout_name(host.layout),
