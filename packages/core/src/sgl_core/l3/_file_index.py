@@ -220,19 +220,11 @@ class FileIndex:
         with self._lock:
             if self._foreign_tmp:
                 self._recheck_foreign_tmp()
-            c = self._counts
-            return PageStoreStats(
-                pages_set=c["pages_set"],
-                pages_set_failed=c["pages_set_failed"],
-                pages_skipped=c["pages_skipped"],
-                pages_get=c["pages_get"],
-                pages_get_failed=c["pages_get_failed"],
-                bytes_set=c["bytes_set"],
-                bytes_get=c["bytes_get"],
-                evicted_pages=c["evicted_pages"],
+            return PageStoreStats.from_counts(
+                self._counts,
+                self._errors,
                 stored_pages=len(self._lru),
                 stored_bytes=self._on_disk(),
-                errors=dict(self._errors),
             )
 
     def _drop_corrupt(self, page_key: str, name: str, read: os.stat_result, problem: str) -> None:

@@ -242,20 +242,8 @@ class MooncakePageStore(MooncakeClient):
 
     def stats(self) -> PageStoreStats:
         with self._lock:
-            c = self._counts
-            return PageStoreStats(
-                pages_set=c["pages_set"],
-                pages_set_failed=c["pages_set_failed"],
-                pages_skipped=c["pages_skipped"],
-                pages_get=c["pages_get"],
-                pages_get_failed=c["pages_get_failed"],
-                bytes_set=c["bytes_set"],
-                bytes_get=c["bytes_get"],
-                evicted_pages=0,
-                stored_pages=None,
-                stored_bytes=None,
-                errors=dict(self._errors),
-            )
+            # stored pages/bytes: unknown in a shared distributed store
+            return PageStoreStats.from_counts(self._counts, self._errors)
 
     def close(self) -> None:
         """Unregister the host pool's buffers and leave the store (idempotent)."""

@@ -78,6 +78,28 @@ class PageStoreStats:
     stored_bytes: int | None = None
     errors: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
+    @classmethod
+    def from_counts(
+        cls,
+        counts: Mapping[str, int],
+        errors: Mapping[str, int],
+        *,
+        stored_pages: int | None = None,
+        stored_bytes: int | None = None,
+    ) -> PageStoreStats:
+        """Stats from a store's running counters (a missing counter is 0)."""
+        counters = {
+            f.name: int(counts.get(f.name, 0))
+            for f in dataclasses.fields(cls)
+            if f.name not in ("stored_pages", "stored_bytes", "errors")
+        }
+        return cls(
+            **counters,
+            stored_pages=stored_pages,
+            stored_bytes=stored_bytes,
+            errors=dict(errors),
+        )
+
 
 @runtime_checkable
 class PageStore(Protocol):
