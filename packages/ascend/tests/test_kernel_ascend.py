@@ -10,7 +10,7 @@ import torch
 import sgl_ascend
 from sgl_ascend import AscendMLADevicePool, AscendMLAHostPool, _transfer
 from sgl_ascend._backend import AscendBackend
-from sgl_core.backend import CopyTuning
+from sgl_core.backend import CopyTuning, RunSide, copy_runs
 from sgl_core.errors import (
     LayerIndexError,
     PageAlignmentError,
@@ -106,13 +106,17 @@ def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch
     """A run of many pages is one block per component, for every layer at once."""
     calls: list[list[tuple[int, ...]]] = []
 
-    def record(dst: list[torch.Tensor], src: list[torch.Tensor], **_: object) -> None:
-        # (shape, bytes of the last dim): blocks may be viewed as wider ints.
-        calls.append([(*d.shape[:-1], d.shape[-1] * d.element_size()) for d in dst])
-        for d, s in zip(dst, src, strict=True):
-            d.copy_(s)
+    def record(
+        runs: list[tuple[int, int, int]], pairs: list[tuple[RunSide, RunSide]], **kw: bool
+    ) -> None:
+        # (shape, bytes of the last dim) of each destination block: they may be wider ints.
+        runs = list(runs)
+        into_first = kw["into_first"]
+        dst = [a.block(h, n) if into_first else b.block(d, n) for h, d, n in runs for a, b in pairs]
+        calls.append([(*t.shape[:-1], t.shape[-1] * t.element_size()) for t in dst])
+        copy_runs(runs, pairs, **kw)
 
-    monkeypatch.setattr(_transfer, "copy_pairs", record)
+    monkeypatch.setattr(_transfer, "copy_runs", record)
     dev, host = pools(2, CopyTuning(gather_below_page_run_bytes=0))
     hp = [*list(range(8, 18)), 2]
     dp = [*list(range(1, 11)), 12]
@@ -128,7 +132,7 @@ def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch
 
 
 def test_short_runs_use_one_gather_per_component(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_transfer, "copy_pairs", lambda *a, **k: pytest.fail("per-run path"))
+    monkeypatch.setattr(_transfer, "copy_runs", lambda *a, **k: pytest.fail("per-run path"))
     dev, host = pools(3, CopyTuning(gather_below_page_run_bytes=1 << 40))
     hp, dp = [5, 1, 9, 3], [2, 8, 4, 0]
     host.backup_from_device_all_layer(dev, page_indices(hp, PS), page_indices(dp, PS), IO)

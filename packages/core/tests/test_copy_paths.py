@@ -87,7 +87,7 @@ def test_each_tuning_takes_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
     from sgl_core.testing import page_indices
 
     seen: list[str] = []
-    for name, module in (("memmove", _copy), ("copy_pairs", _row_mover)):
+    for name, module in (("memmove", _copy), ("copy_runs", _row_mover)):
         real = getattr(module, "memmove_blocks" if name == "memmove" else name)
 
         def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> None:
@@ -107,4 +107,4 @@ def test_each_tuning_takes_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
         seen.clear()
         host.load_to_device_per_layer(dev, idx, idx, 0, "direct")
         paths[label] = tuple(seen)
-    assert paths == {"by_address": ("memmove",), "gather": (), "slices": ("copy_pairs",)}
+    assert paths == {"by_address": ("memmove",), "gather": (), "slices": ("copy_runs",)}

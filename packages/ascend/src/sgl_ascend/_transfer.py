@@ -42,9 +42,10 @@ from sgl_core.backend import (
     IndexRuns,
     MLADevicePool,
     PlanCache,
+    RunSide,
     Transfer,
-    byte_view,
-    copy_pairs,
+    copy_runs,
+    gather_rows,
     memmove_blocks,
     merge_runs,
     tuning_for,
@@ -101,21 +102,17 @@ def backup_rows(
     per_page = sum(_page_bytes(h, int(h.shape[1])) for h, _ in pairs)
     with _npu.transfer_stream(device):
         if _short_runs(plan, per_page, tuning):
-            dev_pages = plan.device_pages.to(device)
-            for host, dev in pairs:  # fp8 has no index kernels: move bytes
-                gathered = byte_view(dev).index_select(1, dev_pages).transpose(0, 1)
-                if gathered.device != host.device:
-                    gathered = gathered.contiguous().to(host.device)
-                byte_view(host).index_copy_(0, plan.host_pages.to(host.device), gathered)
+            # Gathers the device's page axis (1), then moves pages to dim 0 for the host.
+            hosts, devs = [h for h, _ in pairs], [d for _, d in pairs]
+            gather_rows(hosts, devs, plan.host_pages, plan.device_pages, axis=1)
             return
-        page_major = [(widen_rows(host), widen_rows(dev).transpose(0, 1)) for host, dev in pairs]
-        dst: list[torch.Tensor] = []
-        src: list[torch.Tensor] = []
-        for h, d, n in plan.runs:
-            for host, dev_pages in page_major:
-                dst.append(host[h : h + n])
-                src.append(dev_pages[d : d + n])
-        copy_pairs(dst, src, batched=tuning.batched_cross_device)
+        sides = [
+            (RunSide(widen_rows(host)), RunSide(widen_rows(dev), axis=1, transpose=True))
+            for host, dev in pairs
+        ]
+        copy_runs(
+            plan.runs, sides, into_first=True, batched=tuning.batched_cross_device, runs_outer=True
+        )
 
 
 def _row_addresses(
@@ -211,22 +208,17 @@ class KvSplitMover:
         self._queued_on.add(device)
         with _npu.transfer_stream(device):
             if _short_runs(pages, per_page, tune):
-                dev_pages = pages.device_pages.to(device)
-                for host, dev, row in triples:
-                    staged = byte_view(host[:, row]).index_select(
-                        0, pages.host_pages.to(host.device)
-                    )
-                    byte_view(dev[row]).index_copy_(0, dev_pages, staged.to(device))
+                hosts = [host[:, row] for host, _, row in triples]
+                devs = [dev[row] for _, dev, row in triples]
+                gather_rows(devs, hosts, pages.device_pages, pages.host_pages)
                 return
             # One page of one row in its own dtype is big enough for ATen to copy
             # with all cores (faster here than serial wide-int blocks).
-            dst: list[torch.Tensor] = []
-            src: list[torch.Tensor] = []
-            for h, d, n in pages.runs:
-                for host, dev, row in triples:
-                    dst.append(dev[row, d : d + n])
-                    src.append(host[h : h + n, row])
-            copy_pairs(dst, src, batched=tune.batched_cross_device)
+            sides = [(RunSide(host[:, row]), RunSide(dev[row])) for host, dev, row in triples]
+            copy_runs(
+                pages.runs, sides, into_first=False, batched=tune.batched_cross_device,
+                runs_outer=True,
+            )  # fmt: skip
 
     def _pages(self, transfer: Transfer) -> PagePlan:
         return plan_pages(transfer.host_indices, transfer.device_indices, self.page_size)

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_core._copy import IndexRuns, copy_pairs, memmove_blocks, merge_runs, widen_rows
+from sgl_core._copy import IndexRuns, memmove_blocks, merge_runs, widen_rows
 from sgl_core._device_pool import device_layers, stacked_layers
+from sgl_core._engine import RunSide, copy_runs, gather_rows
 from sgl_core._enums import HostLayout
 from sgl_core._protocols import MLADevicePool
 from sgl_core._transfer import PlanCache, Transfer
@@ -87,20 +88,19 @@ class RowDirectMover:
         layers = device_layers(transfer.device_pool)
         stacked = stacked_layers(layers) if self.layer_num > 1 else None
         if stacked is not None and plan.run_bytes >= tune.stacked_min_run_bytes:
-            host_blocks, dev_blocks = self._all_layer_blocks(widen_rows(stacked), plan.runs)
-            copy_pairs(host_blocks, dev_blocks, batched=tune.batched_cross_device)
+            pair = self._all_layer_sides(widen_rows(stacked))
+            copy_runs(plan.runs, (pair,), into_first=True, batched=tune.batched_cross_device)
         elif plan.block_bytes >= tune.by_address_min_block_bytes and self._addressable(layers):
             for layer_id, layer in enumerate(layers):
                 sizes, host_addrs, dev_addrs = self._addresses(plan, layer_id, layer)
                 memmove_blocks(host_addrs, dev_addrs, sizes)
         elif plan.run_bytes < tune.gather_below_run_bytes:
-            for layer_id, layer in enumerate(layers):
-                dev = self._device_rows(widen_rows(layer))
-                rows = dev.index_select(0, plan.device_idx.to(dev.device)).to("cpu")
-                self._host_rows(layer_id).index_copy_(0, plan.host_idx, rows)
+            hosts = [self._host_rows(layer_id) for layer_id in range(self.layer_num)]
+            devs = [self._device_rows(widen_rows(layer)) for layer in layers]
+            gather_rows(hosts, devs, plan.host_idx, plan.device_idx)
         else:
-            host_blocks, dev_blocks = self._layer_blocks(layers, range(self.layer_num), plan)
-            copy_pairs(host_blocks, dev_blocks, batched=tune.batched_cross_device)
+            pairs = [self._layer_sides(i, layer) for i, layer in enumerate(layers)]
+            copy_runs(plan.runs, pairs, into_first=True, batched=tune.batched_cross_device)
 
     def load(self, transfer: Transfer, layer_id: int) -> None:
         plan = self._plans.get(transfer, self.plan)
@@ -113,12 +113,10 @@ class RowDirectMover:
             dev = self._device_rows(widen_rows(layer))
             rows = self._host_rows(layer_id)
             staged = self._staging(plan, rows, dev.device)
-            torch.index_select(rows, 0, plan.host_idx, out=staged)
-            d_idx = plan.device_idx if dev.device.type == "cpu" else plan.device_idx.to(dev.device)
-            dev.index_copy_(0, d_idx, staged.to(dev.device))
+            gather_rows((dev,), (rows,), plan.device_idx, plan.host_idx, out=staged)
         else:
-            host_blocks, dev_blocks = self._layer_blocks((layer,), (layer_id,), plan)
-            copy_pairs(dev_blocks, host_blocks, batched=tune.batched_cross_device)
+            pair = self._layer_sides(layer_id, layer)
+            copy_runs(plan.runs, (pair,), into_first=False, batched=tune.batched_cross_device)
 
     # ------------------------------------------------------------- planning
     def plan(self, transfer: Transfer) -> _Plan:
@@ -212,50 +210,21 @@ class RowDirectMover:
             return layer.view(-1, self.unit, *layer.shape[1:])
         return layer
 
-    def _layer_blocks(
-        self,
-        layers: tuple[torch.Tensor, ...] | list[torch.Tensor],
-        ids: range | tuple[int, ...],
-        plan: _Plan,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """One (host view, device view) pair per layer per run (``narrow`` is the cheapest)."""
-        host_blocks: list[torch.Tensor] = []
-        dev_blocks: list[torch.Tensor] = []
-        unit = self.unit
-        spans = [(h // unit, d // unit, n // unit) for h, d, n in plan.runs]
-        for layer_id, layer in zip(ids, layers, strict=True):
-            host_layer = (
-                self.kv_buffer[layer_id]
-                if self.layout is HostLayout.LAYER_FIRST
-                else self.kv_buffer[:, layer_id]
-            )
-            dev_layer = self._device_rows(layer)
-            for h, d, n in spans:
-                host_blocks.append(host_layer.narrow(0, h, n))
-                dev_blocks.append(dev_layer.narrow(0, d, n))
-        return host_blocks, dev_blocks
+    def _layer_sides(self, layer_id: int, layer: torch.Tensor) -> tuple[RunSide, RunSide]:
+        """Host and device side of one layer's run copies (unwidened: blocks copy in parallel)."""
+        lf = self.layout is HostLayout.LAYER_FIRST
+        host = self.kv_buffer[layer_id] if lf else self.kv_buffer[:, layer_id]
+        return RunSide(host, unit=self.unit), RunSide(layer, page=self.unit if self.paged else 0)
 
-    def _all_layer_blocks(
-        self, stacked: torch.Tensor, runs: IndexRuns
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """One (host view, device view) pair per run, covering every layer.
+    def _all_layer_sides(self, stacked: torch.Tensor) -> tuple[RunSide, RunSide]:
+        """Host and device side of run copies across every layer.
 
-        ``stacked`` is the device as ``(layer, slot, 1, dim)``; each device view
-        is permuted to the host layout's own dim order.
+        ``stacked`` is the device as ``(layer, slot, 1, dim)``; its blocks are
+        transposed to the host layout's own dim order where that is page-major.
         """
-        host_blocks: list[torch.Tensor] = []
-        dev_blocks: list[torch.Tensor] = []
+        if self.layout is HostLayout.LAYER_FIRST:
+            return RunSide(self.wide, axis=1), RunSide(stacked, axis=1)
+        if self.layout is HostLayout.PAGE_FIRST:
+            return RunSide(self.wide), RunSide(stacked, axis=1, transpose=True)
         ps = self.unit
-        for h, d, n in runs:
-            dev = stacked[:, d : d + n]
-            if self.layout is HostLayout.LAYER_FIRST:
-                host_blocks.append(self.wide[:, h : h + n])
-                dev_blocks.append(dev)
-            elif self.layout is HostLayout.PAGE_FIRST:
-                host_blocks.append(self.wide[h : h + n])
-                dev_blocks.append(dev.transpose(0, 1))
-            else:
-                host_blocks.append(self.wide[h // ps : (h + n) // ps])
-                shape = (self.layer_num, n // ps, ps, *dev.shape[2:])
-                dev_blocks.append(dev.view(shape).transpose(0, 1))
-        return host_blocks, dev_blocks
+        return RunSide(self.wide, unit=ps), RunSide(stacked, axis=1, page=ps, transpose=True)

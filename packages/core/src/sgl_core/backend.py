@@ -33,8 +33,9 @@ Groups:
   ``O_DIRECT`` storage);
 * **the copy kit** (the ``direct`` io building blocks): ``IndexRuns``,
   ``merge_runs``, ``byte_view``, ``widen_rows``, ``copy_blocks``,
-  ``copy_each``, ``copy_batched``, ``copy_pairs``, ``memmove_blocks``, and
-  the one tuning object that picks a copy's path: ``CopyTuning`` with
+  ``copy_each``, ``copy_batched``, ``copy_pairs``, ``memmove_blocks``; the
+  direct-copy engine every direct mover uses (``RunSide``, ``copy_runs``,
+  ``gather_rows``); and the one tuning object that picks a copy's path: ``CopyTuning`` with
   per-device presets (``tuning_for``; ``NEVER`` turns a path off).
 
 The conformance suite a backend runs against itself is
@@ -63,6 +64,7 @@ from sgl_core._device_pool import (
     stacked_layers,
 )
 from sgl_core._devices import check_fits, parse_device, usable_device
+from sgl_core._engine import RunSide, copy_runs, gather_rows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase, describe_pairs
 from sgl_core._memory import page_aligned_zeros, should_pin
@@ -110,6 +112,7 @@ __all__ = [
     "PlanCache",
     "PoolBackend",
     "RowDirectMover",
+    "RunSide",
     "TokenRowHostPool",
     "Transfer",
     "byte_view",
@@ -127,8 +130,10 @@ __all__ = [
     "copy_blocks",
     "copy_each",
     "copy_pairs",
+    "copy_runs",
     "describe_pairs",
     "device_layers",
+    "gather_rows",
     "memmove_blocks",
     "merge_runs",
     "page_aligned_zeros",

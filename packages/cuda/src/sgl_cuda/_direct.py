@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sgl_core.backend import CopyTuning, byte_view, copy_pairs, merge_runs, tuning_for
+from sgl_core.backend import CopyTuning, RunSide, copy_runs, gather_rows, merge_runs, tuning_for
 from sgl_core.errors import (
     IndexDTypeError,
     IndexShapeError,
@@ -106,22 +106,11 @@ def transfer_kv_direct(
     runs = merge_runs(src_idx, dst_idx)
     row_bytes = src_list[0][0].numel() * src_list[0].element_size()
     if row_bytes * n // len(runs) < short:
-        s_dev = src_idx.to(src_list[0].device, non_blocking=True)
-        d_dev = dst_idx.to(dst_list[0].device, non_blocking=True)
-        for s_layer, d_layer in zip(src_list, dst_list, strict=True):
-            # fp8 has no index kernels: gather and scatter its bytes
-            rows = byte_view(s_layer).index_select(0, s_dev)
-            # Device -> CPU must complete before the CPU scatter reads ``rows``.
-            rows = rows.to(d_layer.device, non_blocking=d_layer.device.type != "cpu")
-            byte_view(d_layer).index_copy_(0, d_dev, rows)
+        # Only host -> device may go async: a CPU scatter reads the gathered rows next.
+        gather_rows(dst_list, src_list, dst_idx, src_idx, non_blocking=True)
         return
-    dst_blocks: list[torch.Tensor] = []
-    src_blocks: list[torch.Tensor] = []
-    for s_layer, d_layer in zip(src_list, dst_list, strict=True):
-        for s, d, length in runs:
-            dst_blocks.append(d_layer[d : d + length])
-            src_blocks.append(s_layer[s : s + length])
-    copy_pairs(dst_blocks, src_blocks, batched=tune.batched_cross_device)
+    pairs = [(RunSide(s), RunSide(d)) for s, d in zip(src_list, dst_list, strict=True)]
+    copy_runs(runs, pairs, into_first=False, batched=tune.batched_cross_device)
 
 
 def _page_indices(
@@ -196,16 +185,13 @@ def transfer_kv_per_layer_direct_pf_lf(
     if _copy_engine.page_first(parts, src_idx, dst_idx, ps, copy_mode, to_host=False):
         return
     runs = _page_runs(src_idx, dst_idx, ps)
-    dst_blocks: list[torch.Tensor] = []
-    src_blocks: list[torch.Tensor] = []
-    for host, layers in zip(hosts, groups, strict=True):
-        for j, d_layer in enumerate(layers):
-            for s, d, length in runs:
-                block = host[s // ps : (s + length) // ps, layer_id + j]
-                dst_blocks.append(d_layer[d : d + length].view(block.shape))
-                src_blocks.append(block)
+    pairs = [
+        (RunSide(host[:, layer_id + j], unit=ps), RunSide(d_layer, page=ps))
+        for host, layers in zip(hosts, groups, strict=True)
+        for j, d_layer in enumerate(layers)
+    ]
     tune = _tuning(tuning, hosts, [g[0] for g in groups if g])
-    copy_pairs(dst_blocks, src_blocks, batched=tune.batched_cross_device)
+    copy_runs(runs, pairs, into_first=False, batched=tune.batched_cross_device)
 
 
 def transfer_kv_all_layer_direct_lf_pf(
@@ -239,13 +225,10 @@ def transfer_kv_all_layer_direct_lf_pf(
     if _copy_engine.page_first(parts, dst_idx, src_idx, ps, copy_mode, to_host=True):
         return
     runs = _page_runs(src_idx, dst_idx, ps)
-    dst_blocks: list[torch.Tensor] = []
-    src_blocks: list[torch.Tensor] = []
-    for host, layers in zip(hosts, groups, strict=True):
-        for j, s_layer in enumerate(layers):
-            for s, d, length in runs:
-                block = host[d // ps : (d + length) // ps, j]
-                dst_blocks.append(block)
-                src_blocks.append(s_layer[s : s + length].view(block.shape))
+    pairs = [
+        (RunSide(s_layer, page=ps), RunSide(host[:, j], unit=ps))
+        for host, layers in zip(hosts, groups, strict=True)
+        for j, s_layer in enumerate(layers)
+    ]
     tune = _tuning(tuning, [g[0] for g in groups if g], hosts)
-    copy_pairs(dst_blocks, src_blocks, batched=tune.batched_cross_device)
+    copy_runs(runs, pairs, into_first=False, batched=tune.batched_cross_device)
