@@ -63,8 +63,8 @@ class PageHeader:
             flags=0 if crc32 is None else FLAG_CRC,
         )
 
-    def pack(self) -> bytes:
-        return _STRUCT.pack(
+    def _fields(self) -> tuple[object, ...]:
+        return (
             MAGIC,
             self.format_digest,
             self.key_digest,
@@ -74,18 +74,11 @@ class PageHeader:
             self.flags,
         )
 
+    def pack(self) -> bytes:
+        return _STRUCT.pack(*self._fields())
+
     def pack_into(self, buffer: memoryview | bytearray, offset: int = 0) -> None:
-        _STRUCT.pack_into(
-            buffer,
-            offset,
-            MAGIC,
-            self.format_digest,
-            self.key_digest,
-            self.write_id,
-            self.payload_bytes,
-            self.crc32,
-            self.flags,
-        )
+        _STRUCT.pack_into(buffer, offset, *self._fields())
 
     @classmethod
     def unpack(cls, buffer: bytes | bytearray | memoryview) -> PageHeader | None:
