@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from sgl_core.l3._errors import PageStoreArgumentError, PageStoreRootError
@@ -75,19 +76,23 @@ class FileIndex:
     def _file(self, name: str) -> Path:
         return self._pages / name[:2] / name
 
-    def _scan(self) -> None:
-        found: list[tuple[float, str, int]] = []
+    def _page_entries(self) -> Iterator[os.DirEntry[str]]:
+        """Every page file in its own shard of the pages directory; unreadable parts skipped."""
         with contextlib.suppress(OSError):
             for shard in os.scandir(self._pages):
                 if not shard.is_dir(follow_symlinks=False):
                     continue
                 with contextlib.suppress(OSError):
                     for entry in os.scandir(shard.path):
-                        if not PAGE_NAME.fullmatch(entry.name) or entry.name[:2] != shard.name:
-                            continue
-                        with contextlib.suppress(OSError):
-                            st = entry.stat(follow_symlinks=False)
-                            found.append((st.st_mtime, entry.name, st.st_size))
+                        if PAGE_NAME.fullmatch(entry.name) and entry.name[:2] == shard.name:
+                            yield entry
+
+    def _scan(self) -> None:
+        found: list[tuple[float, str, int]] = []
+        for entry in self._page_entries():
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                found.append((st.st_mtime, entry.name, st.st_size))
         with self._lock:
             for _, name, size in sorted(found):
                 self._lru[name] = size
@@ -203,15 +208,9 @@ class FileIndex:
         files of writers that died are removed.
         """
         with self._lock:
-            with contextlib.suppress(OSError):
-                for shard in os.scandir(self._pages):
-                    if not shard.is_dir(follow_symlinks=False):
-                        continue
-                    with contextlib.suppress(OSError):
-                        for entry in os.scandir(shard.path):
-                            if PAGE_NAME.fullmatch(entry.name):
-                                with contextlib.suppress(OSError):
-                                    os.unlink(entry.path)
+            for entry in self._page_entries():
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
             self._lru.clear()
             self._committed = 0
             self._reclaim_tmp()
