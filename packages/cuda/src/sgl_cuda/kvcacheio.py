@@ -1,16 +1,18 @@
 """KV cache transfers with the upstream engine's names and argument order.
 
-Drop-in for the engine's ``kvcacheio`` transfer module (MLA forms)::
+Drop-in for the engine's ``kvcacheio`` transfer module (MLA, MHA and direct
+forms; the MHA K/V functions live in ``sgl_cuda._kvcacheio_mha``)::
 
-    from sgl_cuda.kvcacheio import transfer_kv_all_layer_mla, ...
+    from sgl_cuda.kvcacheio import transfer_kv_all_layer_mla, transfer_kv_all_layer, ...
 
 Address forms (docs/design.md section 5), all in bytes, ``item = item_size``:
 
 * layer-first tensor: ``base + idx * item`` (one layer's rows)
 * page-first tensor:  ``base + idx * layout_dim + layer * item``
 * pointer table:      ``tbl[layer] + idx * item`` (``tbl`` a ``torch.uint64`` tensor)
+* page-head tensor (MHA ``*_ph``): per head, see ``sgl_cuda._kvcacheio_mha``
 
-The ``*_mla`` functions are one Triton launch each: many rows per program,
+The ``*_mla`` and MHA kernel functions are one Triton launch each: many rows per program,
 each row moved as ``item_size // 8`` int64 words, so ``item_size`` (and any
 ``*_layout_dim``) must be a multiple of 8. They work for any pairing of int64
 indices. The ``*_direct`` functions merge index pairs into runs where both
@@ -37,100 +39,45 @@ from __future__ import annotations
 import torch
 
 from sgl_core.backend import byte_view
-from sgl_core.errors import (
-    BackendUnavailableError,
-    IndexDTypeError,
-    IndexShapeError,
-    LayerIndexError,
-    ShapeMismatchError,
-)
+from sgl_core.errors import LayerIndexError
 from sgl_cuda._direct import (
     transfer_kv_all_layer_direct_lf_pf,
     transfer_kv_direct,
     transfer_kv_per_layer_direct_pf_lf,
 )
 from sgl_cuda._kernels import interpreter_active, kernels, start_interpreter
+from sgl_cuda._kv_checks import check_buffer as _check_buffer
+from sgl_cuda._kv_checks import check_indices as _check_indices
+from sgl_cuda._kv_checks import check_layers as _check_layers
+from sgl_cuda._kv_checks import check_table as _check_table
+from sgl_cuda._kv_checks import words as _words
+from sgl_cuda._kvcacheio_mha import (
+    transfer_kv_all_layer,
+    transfer_kv_all_layer_lf_pf,
+    transfer_kv_all_layer_lf_ph,
+    transfer_kv_per_layer,
+    transfer_kv_per_layer_pf_lf,
+    transfer_kv_per_layer_ph_lf,
+)
 from sgl_cuda._launch_lock import interpreter_launch
 
 __all__ = [
     "interpreter_active",
     "start_interpreter",
+    "transfer_kv_all_layer",
     "transfer_kv_all_layer_direct_lf_pf",
+    "transfer_kv_all_layer_lf_ph",
+    "transfer_kv_all_layer_lf_pf",
     "transfer_kv_all_layer_mla",
     "transfer_kv_all_layer_mla_lf_pf",
     "transfer_kv_direct",
+    "transfer_kv_per_layer",
     "transfer_kv_per_layer_direct_pf_lf",
     "transfer_kv_per_layer_mla",
     "transfer_kv_per_layer_mla_pf_lf",
+    "transfer_kv_per_layer_pf_lf",
+    "transfer_kv_per_layer_ph_lf",
 ]
-
-
-# ------------------------------------------------------------------- checks
-def _words(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % 8:
-        raise ShapeMismatchError(
-            f"{name} must be a positive multiple of 8 bytes (rows move as int64 words), "
-            f"got {value!r}"
-        )
-    return value // 8
-
-
-def _check_indices(src_indices: torch.Tensor, dst_indices: torch.Tensor) -> torch.device:
-    for name, idx in (("src_indices", src_indices), ("dst_indices", dst_indices)):
-        if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64:
-            raise IndexDTypeError(f"{name} must be a torch.int64 tensor")
-        if idx.dim() != 1 or not idx.is_contiguous():
-            raise IndexShapeError(f"{name} must be a contiguous 1-D tensor")
-    if src_indices.numel() != dst_indices.numel():
-        raise IndexShapeError(
-            "src_indices and dst_indices must have equal length, "
-            f"got {src_indices.numel()} and {dst_indices.numel()}"
-        )
-    if src_indices.device != dst_indices.device:
-        raise ShapeMismatchError(
-            f"src_indices is on {src_indices.device}, dst_indices on {dst_indices.device}"
-        )
-    device = src_indices.device
-    if device.type == "cuda":
-        return device
-    if device.type == "cpu" and interpreter_active():
-        return device
-    raise BackendUnavailableError(
-        f"the transfer kernels need CUDA tensors (indices are on {device}); "
-        "CPU tensors work only with TRITON_INTERPRET=1"
-    )
-
-
-def _check_table(table: torch.Tensor, name: str, device: torch.device, layers: int) -> None:
-    if not isinstance(table, torch.Tensor) or table.dtype != torch.uint64:
-        raise ShapeMismatchError(f"{name} must be a torch.uint64 pointer table")
-    if table.device != device:
-        raise ShapeMismatchError(f"{name} is on {table.device}; the kernel runs on {device}")
-    if table.dim() != 1 or not table.is_contiguous() or table.numel() < layers:
-        raise ShapeMismatchError(
-            f"{name} must be a contiguous 1-D table of at least {layers} entries, "
-            f"got shape {tuple(table.shape)}"
-        )
-
-
-def _check_buffer(buf: torch.Tensor, name: str, device: torch.device) -> None:
-    if not isinstance(buf, torch.Tensor):
-        raise ShapeMismatchError(f"{name} must be a torch.Tensor")
-    # A CUDA kernel reaches pinned host memory too (unified addressing).
-    if buf.device.type != device.type and not (
-        device.type == "cuda" and buf.device.type == "cpu" and buf.is_pinned()
-    ):
-        raise ShapeMismatchError(
-            f"{name} is on {buf.device} (not pinned host memory); the kernel runs on {device}"
-        )
-    if buf.data_ptr() % 8:
-        raise ShapeMismatchError(f"{name} must start on an 8-byte boundary")
-
-
-def _check_layers(num_layers: int) -> int:
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
-        raise LayerIndexError(f"num_layers must be a non-negative int, got {num_layers!r}")
-    return num_layers
 
 
 # ------------------------------------------------------------------ kernels

@@ -1,0 +1,197 @@
+"""Triton kernel that moves MHA K and V token rows between device and host buffers.
+
+Every MHA transfer of ``sgl_cuda.kvcacheio`` is one launch of
+:func:`_copy_kv_rows_kernel`. A program copies ``BLOCK_R`` paired rows of one
+layer of one component (K or V) as int64 words, in column chunks of
+``BLOCK_W`` words. The component is the last grid axis: V's base is K's base
+plus ``*_v_delta`` (the distance between the two buffers, or the two pointer
+tables, in 8-byte units, computed by the caller), so K and V share one launch
+without a branch.
+
+Word ``c`` of a row (``index``, ``layer``) lives at::
+
+    base(layer) + index * row_stride + c                       (plain side)
+    base(layer) + (index // page_size) * page_stride
+                + (index % page_size) * row_stride
+                + (c // HEAD_WORDS) * head_stride + c % HEAD_WORDS   (page-head side)
+
+``base(layer)`` is a pointer table entry ``tbl[layer]`` or a plain base plus
+``layer * layer_stride``. The plain form covers layer-first, page-first and
+pointer tables; the page-head form is the ``(page_num, head_num, page_size,
+layer_num, head_dim)`` host layout, where a token's heads are
+``page_size * layer_num`` head rows apart.
+
+As in ``kvcacheio.py``, a page-first or page-head side puts the layer on the
+fastest-varying grid index, so neighbouring programs touch neighbouring host
+memory. Untyped (Triton ships no hints); ``sgl_cuda.kvcacheio`` checks the
+arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_cuda._triton.kvcacheio import tile_for
+
+__all__ = ["INTERPRETED", "launch_copy_kv_rows"]
+
+
+@triton.jit
+def _row_words(base, idx, c, row_w, page_w, head_w, ps, HEAD_WORDS: tl.constexpr, PH: tl.constexpr):
+    """Pointers to words ``c`` (columns) of rows ``idx`` (a column vector)."""
+    if PH:
+        row = base + (idx // ps) * page_w + (idx % ps) * row_w
+        col = (c // HEAD_WORDS).to(tl.int64) * head_w + c % HEAD_WORDS
+        return row[:, None] + col[None, :]
+    else:
+        return (base + idx * row_w)[:, None] + c[None, :]
+
+
+@triton.jit
+def _copy_kv_rows_kernel(
+    src,
+    dst,
+    src_idx,
+    dst_idx,
+    n_rows,
+    layer_offset,
+    num_layers,
+    src_v_delta,
+    dst_v_delta,
+    src_row_w,
+    src_layer_w,
+    src_page_w,
+    src_head_w,
+    src_ps,
+    dst_row_w,
+    dst_layer_w,
+    dst_page_w,
+    dst_head_w,
+    dst_ps,
+    WORDS: tl.constexpr,
+    HEAD_WORDS: tl.constexpr,
+    SRC_TABLE: tl.constexpr,
+    DST_TABLE: tl.constexpr,
+    SRC_PH: tl.constexpr,
+    DST_PH: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    MASK_W: tl.constexpr,
+    LAYERS_INNER: tl.constexpr,
+):
+    if LAYERS_INNER:
+        pid = tl.program_id(0) // num_layers
+        layer = (tl.program_id(0) % num_layers + layer_offset).to(tl.int64)
+        kv = tl.program_id(1).to(tl.int64)
+    else:
+        pid = tl.program_id(0)
+        layer = (tl.program_id(1) + layer_offset).to(tl.int64)
+        kv = tl.program_id(2).to(tl.int64)
+    rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = rows < n_rows
+    s = tl.load(src_idx + rows, mask=row_mask, other=0)
+    d = tl.load(dst_idx + rows, mask=row_mask, other=0)
+
+    if SRC_TABLE:
+        src_base = tl.load(src + kv * src_v_delta + layer).to(tl.int64)
+        src_base = src_base.to(tl.pointer_type(tl.int64))
+    else:
+        src_base = src.to(tl.pointer_type(tl.int64)) + kv * src_v_delta + layer * src_layer_w
+    if DST_TABLE:
+        dst_base = tl.load(dst + kv * dst_v_delta + layer).to(tl.int64)
+        dst_base = dst_base.to(tl.pointer_type(tl.int64))
+    else:
+        dst_base = dst.to(tl.pointer_type(tl.int64)) + kv * dst_v_delta + layer * dst_layer_w
+
+    cols = tl.arange(0, BLOCK_W)
+    for w0 in tl.static_range(0, WORDS, BLOCK_W):
+        c = w0 + cols
+        m = row_mask[:, None] & (c < WORDS)[None, :] if MASK_W else row_mask[:, None]
+        src_p = _row_words(
+            src_base, s, c, src_row_w, src_page_w, src_head_w, src_ps, HEAD_WORDS, SRC_PH
+        )
+        dst_p = _row_words(
+            dst_base, d, c, dst_row_w, dst_page_w, dst_head_w, dst_ps, HEAD_WORDS, DST_PH
+        )
+        tl.store(dst_p, tl.load(src_p, mask=m), mask=m)
+
+
+INTERPRETED: bool = type(_copy_kv_rows_kernel).__name__ == "InterpretedFunction"
+
+
+def launch_copy_kv_rows(
+    src,
+    dst,
+    src_idx,
+    dst_idx,
+    *,
+    words,
+    head_words,
+    layer_offset,
+    num_layers,
+    src_v_delta,
+    dst_v_delta,
+    src_side,
+    dst_side,
+    src_table,
+    dst_table,
+    block_r=None,
+    block_w=None,
+    num_warps=4,
+    layers_inner=None,
+):
+    """One launch copying ``len(src_idx)`` K and V rows of ``num_layers`` layers.
+
+    ``src``/``dst`` are K's buffer or pointer table; ``*_v_delta`` is V's minus
+    K's address in 8-byte units. A side is ``(row_w, layer_w, page_w, head_w,
+    page_size, page_head)`` in int64 words (``page_w``, ``head_w`` and
+    ``page_size`` matter only when ``page_head``). Tile, warps and grid order
+    default as in ``kvcacheio.launch_copy_rows``.
+    """
+    n = src_idx.numel()
+    if n == 0 or num_layers == 0:
+        return
+    default_r, default_w, _ = tile_for(words)
+    block_w = default_w if block_w is None else block_w
+    block_r = default_r if block_r is None else block_r
+    if layers_inner is None:
+        layers_inner = num_layers > 1 and any(
+            not table and 0 < side[1] < side[0]
+            for table, side in ((src_table, src_side), (dst_table, dst_side))
+        )
+    blocks = triton.cdiv(n, block_r)
+    grid = (blocks * num_layers, 2) if layers_inner else (blocks, num_layers, 2)
+    kwargs = {
+        "WORDS": words,
+        "HEAD_WORDS": head_words,
+        "SRC_TABLE": src_table,
+        "DST_TABLE": dst_table,
+        "SRC_PH": bool(src_side[5]),
+        "DST_PH": bool(dst_side[5]),
+        "BLOCK_R": block_r,
+        "BLOCK_W": block_w,
+        "MASK_W": words % block_w != 0,
+        "LAYERS_INNER": layers_inner,
+    }
+    if not INTERPRETED:
+        kwargs["num_warps"] = num_warps
+    args = (
+        src,
+        dst,
+        src_idx,
+        dst_idx,
+        n,
+        layer_offset,
+        num_layers,
+        src_v_delta,
+        dst_v_delta,
+        *src_side[:5],
+        *dst_side[:5],
+    )
+    if src_idx.device.type == "cuda":
+        with torch.cuda.device(src_idx.device):
+            _copy_kv_rows_kernel[grid](*args, **kwargs)
+    else:
+        _copy_kv_rows_kernel[grid](*args, **kwargs)
