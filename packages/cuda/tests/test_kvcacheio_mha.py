@@ -391,3 +391,72 @@ def test_good_calls_of_the_error_tests_run(name: str) -> None:
     """The unmodified calls above are valid, so each rejection is due to its one change."""
     b = make(torch.float16, layers=2, heads=2, dim=4, ps=2, seed=16)
     getattr(kvcacheio, name)(**_good_calls(b)[name])
+
+
+# ------------------------------------------------- one component, tunables
+def test_transfer_rows_one_component_of_its_own_width() -> None:
+    """V rows narrower than K rows (v_head_dim != head_dim): one K-only launch per width."""
+    from sgl_cuda._kvcacheio_mha import RowForm, transfer_rows
+
+    gen = torch.Generator().manual_seed(17)
+    layers, heads, ps = 2, 2, 2
+    dev_v = [bits((8, heads, 4), torch.float16, gen) for _ in range(layers)]  # 16-byte rows
+    host_v = bits((4, heads, ps, layers, 4), torch.float16, gen)  # page_head, V only
+    other = bits((4, heads, ps, layers, 4), torch.float16, gen)
+    d, h = torch.tensor([3, 0, 6]), torch.tensor([5, 2, 0])
+    expected = host_v.clone()
+    transfer_rows(
+        (ptrs(dev_v),), (host_v,), d, h, item_size=16,
+        src_form=RowForm("table", "src"),
+        dst_form=RowForm("page_head", "dst", 16 * layers, ps, heads),
+        num_layers=layers,
+    )  # fmt: skip
+    for lay in range(layers):
+        for i in range(3):
+            expected[int(h[i]) // ps, :, int(h[i]) % ps, lay] = dev_v[lay][int(d[i])]
+    assert torch.equal(raw(host_v), raw(expected))
+    before = raw(other).clone()
+    with pytest.raises(SGLError, match="one or two"):
+        transfer_rows(
+            (ptrs(dev_v),), (host_v, other), d, h, item_size=16,
+            src_form=RowForm("table", "src"), dst_form=RowForm("page_first", "dst", 32),
+            num_layers=layers,
+        )  # fmt: skip
+    with pytest.raises(SGLError, match="at most one side"):
+        transfer_rows(
+            (host_v,), (other,), h, h, item_size=16,
+            src_form=RowForm("page_head", "src", 32, ps, heads),
+            dst_form=RowForm("page_head", "dst", 32, ps, heads),
+        )  # fmt: skip
+    assert torch.equal(raw(other), before)
+
+
+@pytest.mark.parametrize(
+    ("block_r", "block_w", "num_warps", "layers_inner"),
+    [(8, 4, 1, None), (4, 2, 2, True), (16, 8, 8, False)],
+)
+def test_launch_tunables(
+    block_r: int, block_w: int, num_warps: int, layers_inner: bool | None
+) -> None:
+    """Any tile (masked, split across heads or not), warp count and grid order: same bytes."""
+    from sgl_cuda._triton import kv_mha
+
+    b = make(torch.bfloat16, layers=2, heads=2, dim=12, ps=2, seed=18)  # heads of 3 words
+    d, h = pairing(DEV_PAGES * 2, HOST_PAGES * 2, 5, seed=19)
+    w, lw = b.item // 8, b.item * 2 // 8
+    expected = b.ph.clone()
+    k_tbl, v_tbl = ptrs(b.dev[0]), ptrs(b.dev[1])
+    kv_mha.launch_copy_kv_rows(
+        k_tbl, b.ph[0], d.to(DEVICE), h.to(DEVICE), words=w, head_words=w // 2,
+        layer_offset=0, num_layers=2,
+        src_v_delta=(v_tbl.data_ptr() - k_tbl.data_ptr()) // 8,
+        dst_v_delta=(b.ph[1].data_ptr() - b.ph[0].data_ptr()) // 8,
+        src_side=(w, 0, 0, 0, 1, False), dst_side=(lw // 2, w // 2, 2 * lw, lw, 2, True),
+        src_table=True, dst_table=False, block_r=block_r, block_w=block_w,
+        num_warps=num_warps, layers_inner=layers_inner,
+    )  # fmt: skip
+    sync()
+    for c in range(2):
+        for lay in range(2):
+            expected[c, h // 2, :, h % 2, lay] = b.dev[c][lay].cpu()[d]
+    assert torch.equal(raw(b.ph), raw(expected))

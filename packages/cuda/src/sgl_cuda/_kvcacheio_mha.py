@@ -27,12 +27,15 @@ have the same geometry.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from collections.abc import Sequence
 from types import ModuleType
 
 import torch
 
 from sgl_core.backend import byte_view
+from sgl_core.errors import ShapeMismatchError
 from sgl_cuda._kernels import kernels
 from sgl_cuda._kv_checks import (
     check_buffer,
@@ -47,36 +50,110 @@ from sgl_cuda._kv_checks import (
 from sgl_cuda._launch_lock import interpreter_launch
 
 __all__ = [
+    "RowForm",
     "transfer_kv_all_layer",
     "transfer_kv_all_layer_lf_ph",
     "transfer_kv_all_layer_lf_pf",
     "transfer_kv_per_layer",
     "transfer_kv_per_layer_pf_lf",
     "transfer_kv_per_layer_ph_lf",
+    "transfer_rows",
 ]
 
 # A side's geometry in int64 words: (row, layer, page, head strides, page_size, page_head).
 _Side = tuple[int, int, int, int, int, bool]
 
 
-def _plain(row_w: int, layer_w: int = 0) -> _Side:
-    return (row_w, layer_w, 0, 0, 1, False)
+@dataclasses.dataclass(frozen=True)
+class RowForm:
+    """How one side of a transfer addresses its rows (the forms in the module docstring).
+
+    ``kind`` is ``layer_first``, ``page_first``, ``page_head`` or ``table``;
+    ``layout_dim`` (bytes) is the page-first / page-head token stride, ``page_size``
+    and ``head_num`` matter for ``page_head`` only. ``side`` (``"src"`` or
+    ``"dst"``) names the arguments in error messages as upstream does.
+    """
+
+    kind: str
+    side: str
+    layout_dim: int = 0
+    page_size: int = 1
+    head_num: int = 1
 
 
-def _page_head(item_w: int, layout_w: int, page_size: int, head_num: int) -> _Side:
-    head_row_w = layout_w // head_num  # one head of one token, all layers
-    return (head_row_w, item_w // head_num, page_size * layout_w, page_size * head_row_w,
-            page_size, True)  # fmt: skip
+def _side(form: RowForm, item_w: int, item_size: int) -> tuple[_Side, int]:
+    """A side's geometry and its head width in words (the whole row unless page_head)."""
+    if form.kind in ("layer_first", "table"):
+        return (item_w, 0, 0, 0, 1, False), item_w
+    layout_w = words(form.layout_dim, f"{form.side}_layout_dim")
+    if form.kind == "page_first":
+        return (layout_w, item_w, 0, 0, 1, False), item_w
+    ps = check_page_size(form.page_size)
+    heads = check_head_num(
+        form.head_num, item_size=item_size, **{f"{form.side}_layout_dim": form.layout_dim}
+    )
+    head_row_w = layout_w // heads  # one head of one token, all layers
+    side = (head_row_w, item_w // heads, ps * layout_w, ps * head_row_w, ps, True)
+    return side, item_w // heads
 
 
-def _checked_buffers(device: torch.device, **buffers: torch.Tensor) -> None:
-    for name, buf in buffers.items():
-        check_buffer(buf, name, device)
+def transfer_rows(
+    src: Sequence[torch.Tensor],
+    dst: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    *,
+    item_size: int,
+    src_form: RowForm,
+    dst_form: RowForm,
+    layer_offset: int = 0,
+    num_layers: int = 1,
+) -> None:
+    """Checked launch for ``(K,)`` or ``(K, V)`` buffers (or tables) of one row size.
 
-
-def _checked_tables(device: torch.device, layers: int, **tables: torch.Tensor) -> None:
-    for name, table in tables.items():
-        check_table(table, name, device, layers)
+    The upstream-named functions below call it with both components; a host
+    pool whose V rows differ in width from its K rows calls it once per component.
+    """
+    item_w = words(item_size, "item_size")
+    src_side, src_head_w = _side(src_form, item_w, item_size)
+    dst_side, dst_head_w = _side(dst_form, item_w, item_size)
+    layers = check_layers(num_layers)
+    device = check_indices(src_indices, dst_indices)
+    if not 1 <= len(src) == len(dst) <= 2:
+        raise ShapeMismatchError("a transfer moves (K,) or (K, V): one or two of each side")
+    for tensors, form in ((src, src_form), (dst, dst_form)):
+        for c, t in zip("kv", tensors, strict=False):
+            if form.kind == "table":
+                check_table(t, f"{form.side}_{c}_layers", device, layer_offset + layers)
+            else:
+                check_buffer(t, f"{form.side}_{c}", device)
+    if src_side[5] and dst_side[5]:
+        raise ShapeMismatchError("at most one side of a transfer can be page_head")
+    components = len(src)
+    if components == 1:
+        src, dst = (src[0], src[0]), (dst[0], dst[0])  # the V deltas are then 0, unused
+    kv_mha = _mha_kernels()
+    src_k, src_v = (byte_view(t) for t in src)
+    dst_k, dst_v = (byte_view(t) for t in dst)
+    with interpreter_launch(bool(kv_mha.INTERPRETED)):
+        kv_mha.launch_copy_kv_rows(
+            src_k,
+            dst_k,
+            src_indices,
+            dst_indices,
+            words=item_w,
+            head_words=min(src_head_w, dst_head_w),
+            layer_offset=layer_offset,
+            num_layers=layers,
+            # V is reached as K's address plus their distance (both 8-byte aligned).
+            src_v_delta=(src_v.data_ptr() - src_k.data_ptr()) // 8,
+            dst_v_delta=(dst_v.data_ptr() - dst_k.data_ptr()) // 8,
+            src_side=src_side,
+            dst_side=dst_side,
+            src_table=src_form.kind == "table",
+            dst_table=dst_form.kind == "table",
+            components=components,
+        )
 
 
 def _mha_kernels() -> ModuleType:
@@ -89,33 +166,6 @@ def _mha_kernels() -> ModuleType:
     return importlib.import_module("sgl_cuda._triton.kv_mha")
 
 
-def _launch(
-    src: tuple[torch.Tensor, torch.Tensor],
-    dst: tuple[torch.Tensor, torch.Tensor],
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-    **params: object,
-) -> None:
-    """One launch over K and V; ``src``/``dst`` are (K, V) buffers or tables.
-
-    The kernel reaches V as K's address plus the distance between them (both
-    8-byte aligned, checked), so K and V need no second launch.
-    """
-    kv_mha = _mha_kernels()
-    src_k, src_v = (byte_view(t) for t in src)
-    dst_k, dst_v = (byte_view(t) for t in dst)
-    with interpreter_launch(bool(kv_mha.INTERPRETED)):
-        kv_mha.launch_copy_kv_rows(
-            src_k,
-            dst_k,
-            src_indices,
-            dst_indices,
-            src_v_delta=(src_v.data_ptr() - src_k.data_ptr()) // 8,
-            dst_v_delta=(dst_v.data_ptr() - dst_k.data_ptr()) // 8,
-            **params,
-        )
-
-
 def transfer_kv_per_layer(
     src_k: torch.Tensor,
     dst_k: torch.Tensor,
@@ -126,22 +176,14 @@ def transfer_kv_per_layer(
     item_size: int,
 ) -> None:
     """One layer, layer-first to layer-first, K and V: ``src_indices[i]`` -> ``dst_indices[i]``."""
-    item_w = words(item_size, "item_size")
-    device = check_indices(src_indices, dst_indices)
-    _checked_buffers(device, src_k=src_k, dst_k=dst_k, src_v=src_v, dst_v=dst_v)
-    _launch(
+    transfer_rows(
         (src_k, src_v),
         (dst_k, dst_v),
         src_indices,
         dst_indices,
-        words=item_w,
-        head_words=item_w,
-        layer_offset=0,
-        num_layers=1,
-        src_side=_plain(item_w),
-        dst_side=_plain(item_w),
-        src_table=False,
-        dst_table=False,
+        item_size=item_size,
+        src_form=RowForm("layer_first", "src"),
+        dst_form=RowForm("layer_first", "dst"),
     )
 
 
@@ -157,24 +199,15 @@ def transfer_kv_per_layer_pf_lf(
     src_layout_dim: int,
 ) -> None:
     """Layer ``layer_id`` of page-first ``src_k``/``src_v`` into layer-first ``dst_k``/``dst_v``."""
-    item_w = words(item_size, "item_size")
-    layout_w = words(src_layout_dim, "src_layout_dim")
-    layer = check_layer_id(layer_id)
-    device = check_indices(src_indices, dst_indices)
-    _checked_buffers(device, src_k=src_k, dst_k=dst_k, src_v=src_v, dst_v=dst_v)
-    _launch(
+    transfer_rows(
         (src_k, src_v),
         (dst_k, dst_v),
         src_indices,
         dst_indices,
-        words=item_w,
-        head_words=item_w,
-        layer_offset=layer,
-        num_layers=1,
-        src_side=_plain(layout_w, item_w),
-        dst_side=_plain(item_w),
-        src_table=False,
-        dst_table=False,
+        item_size=item_size,
+        src_form=RowForm("page_first", "src", src_layout_dim),
+        dst_form=RowForm("layer_first", "dst"),
+        layer_offset=check_layer_id(layer_id),
     )
 
 
@@ -192,26 +225,15 @@ def transfer_kv_per_layer_ph_lf(
     head_num: int,
 ) -> None:
     """Layer ``layer_id`` of page-head ``src_k``/``src_v`` into layer-first ``dst_k``/``dst_v``."""
-    item_w = words(item_size, "item_size")
-    layout_w = words(src_layout_dim, "src_layout_dim")
-    layer = check_layer_id(layer_id)
-    ps = check_page_size(page_size)
-    heads = check_head_num(head_num, item_size=item_size, src_layout_dim=src_layout_dim)
-    device = check_indices(src_indices, dst_indices)
-    _checked_buffers(device, src_k=src_k, dst_k=dst_k, src_v=src_v, dst_v=dst_v)
-    _launch(
+    transfer_rows(
         (src_k, src_v),
         (dst_k, dst_v),
         src_indices,
         dst_indices,
-        words=item_w,
-        head_words=item_w // heads,
-        layer_offset=layer,
-        num_layers=1,
-        src_side=_page_head(item_w, layout_w, ps, heads),
-        dst_side=_plain(item_w),
-        src_table=False,
-        dst_table=False,
+        item_size=item_size,
+        src_form=RowForm("page_head", "src", src_layout_dim, page_size, head_num),
+        dst_form=RowForm("layer_first", "dst"),
+        layer_offset=check_layer_id(layer_id),
     )
 
 
@@ -226,30 +248,15 @@ def transfer_kv_all_layer(
     num_layers: int,
 ) -> None:
     """Every layer, K and V, pointer tables to pointer tables (``torch.uint64``), one launch."""
-    item_w = words(item_size, "item_size")
-    layers = check_layers(num_layers)
-    device = check_indices(src_indices, dst_indices)
-    _checked_tables(
-        device,
-        layers,
-        src_k_layers=src_k_layers,
-        dst_k_layers=dst_k_layers,
-        src_v_layers=src_v_layers,
-        dst_v_layers=dst_v_layers,
-    )
-    _launch(
+    transfer_rows(
         (src_k_layers, src_v_layers),
         (dst_k_layers, dst_v_layers),
         src_indices,
         dst_indices,
-        words=item_w,
-        head_words=item_w,
-        layer_offset=0,
-        num_layers=layers,
-        src_side=_plain(item_w),
-        dst_side=_plain(item_w),
-        src_table=True,
-        dst_table=True,
+        item_size=item_size,
+        src_form=RowForm("table", "src"),
+        dst_form=RowForm("table", "dst"),
+        num_layers=num_layers,
     )
 
 
@@ -265,25 +272,15 @@ def transfer_kv_all_layer_lf_pf(
     num_layers: int,
 ) -> None:
     """Every layer, K and V, pointer tables to page-first ``dst_k``/``dst_v``, one launch."""
-    item_w = words(item_size, "item_size")
-    layout_w = words(dst_layout_dim, "dst_layout_dim")
-    layers = check_layers(num_layers)
-    device = check_indices(src_indices, dst_indices)
-    _checked_tables(device, layers, src_k_layers=src_k_layers, src_v_layers=src_v_layers)
-    _checked_buffers(device, dst_k=dst_k, dst_v=dst_v)
-    _launch(
+    transfer_rows(
         (src_k_layers, src_v_layers),
         (dst_k, dst_v),
         src_indices,
         dst_indices,
-        words=item_w,
-        head_words=item_w,
-        layer_offset=0,
-        num_layers=layers,
-        src_side=_plain(item_w),
-        dst_side=_plain(layout_w, item_w),
-        src_table=True,
-        dst_table=False,
+        item_size=item_size,
+        src_form=RowForm("table", "src"),
+        dst_form=RowForm("page_first", "dst", dst_layout_dim),
+        num_layers=num_layers,
     )
 
 
@@ -301,25 +298,13 @@ def transfer_kv_all_layer_lf_ph(
     head_num: int,
 ) -> None:
     """Every layer, K and V, pointer tables to page-head ``dst_k``/``dst_v``, one launch."""
-    item_w = words(item_size, "item_size")
-    layout_w = words(dst_layout_dim, "dst_layout_dim")
-    layers = check_layers(num_layers)
-    ps = check_page_size(page_size)
-    heads = check_head_num(head_num, item_size=item_size, dst_layout_dim=dst_layout_dim)
-    device = check_indices(src_indices, dst_indices)
-    _checked_tables(device, layers, src_k_layers=src_k_layers, src_v_layers=src_v_layers)
-    _checked_buffers(device, dst_k=dst_k, dst_v=dst_v)
-    _launch(
+    transfer_rows(
         (src_k_layers, src_v_layers),
         (dst_k, dst_v),
         src_indices,
         dst_indices,
-        words=item_w,
-        head_words=item_w // heads,
-        layer_offset=0,
-        num_layers=layers,
-        src_side=_plain(item_w),
-        dst_side=_page_head(item_w, layout_w, ps, heads),
-        src_table=True,
-        dst_table=False,
+        item_size=item_size,
+        src_form=RowForm("table", "src"),
+        dst_form=RowForm("page_head", "dst", dst_layout_dim, page_size, head_num),
+        num_layers=num_layers,
     )

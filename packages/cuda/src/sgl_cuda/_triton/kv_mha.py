@@ -3,10 +3,10 @@
 Every MHA transfer of ``sgl_cuda.kvcacheio`` is one launch of
 :func:`_copy_kv_rows_kernel`. A program copies ``BLOCK_R`` paired rows of one
 layer of one component (K or V) as int64 words, in column chunks of
-``BLOCK_W`` words. The component is the last grid axis: V's base is K's base
-plus ``*_v_delta`` (the distance between the two buffers, or the two pointer
-tables, in 8-byte units, computed by the caller), so K and V share one launch
-without a branch.
+``BLOCK_W`` words. The component is the last grid axis (of size 1 for a K-only
+launch): V's base is K's base plus ``*_v_delta`` (the distance between the two
+buffers, or the two pointer tables, in 8-byte units, computed by the caller),
+so K and V share one launch without a branch.
 
 Word ``c`` of a row (``index``, ``layer``) lives at::
 
@@ -137,6 +137,7 @@ def launch_copy_kv_rows(
     dst_side,
     src_table,
     dst_table,
+    components=2,
     block_r=None,
     block_w=None,
     num_warps=4,
@@ -145,10 +146,10 @@ def launch_copy_kv_rows(
     """One launch copying ``len(src_idx)`` K and V rows of ``num_layers`` layers.
 
     ``src``/``dst`` are K's buffer or pointer table; ``*_v_delta`` is V's minus
-    K's address in 8-byte units. A side is ``(row_w, layer_w, page_w, head_w,
-    page_size, page_head)`` in int64 words (``page_w``, ``head_w`` and
-    ``page_size`` matter only when ``page_head``). Tile, warps and grid order
-    default as in ``kvcacheio.launch_copy_rows``.
+    K's address in 8-byte units (``components=1``: K only, the deltas unused).
+    A side is ``(row_w, layer_w, page_w, head_w, page_size, page_head)`` in
+    int64 words (``page_w``, ``head_w``, ``page_size`` count only for page_head).
+    Tile, warps and grid order default as in ``kvcacheio.launch_copy_rows``.
     """
     n = src_idx.numel()
     if n == 0 or num_layers == 0:
@@ -162,7 +163,10 @@ def launch_copy_kv_rows(
             for table, side in ((src_table, src_side), (dst_table, dst_side))
         )
     blocks = triton.cdiv(n, block_r)
-    grid = (blocks * num_layers, 2) if layers_inner else (blocks, num_layers, 2)
+    if layers_inner:
+        grid: tuple[int, ...] = (blocks * num_layers, components)
+    else:
+        grid = (blocks, num_layers, components)
     kwargs = {
         "WORDS": words,
         "HEAD_WORDS": head_words,
