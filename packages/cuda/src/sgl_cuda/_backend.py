@@ -10,12 +10,14 @@ from sgl_core.backend import CopyTuning, IOBackend, MLADevicePool, PoolBackend
 from sgl_cuda import kvcacheio
 from sgl_cuda._device_pool import CudaMLADevicePool
 from sgl_cuda._host_pool import CudaMLAHostPool
+from sgl_cuda._mha_device_pool import CudaMHADevicePool
+from sgl_cuda._mha_host_pool import CudaMHAHostPool
 
 __all__ = ["CudaBackend", "backend"]
 
 
 class CudaBackend(PoolBackend[CudaMLADevicePool, CudaMLAHostPool]):
-    """Backend ``"cuda"``: per-layer device pools, Triton transfer kernels.
+    """Backend ``"cuda"``: per-layer device pools (MLA and MHA), Triton transfer kernels.
 
     ``is_available()`` is ``torch.cuda.is_available()``. An explicitly requested
     backend (``get_backend("cuda")``) also builds CPU pools when the Triton
@@ -28,7 +30,13 @@ class CudaBackend(PoolBackend[CudaMLADevicePool, CudaMLAHostPool]):
     io_preference = (IOBackend.KERNEL, IOBackend.DIRECT)
 
     def __init__(self, *, tuning: CopyTuning | None = None) -> None:
-        super().__init__(CudaMLADevicePool, CudaMLAHostPool, tuning=tuning)
+        super().__init__(
+            CudaMLADevicePool,
+            CudaMLAHostPool,
+            tuning=tuning,
+            mha_device_pool_class=CudaMHADevicePool,
+            mha_host_pool_class=CudaMHAHostPool,
+        )
 
     def is_available(self) -> bool:
         return torch.cuda.is_available()
