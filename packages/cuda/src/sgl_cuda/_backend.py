@@ -56,7 +56,13 @@ class CudaBackend(PoolBackend[CudaMLADevicePool, CudaMLAHostPool]):
 backend = CudaBackend()
 
 if TYPE_CHECKING:
-    from sgl_core.backend import Backend, EmulatedWithoutDevice, MLAHostPool
+    from sgl_core.backend import (
+        Backend,
+        EmulatedWithoutDevice,
+        MHADevicePool,
+        MHAHostPool,
+        MLAHostPool,
+    )
 
     _b: Backend = backend
     _e: EmulatedWithoutDevice = backend
@@ -64,3 +70,7 @@ if TYPE_CHECKING:
         size=1, page_size=1, dtype=torch.bfloat16, kv_lora_rank=1, qk_rope_head_dim=1, layer_num=1
     )
     _h: MLAHostPool = CudaMLAHostPool(_d, layout="layer_first")
+    _md: MHADevicePool = CudaMHADevicePool(
+        size=1, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=1, layer_num=1
+    )
+    _mh: MHAHostPool = CudaMHAHostPool(_md, layout="page_head")

@@ -44,9 +44,10 @@ def _row_words(base, idx, c, row_w, page_w, head_w, ps, HEAD_WORDS: tl.constexpr
     if PH:
         row = base + (idx // ps) * page_w + (idx % ps) * row_w
         col = (c // HEAD_WORDS).to(tl.int64) * head_w + c % HEAD_WORDS
-        return row[:, None] + col[None, :]
     else:
-        return (base + idx * row_w)[:, None] + c[None, :]
+        row = base + idx * row_w
+        col = c.to(tl.int64)
+    return row[:, None] + col[None, :]
 
 
 @triton.jit
