@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import sgl_core
-from sgl_core.errors import PoolMismatchError, UnsupportedLayoutError
+from sgl_core.errors import BackendUnavailableError, PoolMismatchError, UnsupportedLayoutError
 from sgl_cuda import CudaMHADevicePool, CudaMHAHostPool, _mha_movers, backend
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -207,3 +207,29 @@ def test_kernel_only_layout_needs_pinned_memory() -> None:
     dev = make_device(backend, DIM)
     with pytest.raises(UnsupportedLayoutError, match="pinned"):
         backend.create_host_pool(dev, layout="page_head", pin_memory=False)
+
+
+def test_tables_reject_a_changed_layer_count() -> None:
+    pool = backend.create_mha_device_pool(
+        size=PS, page_size=PS, dtype=torch.float16, head_num=1, head_dim=4, layer_num=2
+    )
+    assert isinstance(pool, CudaMHADevicePool)
+    pool.k_buffer.append(torch.zeros(2 * PS, 1, 4, dtype=torch.float16, device=pool.device))
+    with pytest.raises(PoolMismatchError, match="k_buffer must hold 2"):
+        _ = pool.k_data_ptrs
+
+
+def test_kernel_io_rejects_unusable_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU pools run the kernels only under the interpreter; nothing moves otherwise."""
+    if DEVICE.type == "cuda":
+        pytest.skip("CUDA pools are usable")
+    from sgl_cuda._triton import kvcacheio as triton_kvcacheio
+
+    dev = make_device(backend, DIM, seed=10)
+    host = backend.create_host_pool(dev, layout="page_head")
+    h, d = shuffled_pages(seed=11)
+    before = raw(host.k_buffer).clone()
+    monkeypatch.setattr(triton_kvcacheio, "INTERPRETED", False)
+    with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET"):
+        host.backup_from_device_all_layer(dev, h, d, "kernel")
+    assert torch.equal(raw(host.k_buffer), before)
