@@ -25,7 +25,8 @@ Groups:
   ``direct`` io through ``MHADirectMover``), ``PerLayerMHADevicePool``,
   ``MHAPoolGeometry``, ``MHAShape``, ``mha_device_layers``,
   ``is_mha_device_pool``, ``MHAMoverFactory``; ``DevicePoolGeometry`` and
-  ``PoolShape`` are what ``HostPoolBase`` needs of either kind;
+  ``PoolShape`` are what ``HostPoolBase`` needs of either kind, ``KVHostPool``
+  a host pool of either kind (what L3 stores take);
 * **the mover seam**: a host pool validates a call into a ``Transfer`` and
   hands it to the ``Mover`` of its io backend (``mover.backup(transfer)``,
   ``mover.load(transfer, layer_id)``); ``MLAHostPoolBase.movers`` declares,
@@ -83,7 +84,7 @@ from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._mha_token_host_pool import MHATokenHostPool
 from sgl_core._moe import check_routing
-from sgl_core._pool_kinds import DevicePoolGeometry, PoolShape, is_mha_device_pool
+from sgl_core._pool_kinds import DevicePoolGeometry, KVHostPool, PoolShape, is_mha_device_pool
 from sgl_core._protocols import (
     Backend,
     EmulatedWithoutDevice,
@@ -116,6 +117,7 @@ __all__ = [
     "HostPoolBase",
     "IOBackend",
     "IndexRuns",
+    "KVHostPool",
     "LayerViews",
     "MHADevicePool",
     "MHADirectMover",
