@@ -24,7 +24,8 @@ Groups:
   with ``MLAHostPoolBase``), ``MHATokenHostPool`` (the four MHA host layouts,
   ``direct`` io through ``MHADirectMover``), ``PerLayerMHADevicePool``,
   ``MHAPoolGeometry``, ``MHAShape``, ``mha_device_layers``,
-  ``is_mha_device_pool``, ``MHAMoverFactory``; ``DevicePoolGeometry`` and
+  ``is_mha_device_pool``, ``MHAMoverFactory``, ``as_mha_device_pool`` (an
+  engine's own MHA pool, e.g. SGLang's, seen through ``MHADevicePool``); ``DevicePoolGeometry`` and
   ``PoolShape`` are what ``HostPoolBase`` needs of either kind, ``KVHostPool``
   a host pool of either kind (what L3 stores take);
 * **the mover seam**: a host pool validates a call into a ``Transfer`` and
@@ -78,6 +79,7 @@ from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import HostPoolBase, MLAHostPoolBase, describe_pairs
 from sgl_core._memory import page_aligned_zeros, should_pin
 from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool, mha_device_layers
+from sgl_core._mha_foreign_pool import as_mha_device_pool
 from sgl_core._mha_host_pool import MHAHostPoolBase
 from sgl_core._mha_mover import MHADirectMover
 from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
@@ -144,6 +146,7 @@ __all__ = [
     "RunSide",
     "TokenRowHostPool",
     "Transfer",
+    "as_mha_device_pool",
     "byte_view",
     "check_backed",
     "check_fits",
