@@ -460,3 +460,19 @@ def test_launch_tunables(
         for lay in range(2):
             expected[c, h // 2, :, h % 2, lay] = b.dev[c][lay].cpu()[d]
     assert torch.equal(raw(b.ph), raw(expected))
+
+
+def test_v_below_k_in_memory() -> None:
+    """V's buffer at a lower address than K's (a negative K-to-V distance) moves the same bytes."""
+    b = make(torch.float16, layers=2, heads=2, dim=4, ps=2, seed=20)
+    h, d = pairing(HOST_PAGES * 2, DEV_PAGES * 2, 5, seed=21)
+    assert b.pf[1].data_ptr() > b.pf[0].data_ptr()
+    before = [b.dev[c][1].cpu().clone() for c in range(2)]
+    kvcacheio.transfer_kv_per_layer_pf_lf(
+        b.pf[1], b.dev[1][1], b.pf[0], b.dev[0][1], h.to(DEVICE), d.to(DEVICE), 1, b.item,
+        b.item * 2,
+    )  # fmt: skip
+    sync()
+    for c in range(2):
+        before[c][d] = b.pf[c][h, 1]
+        assert torch.equal(raw(b.dev[c][1]), raw(before[c]))
