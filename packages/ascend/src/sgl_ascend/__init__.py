@@ -10,6 +10,9 @@ live on CPU tensors). What it provides:
   ``index_k_scale_buffer``); no ``data_ptrs``, no per-layer list.
 * :class:`AscendMLAHostPool`: layout ``page_first_kv_split`` with io backend
   ``kernel_ascend``; all-layer backup, true per-layer load, L3 page helpers.
+* :class:`AscendMHADevicePool`: MHA / GQA models, contiguous 5-D layer-major
+  ``k_buffer (layer_num, page_num, page_size, head_num, head_dim)`` and
+  ``v_buffer`` (``v_head_dim``), the Ascend engine's own layout.
 * :class:`AscendMoEMethod` / :class:`AscendW8A8DynamicMoEMethod`: grouped
   experts, unquantized or W8A8 dynamic.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 from sgl_ascend._backend import AscendBackend, backend
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._host_pool import AscendMLAHostPool
+from sgl_ascend._mha_device_pool import AscendMHADevicePool
 from sgl_ascend._moe import (
     AscendMoEMethod,
     AscendW8A8DynamicMoEMethod,
@@ -45,6 +49,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AscendBackend",
+    "AscendMHADevicePool",
     "AscendMLADevicePool",
     "AscendMLAHostPool",
     "AscendMoEMethod",
