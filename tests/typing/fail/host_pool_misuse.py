@@ -44,5 +44,7 @@ def accounting(host: MLAHostPool) -> int:
 def backend_calls() -> None:
     backend = sgl_core.get_backend(3)  # E: arg-type
     dev = backend.create_device_pool(size=8, page_size=4, dtype="bf16", kv_lora_rank=8, qk_rope_head_dim=8, layer_num=1)  # E: arg-type
-    backend.create_host_pool(dev, layout="layer_first", io_backend=1)  # E: arg-type
-    backend.create_host_pool(dev, "layer_first")  # E: call-arg
+    # create_host_pool is overloaded on the device pool's kind (MLA or MHA):
+    # a bad argument matches no overload.
+    backend.create_host_pool(dev, layout="layer_first", io_backend=1)  # E: call-overload
+    backend.create_host_pool(dev, "layer_first")  # E: call-overload

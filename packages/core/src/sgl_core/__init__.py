@@ -7,6 +7,10 @@ Start with :func:`get_backend`, then build pools from it::
     dev = backend.create_device_pool(size=4096, page_size=64, dtype=torch.bfloat16,
                                      kv_lora_rank=512, qk_rope_head_dim=64, layer_num=61)
     host = backend.create_host_pool(dev, layout="page_first_direct")
+
+MHA/GQA models: ``backend.create_mha_device_pool(size=..., page_size=..., dtype=...,
+head_num=8, head_dim=128, layer_num=80)``; ``create_host_pool`` then returns an
+``MHAHostPool`` (layouts in ``backend.supported_mha_pairs``).
 """
 
 # No ``from __future__ import annotations`` here: it would bind ``annotations``
@@ -23,6 +27,11 @@ from sgl_core._discovery import (
 )
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase
+from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool
+from sgl_core._mha_host_pool import MHAHostPoolBase
+from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
+from sgl_core._mha_shapes import MHAShape
+from sgl_core._mha_token_host_pool import MHATokenHostPool
 from sgl_core._moe import (
     MoEWeights,
     TorchMoEMethod,
@@ -42,6 +51,12 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "HostLayout",
     "IOBackend",
+    "MHADevicePool",
+    "MHAHostPool",
+    "MHAHostPoolBase",
+    "MHAPoolGeometry",
+    "MHAShape",
+    "MHATokenHostPool",
     "MLADevicePool",
     "MLAHostPool",
     "MLAHostPoolBase",
@@ -53,6 +68,7 @@ __all__ = [
     "MoEExperts",
     "MoEMethod",
     "MoEWeights",
+    "PerLayerMHADevicePool",
     "PerLayerMLADevicePool",
     "PoolBackend",
     "TokenRowHostPool",

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, overload
 
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._foreign_pool import as_device_pool
 from sgl_core._host_pool import MLAHostPoolBase
+from sgl_core._mha_backend import MHABackendMixin
+from sgl_core._mha_host_pool import MHAHostPoolBase
+from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
+from sgl_core._pool_kinds import is_mha_device_pool
 from sgl_core._protocols import MLADevicePool
 from sgl_core._tuning import CopyTuning
 from sgl_core.errors import UnsupportedLayoutError
@@ -20,11 +24,14 @@ DeviceT = TypeVar("DeviceT", bound=MLADevicePool)
 HostT = TypeVar("HostT", bound=MLAHostPoolBase)
 
 
-class PoolBackend(Generic[DeviceT, HostT]):
+class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
     """A ``Backend`` built from a device-pool factory and a host-pool class.
 
     Backend authors subclass it, set ``name`` and ``is_available``, and pass
-    their two pool classes; ``supported_pairs`` is the host class's.
+    their two pool classes; ``supported_pairs`` is the host class's. MHA
+    pools come from ``mha_device_pool_class`` / ``mha_host_pool_class``
+    (``supported_mha_pairs`` is the latter's ``supported_pairs``); without
+    them the backend builds no MHA pools (see ``MHABackendMixin``).
     """
 
     name = "unnamed"
@@ -42,9 +49,13 @@ class PoolBackend(Generic[DeviceT, HostT]):
         host_pool_class: type[HostT],
         *,
         tuning: CopyTuning | None = None,
+        mha_device_pool_class: Callable[..., MHADevicePool] | None = None,
+        mha_host_pool_class: type[MHAHostPoolBase] | None = None,
     ) -> None:
         self._device_pool_class = device_pool_class
         self._host_pool_class = host_pool_class
+        self._mha_device_pool_class = mha_device_pool_class
+        self._mha_host_pool_class = mha_host_pool_class
         #: Given to every host pool this backend builds (None: each device's preset).
         self.tuning = tuning
 
@@ -65,7 +76,11 @@ class PoolBackend(Generic[DeviceT, HostT]):
         holds (io backends missing from ``io_preference`` come after it, by
         name). An unknown or unsupported layout raises ``UnsupportedLayoutError``.
         """
-        pairs = self.supported_pairs
+        return self._pick_io(self.supported_pairs, layout)
+
+    def _pick_io(
+        self, pairs: Mapping[HostLayout, frozenset[IOBackend]], layout: HostLayout | str
+    ) -> IOBackend:
         try:
             parsed = HostLayout.parse(layout, argument="layout")
         except ValueError as exc:
@@ -101,6 +116,19 @@ class PoolBackend(Generic[DeviceT, HostT]):
             device=device,
         )
 
+    @overload
+    def create_host_pool(
+        self,
+        device_pool: MHADevicePool,
+        *,
+        layout: HostLayout | str,
+        host_to_device_ratio: float = 2.0,
+        host_size_gb: float = 0.0,
+        pin_memory: bool | None = None,
+        io_backend: IOBackend | str | None = None,
+    ) -> MHAHostPool: ...
+
+    @overload
     def create_host_pool(
         self,
         device_pool: MLADevicePool,
@@ -110,15 +138,28 @@ class PoolBackend(Generic[DeviceT, HostT]):
         host_size_gb: float = 0.0,
         pin_memory: bool | None = None,
         io_backend: IOBackend | str | None = None,
-    ) -> HostT:
+    ) -> HostT: ...
+
+    def create_host_pool(
+        self,
+        device_pool: MLADevicePool | MHADevicePool,
+        *,
+        layout: HostLayout | str,
+        host_to_device_ratio: float = 2.0,
+        host_size_gb: float = 0.0,
+        pin_memory: bool | None = None,
+        io_backend: IOBackend | str | None = None,
+    ) -> HostT | MHAHostPool:
+        """A host pool of ``device_pool``'s kind (MHA or MLA), checked against its pairs."""
+        args: dict[str, Any] = {
+            "layout": layout,
+            "host_to_device_ratio": host_to_device_ratio,
+            "host_size_gb": host_size_gb,
+            "pin_memory": pin_memory,
+            "io_backend": io_backend,
+        }
+        if is_mha_device_pool(device_pool):
+            return self._create_mha_host_pool(device_pool, **args)
         # An engine's own pool (e.g. SGLang's, whose ``device`` is a str) is
         # normalized here, at the boundary, so host pools see only the protocol.
-        return self._host_pool_class(
-            as_device_pool(device_pool),
-            layout=layout,
-            host_to_device_ratio=host_to_device_ratio,
-            host_size_gb=host_size_gb,
-            pin_memory=pin_memory,
-            io_backend=io_backend,
-            tuning=self.tuning,
-        )
+        return self._host_pool_class(as_device_pool(device_pool), **args, tuning=self.tuning)

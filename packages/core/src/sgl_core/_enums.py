@@ -46,6 +46,8 @@ class HostLayout(_StrChoice):
     PAGE_FIRST = "page_first"
     PAGE_FIRST_DIRECT = "page_first_direct"
     PAGE_FIRST_KV_SPLIT = "page_first_kv_split"
+    #: MHA only: page-major with heads outside tokens, ``(page, head, token, layer, dim)``.
+    PAGE_HEAD = "page_head"
 
 
 class IOBackend(_StrChoice):

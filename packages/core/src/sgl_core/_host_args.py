@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._memory import available_host_bytes
-from sgl_core._protocols import MLADevicePool
+from sgl_core._pool_kinds import DevicePoolGeometry
 from sgl_core.errors import ArgumentTypeError, PoolSizeError, UnsupportedLayoutError
 
 __all__ = ["HostArguments", "describe_pairs", "size_argument"]
@@ -47,7 +47,7 @@ class HostArguments:
     supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
     _page_size: int
 
-    def _bytes_per_token(self, device_pool: MLADevicePool) -> int:
+    def _bytes_per_token(self, device_pool: Any) -> int:
         raise NotImplementedError
 
     # ---------------------------------------------------------------- sizing
@@ -86,7 +86,7 @@ class HostArguments:
         return parsed
 
     def _compute_size(
-        self, device_pool: MLADevicePool, host_to_device_ratio: float, host_size_gb: float
+        self, device_pool: DevicePoolGeometry, host_to_device_ratio: float, host_size_gb: float
     ) -> int:
         per_token = self._bytes_per_token(device_pool)
         if host_size_gb > 0:

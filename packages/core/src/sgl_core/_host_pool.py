@@ -1,5 +1,8 @@
 """Host-pool base shared by every backend: sizing, accounting, validation, dispatch.
 
+:class:`HostPoolBase` is generic over the device-pool kind (MLA or MHA): it
+sizes, accounts, validates and dispatches; :class:`MLAHostPoolBase` adds the
+MLA geometry and its device-pool check (``_mha_host_pool`` the MHA one).
 Backend authors subclass :class:`MLAHostPoolBase`, implement
 ``_allocate_buffers`` and the L3 page helpers, and declare ``movers``: per
 layout, the io backends the class runs and a factory for each one's
@@ -14,8 +17,8 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -24,6 +27,7 @@ from sgl_core._host_args import HostArguments, describe_pairs, size_argument
 from sgl_core._host_slots import HostSlots
 from sgl_core._load_memo import CheckedLoad, tensor_signature
 from sgl_core._memory import should_pin
+from sgl_core._pool_kinds import DevicePoolGeometry, PoolShape
 from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
 from sgl_core._transfer import Mover, MoverFactory, Transfer
@@ -41,14 +45,18 @@ from sgl_core.errors import (
     PoolSizeError,
 )
 
-__all__ = ["MLAHostPoolBase", "describe_pairs"]
+__all__ = ["HostPoolBase", "MLAHostPoolBase", "describe_pairs"]
+
+DevT = TypeVar("DevT", bound=DevicePoolGeometry)
+ShapeT = TypeVar("ShapeT", bound=PoolShape)
 
 
-class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
-    """Common behaviour of MLA host pools (see ``sgl_core.MLAHostPool``)."""
+class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
+    """Common behaviour of host pools of one device-pool kind ``DevT``, geometry ``ShapeT``."""
 
     #: Per host layout this class builds: each io backend it runs and its mover factory.
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]]
+    shape: ShapeT
     #: Host layouts this class builds, each with the io backends it runs (from ``movers``).
     supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
 
@@ -63,7 +71,7 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
 
     def __init__(
         self,
-        device_pool: MLADevicePool,
+        device_pool: DevT,
         *,
         layout: HostLayout | str,
         host_to_device_ratio: float = 2.0,
@@ -76,12 +84,7 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
         self.tuning = tuning
         self._layout = self._check_layout(layout, io_backend)
         self._configure(device_pool)
-        self.shape = MLAShape(
-            device_pool.layer_num,
-            device_pool.kv_lora_rank,
-            device_pool.qk_rope_head_dim,
-            device_pool.dtype,
-        )
+        self.shape = self._read_shape(device_pool)
         self._page_size = device_pool.page_size
         self._size = self._compute_size(
             device_pool,
@@ -97,23 +100,31 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
             self._allocate_buffers(device_pool)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise PoolSizeError(f"host pool of {self._size} tokens does not fit: {exc}") from None
-        self._movers: dict[IOBackend, Mover] = {
+        self._movers: dict[IOBackend, Mover[DevT]] = {
             io: factory(self) for io, factory in type(self).movers[self._layout].items()
         }
 
     # ----------------------------------------------------------------- hooks
     @abc.abstractmethod
-    def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
+    def _read_shape(self, device_pool: DevT) -> ShapeT:
+        """The per-token geometry of ``device_pool`` (called after ``_configure``)."""
+
+    @abc.abstractmethod
+    def check_device_pool(self, device_pool: DevT) -> None:
+        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
+
+    @abc.abstractmethod
+    def _allocate_buffers(self, device_pool: DevT) -> None:
         """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
 
-    def _configure(self, device_pool: MLADevicePool) -> None:
+    def _configure(self, device_pool: DevT) -> None:
         """Read what sizing and allocation need from ``device_pool`` (first hook called)."""
 
     def _pin_policy(self, requested: bool | None, device: torch.device) -> bool:
         """Whether host memory is pinned: ``requested``, else when ``device`` can use it."""
         return should_pin(requested, device)
 
-    def _bytes_per_token(self, device_pool: MLADevicePool) -> int:
+    def _bytes_per_token(self, device_pool: DevT) -> int:
         """Host bytes one token costs across layers and components."""
         return self.shape.layout_dim
 
@@ -121,10 +132,10 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
         """True when ``io_backend`` on this layout moves whole pages only."""
         return False
 
-    def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
+    def _check_device_pool_kind(self, device_pool: DevT) -> None:
         """Reject device pools whose storage this host pool cannot address."""
 
-    def _layer_storage(self, device_pool: MLADevicePool, layer_id: int) -> Sequence[torch.Tensor]:
+    def _layer_storage(self, device_pool: DevT, layer_id: int) -> Sequence[torch.Tensor]:
         """The device tensors a load of ``layer_id`` writes (re-checked on the memo path)."""
         return ()
 
@@ -139,7 +150,7 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
         return self._is_page_granular(self._check_io_backend(self._layout, io_backend))
 
     def layer_views(
-        self, device_pool: MLADevicePool, layer_id: int
+        self, device_pool: DevT, layer_id: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per component: ``(device_rows, host_pages)`` of one layer (see ``LayerViews``)."""
         raise NotImplementedError(f"{type(self).__name__} does not show layer views")
@@ -169,14 +180,10 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
     def dtype(self) -> torch.dtype:
         return self.shape.dtype
 
-    @property
-    def kv_cache_dim(self) -> int:
-        return self.shape.kv_cache_dim
-
     # ------------------------------------------------------------- transfers
     def backup_from_device_all_layer(
         self,
-        device_pool: MLADevicePool,
+        device_pool: DevT,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
         io_backend: IOBackend | str,
@@ -189,7 +196,7 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
 
     def load_to_device_per_layer(
         self,
-        device_pool: MLADevicePool,
+        device_pool: DevT,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
         layer_id: int,
@@ -228,10 +235,10 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
         if checked.transfer.count:
             self._movers[checked.transfer.io].load(checked.transfer, layer_id)
 
-    def _storage_signature(self, device_pool: MLADevicePool, layer_id: int) -> tuple[object, ...]:
+    def _storage_signature(self, device_pool: DevT, layer_id: int) -> tuple[object, ...]:
         return tuple(tensor_signature(t) for t in self._layer_storage(device_pool, layer_id))
 
-    def _device_pool_fingerprint(self, device_pool: MLADevicePool) -> tuple[object, ...]:
+    def _device_pool_fingerprint(self, device_pool: DevT) -> tuple[object, ...]:
         """Objects compared by identity; held (not their ids) so none can be recycled.
 
         A different pool, or one whose storage was replaced, re-runs validation.
@@ -240,12 +247,12 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
 
     def _check_transfer(
         self,
-        device_pool: MLADevicePool,
+        device_pool: DevT,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
         io_backend: IOBackend | str,
         destination: str,
-    ) -> Transfer:
+    ) -> Transfer[DevT]:
         """Every check of a transfer, before any byte moves; the typed result."""
         io = self._check_io_backend(self._layout, io_backend)
         self.check_device_pool(device_pool)
@@ -267,6 +274,25 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
             check_page_runs(device_indices, self._page_size, "device_indices")
         self._movers[io].check(device_pool)
         return Transfer(device_pool, host_indices, device_indices, io)
+
+
+class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
+    """Common behaviour of MLA host pools (see ``sgl_core.MLAHostPool``)."""
+
+    #: Per host layout this class builds: each io backend it runs and its mover factory.
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
+
+    def _read_shape(self, device_pool: MLADevicePool) -> MLAShape:
+        return MLAShape(
+            device_pool.layer_num,
+            device_pool.kv_lora_rank,
+            device_pool.qk_rope_head_dim,
+            device_pool.dtype,
+        )
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return self.shape.kv_cache_dim
 
     def check_device_pool(self, device_pool: MLADevicePool) -> None:
         """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""

@@ -27,6 +27,8 @@ these hold, and otherwise validates again:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from sgl_core._enums import IOBackend
@@ -102,7 +104,7 @@ class CheckedLoad:
         self,
         fingerprint: tuple[object, ...],
         io_backend: IOBackend | str,
-        transfer: Transfer,
+        transfer: Transfer[Any],
         storage: list[tuple[object, ...]],
     ) -> None:
         self.fingerprint = fingerprint

@@ -13,11 +13,12 @@ against these Protocols only, never against a backend's concrete classes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, overload, runtime_checkable
 
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
 
 __all__ = [
     "Backend",
@@ -203,14 +204,25 @@ class EmulatedWithoutDevice(Protocol):
 
 @runtime_checkable
 class Backend(Protocol):
-    """A device backend, registered under entry-point group ``sgl.backends``."""
+    """A device backend, registered under entry-point group ``sgl.backends``.
+
+    MLA and MHA pools come from the same backend: ``create_device_pool`` /
+    ``create_mha_device_pool``, and ``create_host_pool`` builds the host pool
+    of the device pool's kind. A backend without MHA pools has empty
+    ``supported_mha_pairs`` (``PoolBackend``'s default).
+    """
 
     @property
     def name(self) -> str: ...
 
     @property
     def supported_pairs(self) -> Mapping[HostLayout, frozenset[IOBackend]]:
-        """Host layouts this backend builds, each with its io backends."""
+        """Host layouts this backend builds for MLA pools, each with its io backends."""
+        ...
+
+    @property
+    def supported_mha_pairs(self) -> Mapping[HostLayout, frozenset[IOBackend]]:
+        """Host layouts this backend builds for MHA pools (empty: no MHA support)."""
         ...
 
     def is_available(self) -> bool:
@@ -225,6 +237,10 @@ class Backend(Protocol):
         """
         ...
 
+    def default_mha_io(self, layout: HostLayout | str) -> IOBackend:
+        """``default_io`` for MHA host pools: one of ``supported_mha_pairs[layout]``."""
+        ...
+
     def create_device_pool(
         self,
         *,
@@ -237,6 +253,34 @@ class Backend(Protocol):
         device: str | torch.device | None = None,
     ) -> MLADevicePool: ...
 
+    def create_mha_device_pool(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+        v_head_dim: int | None = None,
+    ) -> MHADevicePool:
+        """An MHA/GQA device pool; ``v_head_dim`` defaults to ``head_dim``."""
+        ...
+
+    @overload
+    def create_host_pool(
+        self,
+        device_pool: MHADevicePool,
+        *,
+        layout: HostLayout | str,
+        host_to_device_ratio: float = 2.0,
+        host_size_gb: float = 0.0,
+        pin_memory: bool | None = None,
+        io_backend: IOBackend | str | None = None,
+    ) -> MHAHostPool: ...
+
+    @overload
     def create_host_pool(
         self,
         device_pool: MLADevicePool,
@@ -247,7 +291,7 @@ class Backend(Protocol):
         pin_memory: bool | None = None,
         io_backend: IOBackend | str | None = None,
     ) -> MLAHostPool:
-        """Build a host pool; an unsupported layout (or pair) is rejected here."""
+        """Build a host pool of the device pool's kind; an unsupported layout is rejected here."""
         ...
 
 

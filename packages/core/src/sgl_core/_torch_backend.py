@@ -2,7 +2,8 @@
 
 It is the embedded default on a machine without accelerators and the oracle
 the conformance suite compares other backends against. Device pools are the
-per-layer layout; host pools support every token-row layout with ``direct``.
+per-layer layout; host pools support every token-row layout with ``direct``,
+for MLA and for MHA (``PerLayerMHADevicePool``, ``MHATokenHostPool``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch
 from sgl_core._backend_base import PoolBackend
 from sgl_core._device_pool import PerLayerMLADevicePool
 from sgl_core._enums import IOBackend
+from sgl_core._mha_device_pool import PerLayerMHADevicePool
+from sgl_core._mha_token_host_pool import MHATokenHostPool
 from sgl_core._token_host_pool import TokenRowHostPool
 from sgl_core._tuning import CopyTuning
 
@@ -28,7 +31,13 @@ class TorchBackend(PoolBackend[PerLayerMLADevicePool, TokenRowHostPool]):
     io_preference = (IOBackend.DIRECT,)
 
     def __init__(self, *, tuning: CopyTuning | None = None) -> None:
-        super().__init__(PerLayerMLADevicePool, TokenRowHostPool, tuning=tuning)
+        super().__init__(
+            PerLayerMLADevicePool,
+            TokenRowHostPool,
+            tuning=tuning,
+            mha_device_pool_class=PerLayerMHADevicePool,
+            mha_host_pool_class=MHATokenHostPool,
+        )
 
 
 backend = TorchBackend()

@@ -16,19 +16,34 @@ Any new or modified argument goes through validation again and gets a new
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol
 
 import torch
 
 from sgl_core._enums import IOBackend
+from sgl_core._mha_protocols import MHADevicePool
+from sgl_core._pool_kinds import DevicePoolGeometry
 from sgl_core._protocols import MLADevicePool
 
-__all__ = ["Mover", "MoverFactory", "PlanCache", "Transfer"]
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:  # TypeVar defaults (PEP 696); typing_extensions comes with torch
+    from typing_extensions import TypeVar
+
+__all__ = ["MHAMoverFactory", "Mover", "MoverFactory", "PlanCache", "Transfer"]
+
+# The device-pool kind of a transfer; a bare ``Transfer`` / ``Mover`` is the MLA one.
+PoolT_co = TypeVar("PoolT_co", bound=DevicePoolGeometry, covariant=True, default=MLADevicePool)
+PoolT_contra = TypeVar(
+    "PoolT_contra", bound=DevicePoolGeometry, contravariant=True, default=MLADevicePool
+)
+TransferT = TypeVar("TransferT", bound="Transfer[Any]")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Transfer:
+class Transfer(Generic[PoolT_co]):
     """One validated transfer: what a mover may assume without checking.
 
     ``host_indices`` and ``device_indices`` are 1-D ``torch.int64`` token
@@ -36,9 +51,11 @@ class Transfer:
     whole aligned pages where the pair is page-granular, on the CPU or the
     device pool's device. ``device_pool`` matches the host pool (geometry and
     storage kind) and ``io`` is the io backend of the mover it is handed to.
+    ``Transfer`` is ``Transfer[MLADevicePool]``; MHA host pools hand down
+    ``Transfer[MHADevicePool]``.
     """
 
-    device_pool: MLADevicePool
+    device_pool: PoolT_co
     host_indices: torch.Tensor
     device_indices: torch.Tensor
     io: IOBackend
@@ -48,18 +65,21 @@ class Transfer:
         return int(self.host_indices.numel())
 
 
-class Mover(Protocol):
-    """Moves the bytes of validated transfers for one (host pool, io backend)."""
+class Mover(Protocol[PoolT_contra]):
+    """Moves the bytes of validated transfers for one (host pool, io backend).
 
-    def backup(self, transfer: Transfer) -> None:
+    ``Mover`` is ``Mover[MLADevicePool]``; an MHA mover is a ``Mover[MHADevicePool]``.
+    """
+
+    def backup(self, transfer: Transfer[PoolT_contra]) -> None:
         """Device -> host, every layer."""
         ...
 
-    def load(self, transfer: Transfer, layer_id: int) -> None:
+    def load(self, transfer: Transfer[PoolT_contra], layer_id: int) -> None:
         """Host -> device, layer ``layer_id`` only (already checked in range)."""
         ...
 
-    def check(self, device_pool: MLADevicePool) -> None:
+    def check(self, device_pool: PoolT_contra) -> None:
         """Reject, with a typed error, a device pool this mover cannot run with.
 
         Called during validation, before any byte moves.
@@ -73,6 +93,8 @@ class Mover(Protocol):
 
 #: Builds a pool's mover once the pool has its buffers; takes the pool.
 MoverFactory = Callable[[Any], Mover]
+#: The same for an MHA host pool's movers.
+MHAMoverFactory = Callable[[Any], "Mover[MHADevicePool]"]
 
 PlanT = TypeVar("PlanT")
 
@@ -87,9 +109,9 @@ class PlanCache(Generic[PlanT]):
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[Transfer, PlanT] | None = None
+        self._last: tuple[Transfer[Any], PlanT] | None = None
 
-    def get(self, transfer: Transfer, build: Callable[[Transfer], PlanT]) -> PlanT:
+    def get(self, transfer: TransferT, build: Callable[[TransferT], PlanT]) -> PlanT:
         """The plan of ``transfer``: the kept one if it is the same object, else a new one."""
         last = self._last
         if last is not None and last[0] is transfer:
@@ -98,10 +120,10 @@ class PlanCache(Generic[PlanT]):
         self._last = (transfer, plan)
         return plan
 
-    def peek(self, transfer: Transfer) -> PlanT | None:
+    def peek(self, transfer: Transfer[Any]) -> PlanT | None:
         """The kept plan when it belongs to ``transfer``, else None."""
         last = self._last
         return last[1] if last is not None and last[0] is transfer else None
 
-    def put(self, transfer: Transfer, plan: PlanT) -> None:
+    def put(self, transfer: Transfer[Any], plan: PlanT) -> None:
         self._last = (transfer, plan)

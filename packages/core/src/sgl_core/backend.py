@@ -18,6 +18,14 @@ Groups:
   ``TokenRowHostPool`` (the token-row host layouts), ``PerLayerMLADevicePool``,
   ``MLAPoolGeometry``, ``MLAShape``, ``describe_pairs``, ``device_layers``,
   ``stacked_layers``;
+* **MHA/GQA pools** (docs/design.md section 5b): the protocols
+  ``MHADevicePool`` and ``MHAHostPool``; ``MHAHostPoolBase`` (the MHA host
+  base: geometry and device-pool check on ``HostPoolBase``, which it shares
+  with ``MLAHostPoolBase``), ``MHATokenHostPool`` (the four MHA host layouts,
+  ``direct`` io through ``MHADirectMover``), ``PerLayerMHADevicePool``,
+  ``MHAPoolGeometry``, ``MHAShape``, ``mha_device_layers``,
+  ``is_mha_device_pool``, ``MHAMoverFactory``; ``DevicePoolGeometry`` and
+  ``PoolShape`` are what ``HostPoolBase`` needs of either kind;
 * **the mover seam**: a host pool validates a call into a ``Transfer`` and
   hands it to the ``Mover`` of its io backend (``mover.backup(transfer)``,
   ``mover.load(transfer, layer_id)``); ``MLAHostPoolBase.movers`` declares,
@@ -66,9 +74,16 @@ from sgl_core._device_pool import (
 from sgl_core._devices import check_fits, parse_device, usable_device
 from sgl_core._engine import RunSide, copy_runs, gather_rows
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._host_pool import MLAHostPoolBase, describe_pairs
+from sgl_core._host_pool import HostPoolBase, MLAHostPoolBase, describe_pairs
 from sgl_core._memory import page_aligned_zeros, should_pin
+from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool, mha_device_layers
+from sgl_core._mha_host_pool import MHAHostPoolBase
+from sgl_core._mha_mover import MHADirectMover
+from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
+from sgl_core._mha_shapes import MHAShape
+from sgl_core._mha_token_host_pool import MHATokenHostPool
 from sgl_core._moe import check_routing
+from sgl_core._pool_kinds import DevicePoolGeometry, PoolShape, is_mha_device_pool
 from sgl_core._protocols import (
     Backend,
     EmulatedWithoutDevice,
@@ -79,7 +94,7 @@ from sgl_core._protocols import (
 from sgl_core._row_mover import RowDirectMover
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import TokenRowHostPool
-from sgl_core._transfer import Mover, MoverFactory, PlanCache, Transfer
+from sgl_core._transfer import MHAMoverFactory, Mover, MoverFactory, PlanCache, Transfer
 from sgl_core._tuning import NEVER, CopyTuning, tuning_for
 from sgl_core._validation import (
     check_backed,
@@ -95,11 +110,21 @@ from sgl_core._validation import (
 __all__ = [
     "Backend",
     "CopyTuning",
+    "DevicePoolGeometry",
     "EmulatedWithoutDevice",
     "HostLayout",
+    "HostPoolBase",
     "IOBackend",
     "IndexRuns",
     "LayerViews",
+    "MHADevicePool",
+    "MHADirectMover",
+    "MHAHostPool",
+    "MHAHostPoolBase",
+    "MHAMoverFactory",
+    "MHAPoolGeometry",
+    "MHAShape",
+    "MHATokenHostPool",
     "MLADevicePool",
     "MLAHostPool",
     "MLAHostPoolBase",
@@ -108,9 +133,11 @@ __all__ = [
     "Mover",
     "MoverFactory",
     "NEVER",
+    "PerLayerMHADevicePool",
     "PerLayerMLADevicePool",
     "PlanCache",
     "PoolBackend",
+    "PoolShape",
     "RowDirectMover",
     "RunSide",
     "TokenRowHostPool",
@@ -134,8 +161,10 @@ __all__ = [
     "describe_pairs",
     "device_layers",
     "gather_rows",
+    "is_mha_device_pool",
     "memmove_blocks",
     "merge_runs",
+    "mha_device_layers",
     "page_aligned_zeros",
     "parse_device",
     "should_pin",
