@@ -65,7 +65,7 @@ def test_contiguous_layer_major_buffers() -> None:
     assert not hasattr(dev, "data_ptrs")
     assert not hasattr(dev, "kv_buffer")
     assert (dev.head_num, dev.head_dim, dev.v_head_dim, dev.layer_num) == (HEADS, DIM, VDIM, 3)
-    assert dev.bytes_per_token == LAYERS * HEADS * (DIM + VDIM) * 2
+    assert dev.shape.layout_dim == LAYERS * HEADS * (DIM + VDIM) * 2
     assert dev.get_key_buffer(2).shape == (6, PS, HEADS, DIM)
     assert dev.get_value_buffer(2).data_ptr() == dev.v_buffer[2].data_ptr()
     assert [dev.indexer_slot(i) for i in range(LAYERS)] == [None] * LAYERS

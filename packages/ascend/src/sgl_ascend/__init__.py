@@ -13,6 +13,8 @@ live on CPU tensors). What it provides:
 * :class:`AscendMHADevicePool`: MHA / GQA models, contiguous 5-D layer-major
   ``k_buffer (layer_num, page_num, page_size, head_num, head_dim)`` and
   ``v_buffer`` (``v_head_dim``), the Ascend engine's own layout.
+* :class:`AscendMHAHostPool`: its host pool, also ``page_first_kv_split`` /
+  ``kernel_ascend`` (K and V page-major), true per-layer load, L3 helpers.
 * :class:`AscendMoEMethod` / :class:`AscendW8A8DynamicMoEMethod`: grouped
   experts, unquantized or W8A8 dynamic.
 
@@ -37,6 +39,7 @@ from sgl_ascend._backend import AscendBackend, backend
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._host_pool import AscendMLAHostPool
 from sgl_ascend._mha_device_pool import AscendMHADevicePool
+from sgl_ascend._mha_host_pool import AscendMHAHostPool
 from sgl_ascend._moe import (
     AscendMoEMethod,
     AscendW8A8DynamicMoEMethod,
@@ -50,6 +53,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AscendBackend",
     "AscendMHADevicePool",
+    "AscendMHAHostPool",
     "AscendMLADevicePool",
     "AscendMLAHostPool",
     "AscendMoEMethod",
