@@ -178,7 +178,46 @@ def test_device_buffers_replaced_are_rejected() -> None:
     assert dev.v_buffer.shape == (LAYERS, dev.page_num, PS, HEADS, VDIM)
     with pytest.raises(PoolMismatchError, match="v_buffer"):
         host.backup_from_device_all_layer(dev, good, good, IO)
+    dev.v_buffer = torch.zeros(LAYERS, dev.page_num, PS, HEADS, VDIM, dtype=torch.float16)
+    with pytest.raises(PoolMismatchError, match="v_buffer"):
+        host.backup_from_device_all_layer(dev, good, good, IO)
     assert snapshot(host) == before
+
+
+def test_buffer_replaced_between_layer_loads_is_validated_again() -> None:
+    dev = make_dev()
+    host = make_host(dev)
+    hp, dp = page_indices([0, 1], PS), page_indices([2, 3], PS)
+    host.backup_from_device_all_layer(dev, hp, dp, IO)
+    host.load_to_device_per_layer(dev, hp, dp, 0, IO)
+    dev.k_buffer = dev.k_buffer[:, :-1]  # the engine resized its cache between layers
+    before = snapshot(dev, host)
+    with pytest.raises(PoolMismatchError, match="k_buffer"):
+        host.load_to_device_per_layer(dev, hp, dp, 1, IO)
+    assert snapshot(dev, host) == before
+
+
+def test_layer_views_are_the_pools_memory() -> None:
+    dev = make_dev()
+    host = make_host(dev)
+    views = host.layer_views(dev, 1)
+    assert [tuple(d.shape) for d, _ in views] == [
+        (dev.slot_count, HEADS * DIM),
+        (dev.slot_count, HEADS * VDIM),
+    ]
+    assert [tuple(h.shape) for _, h in views] == [
+        (host.page_num, PS, HEADS * DIM),
+        (host.page_num, PS, HEADS * VDIM),
+    ]
+    (dk, hk), (dv, hv) = views
+    assert dk.data_ptr() == dev.k_buffer[1].data_ptr()
+    assert dv.data_ptr() == dev.v_buffer[1].data_ptr()
+    hk[3, 2] = dk[5]
+    hv[3, 2] = dv[5]
+    assert raw(host.k_buffer[3, 1, 2]) == raw(dev.k_buffer[1, 1, 1])
+    assert raw(host.v_buffer[3, 1, 2]) == raw(dev.v_buffer[1, 1, 1])
+    with pytest.raises(PoolMismatchError):
+        host.layer_views(make_dev(heads=1), 0)
 
 
 def test_only_ascend_mha_device_pools() -> None:

@@ -13,9 +13,10 @@ objects: K, then V.
 **Flat L3 page** (``get_data_page`` / ``set_from_flat_data_page`` /
 ``get_dummy_flat_data_page``): the bytes of ``k_buffer[p]`` then
 ``v_buffer[p]``, in the pool's dtype. That is also the byte order of the
-Ascend serving engine's own MHA host page (its ``page_first_direct`` host
-tensor ``(2, page_num, layer_num, page_size, head_num, head_dim)``, sliced at
-one page) when ``v_head_dim == head_dim``. ``get_page_buffer_meta`` lists, per
+Ascend serving engine's own MHA host page (it names the layout
+``page_first_direct``: one ``(2, page_num, layer_num, page_size, head_num,
+head_dim)`` tensor, or, for ``v_head_dim != head_dim``, two tensors shaped as
+above). ``get_page_buffer_meta`` lists, per
 page, the pointer and byte size of the K object then the V object.
 
 Transfers move whole pages only; the ``sgl_core`` base validates every
