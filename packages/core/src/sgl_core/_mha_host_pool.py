@@ -103,8 +103,6 @@ class MHAHostPoolBase(HostPoolBase[MHADevicePool, MHAShape]):
             theirs = tuple(getattr(device_pool, name) for name in _FIELDS)
         except AttributeError as exc:
             raise PoolMismatchError(f"device_pool is not an MHA device pool: {exc}") from None
-        if hasattr(device_pool, "kv_lora_rank"):
-            raise PoolMismatchError("device_pool is an MLA device pool; this host pool is MHA")
         if mine != theirs:
             raise PoolMismatchError(
                 f"device_pool does not match the host pool: ({', '.join(_FIELDS)}) = "

@@ -7,7 +7,9 @@ A backend package runs it against itself by subclassing::
     class TestMyBackend(BackendConformanceSuite):
         backend_name = "mine"
 
-Override :meth:`make_device_pool` to pass backend-specific options. The
+Override :meth:`make_device_pool` (and :meth:`make_mha_device_pool`) to pass
+backend-specific options. The MHA checks (``test_mha_*``) run every pair of
+``backend.supported_mha_pairs`` and skip a backend that has none. The
 portable ``torch`` backend passes this suite and is its oracle: every check
 compares raw bytes read back through the public pool API.
 """
@@ -32,17 +34,20 @@ from sgl_core.testing._helpers import (
     same_bytes,
     snapshot,
 )
+from sgl_core.testing._suite_mha import MHAChecks
 from sgl_core.testing._suite_misuse import MisuseChecks
 
 __all__ = ["BackendConformanceSuite"]
 
 
-class BackendConformanceSuite(MisuseChecks):
+class BackendConformanceSuite(MHAChecks, MisuseChecks):
     """Subclass with ``backend_name`` set; pytest collects the ``test_*`` methods.
 
     Hooks, class attributes and helpers: ``SuiteBase``; pool and L3 checks:
     ``PoolChecks``; bad calls and concurrency: ``MisuseChecks``; the transfer
-    checks are here.
+    checks are here. MHA pools: ``MHAChecks`` (``test_mha_*``, every pair of
+    ``supported_mha_pairs``; skipped where it is empty; hook
+    ``make_mha_device_pool``, class attributes in ``MHASuiteBase``).
     """
 
     # ----------------------------------------------------------------- tests
