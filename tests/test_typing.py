@@ -200,7 +200,7 @@ def _load(path: Path) -> object:
     return module
 
 
-@pytest.mark.parametrize("name", ["cache_controller", "moe_layer"])
+@pytest.mark.parametrize("name", ["cache_controller", "mha_cache_controller", "moe_layer"])
 def test_pass_module_runs(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The typed integrations are real code: they run against ``get_backend()`` here."""
     monkeypatch.delenv("SGL_BACKEND", raising=False)
@@ -215,7 +215,14 @@ def test_pass_module_runs(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
 # Each package's static conformance lines: protocol -> classes assigned to it
 # inside `if TYPE_CHECKING:` somewhere in the package (docs/design.md section 2, issue 6).
 REQUIRED_CONFORMANCE: dict[str, set[str]] = {
-    "sgl_core": {"Backend", "MLADevicePool", "MLAHostPool", "MoEMethod"},
+    "sgl_core": {
+        "Backend",
+        "MHADevicePool",
+        "MHAHostPool",
+        "MLADevicePool",
+        "MLAHostPool",
+        "MoEMethod",
+    },
     "sgl_cuda": {"Backend", "MLADevicePool", "MLAHostPool", "MoEMethod"},
     "sgl_ascend": {"Backend", "MLADevicePool", "MLAHostPool", "MoEMethod"},
 }

@@ -288,3 +288,39 @@ def test_other_element_types_move_bit_exact(dtype: torch.dtype) -> None:
             assert torch.equal(
                 mha_device_rows(target, layer, idx), mha_device_rows(dev, layer, idx)
             )
+
+
+class _EngineMHAPool:
+    """SGLang's ``MHATokenToKVPool`` as our host pools see it: ``device`` is a str."""
+
+    def __init__(self, layer_num: int = 2) -> None:
+        self.size, self.page_size, self.layer_num = 8, 4, layer_num
+        self.head_num, self.head_dim, self.v_head_dim = 2, 8, 8
+        self.dtype, self.device = torch.bfloat16, "cpu"
+        self.k_buffer = [torch.randn(12, 2, 8).bfloat16() for _ in range(layer_num)]
+        self.v_buffer = [torch.randn(12, 2, 8).bfloat16() for _ in range(layer_num)]
+
+
+def test_an_engines_own_mha_pool_is_accepted() -> None:
+    from sgl_core.backend import as_mha_device_pool
+
+    engine = _EngineMHAPool()
+    host = sgl_core.TorchBackend().create_host_pool(engine, layout="page_head")  # type: ignore[call-overload]
+    assert isinstance(host, MHATokenHostPool)
+    view = as_mha_device_pool(engine)
+    assert view is as_mha_device_pool(engine) and view.device == torch.device("cpu")
+    assert isinstance(view, sgl_core.MHADevicePool)
+    idx = page_indices([1], 4)
+    host.backup_from_device_all_layer(view, idx, idx, "direct")
+    for layer in range(2):
+        engine.k_buffer[layer][idx] = 0
+        host.load_to_device_per_layer(view, idx, idx, layer, "direct")
+    k, v = view.get_kv_buffer(1, idx)
+    assert torch.equal(v, engine.v_buffer[1][idx])
+    assert torch.equal(k, engine.k_buffer[1][idx]) and bool(k.any())
+    # the engine's HND layout (another k_buffer shape) is refused, with nothing moved
+    engine.k_buffer = [t.view(12, 8, 2) for t in engine.k_buffer]
+    with pytest.raises(errors.PoolMismatchError):
+        host.backup_from_device_all_layer(as_mha_device_pool(engine), idx, idx, "direct")
+    with pytest.raises(errors.PoolMismatchError):
+        as_mha_device_pool(object())

@@ -47,8 +47,34 @@ def test_public_names_cover_the_issue_api() -> None:
         "Backend",
         "MoEMethod",
         "maybe_fuse_routed_scale_and_shared_add",
+        "MHADevicePool",
+        "MHAHostPool",
     ):
         assert name in sgl_core.__all__
+
+
+def test_mha_backend_interface_is_public() -> None:
+    """What the cuda/ascend MHA pools build on comes from ``sgl_core.backend`` (issue 14)."""
+    from sgl_core import backend
+
+    for name in (
+        "MHADevicePool",
+        "MHAHostPool",
+        "HostPoolBase",
+        "MHAHostPoolBase",
+        "MHATokenHostPool",
+        "MHADirectMover",
+        "PerLayerMHADevicePool",
+        "MHAPoolGeometry",
+        "MHAShape",
+        "MHAMoverFactory",
+        "mha_device_layers",
+        "is_mha_device_pool",
+        "KVHostPool",
+    ):
+        assert name in backend.__all__, name
+    assert sgl_core.HostLayout("PAGE_HEAD") is sgl_core.HostLayout.PAGE_HEAD
+    assert sgl_core.HostLayout.PAGE_HEAD.value == "page_head"
 
 
 def test_errors_subclass_builtin_families() -> None:

@@ -14,7 +14,15 @@ import sgl_ascend
 import sgl_core
 import sgl_cuda
 from sgl_ascend import AscendMoEMethod, AscendW8A8DynamicMoEMethod
-from sgl_core import Backend, MLADevicePool, MLAHostPool, MoEMethod, TorchMoEMethod
+from sgl_core import (
+    Backend,
+    MHADevicePool,
+    MHAHostPool,
+    MLADevicePool,
+    MLAHostPool,
+    MoEMethod,
+    TorchMoEMethod,
+)
 from sgl_cuda.quantization import GGMLMoEMethod
 
 
@@ -55,4 +63,22 @@ def created_pools() -> list[tuple[MLADevicePool, MLAHostPool]]:
     out.append(
         (ascend_dev, sgl_ascend.backend.create_host_pool(ascend_dev, layout="page_first_kv_split"))
     )
+    return out
+
+
+def mha_pools(
+    torch_device: sgl_core.PerLayerMHADevicePool, torch_host: sgl_core.MHATokenHostPool
+) -> tuple[MHADevicePool, MHAHostPool]:
+    """The torch backend's MHA classes satisfy the MHA protocols."""
+    return torch_device, torch_host
+
+
+def created_mha_pools() -> list[tuple[MHADevicePool, MHAHostPool]]:
+    """Every backend's MHA factories return the MHA protocols (create_host_pool's overload)."""
+    out: list[tuple[MHADevicePool, MHAHostPool]] = []
+    for backend in backends():
+        dev = backend.create_mha_device_pool(
+            size=8, page_size=4, dtype=torch.bfloat16, head_num=2, head_dim=8, layer_num=1
+        )
+        out.append((dev, backend.create_host_pool(dev, layout="page_first")))
     return out

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._mha_foreign_pool import as_mha_device_pool
 from sgl_core._mha_host_pool import MHAHostPoolBase
 from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
 from sgl_core._tuning import CopyTuning
@@ -85,5 +86,6 @@ class MHABackendMixin:
         host = self._mha_host_pool_class
         if host is None:
             raise self._no_mha()
-        pool: MHAHostPool = host(device_pool, **args, tuning=self.tuning)
+        # An engine's own pool (SGLang's: ``device`` a str) is normalized here.
+        pool: MHAHostPool = host(as_mha_device_pool(device_pool), **args, tuning=self.tuning)
         return pool

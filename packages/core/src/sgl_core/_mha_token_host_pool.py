@@ -208,7 +208,12 @@ class MHATokenHostPool(MHAHostPoolBase):
 
 
 if TYPE_CHECKING:
+    from sgl_core._mha_device_pool import PerLayerMHADevicePool
     from sgl_core._mha_protocols import MHAHostPool
 
-    def _conforms(pool: MHATokenHostPool) -> MHAHostPool:
-        return pool
+    _host: MHAHostPool = MHATokenHostPool(
+        PerLayerMHADevicePool(
+            size=1, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=1, layer_num=1
+        ),
+        layout="page_head",
+    )

@@ -11,11 +11,18 @@ never by class.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Union
 
 import torch
 
-__all__ = ["DevicePoolGeometry", "PoolShape", "is_mha_device_pool"]
+from sgl_core._mha_protocols import MHAHostPool
+from sgl_core._protocols import MLAHostPool
+
+__all__ = ["DevicePoolGeometry", "KVHostPool", "PoolShape", "is_mha_device_pool"]
+
+#: A host pool of either kind: what L3 page stores accept (they read only the
+#: members both protocols share: layout, sizes, dtype and the L3 page helpers).
+KVHostPool = Union[MLAHostPool, MHAHostPool]  # noqa: UP007  (a runtime alias on 3.10)
 
 
 class DevicePoolGeometry(Protocol):

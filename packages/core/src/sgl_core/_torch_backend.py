@@ -43,6 +43,7 @@ class TorchBackend(PoolBackend[PerLayerMLADevicePool, TokenRowHostPool]):
 backend = TorchBackend()
 
 if TYPE_CHECKING:
+    from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
     from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
 
     _backend: Backend = backend
@@ -50,3 +51,7 @@ if TYPE_CHECKING:
         size=1, page_size=1, dtype=torch.bfloat16, kv_lora_rank=1, qk_rope_head_dim=1, layer_num=1
     )
     _host: MLAHostPool = backend.create_host_pool(_device, layout="layer_first")
+    _mha_device: MHADevicePool = backend.create_mha_device_pool(
+        size=1, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=1, layer_num=1
+    )
+    _mha_host: MHAHostPool = backend.create_host_pool(_mha_device, layout="page_head")

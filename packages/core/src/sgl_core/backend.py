@@ -24,8 +24,10 @@ Groups:
   with ``MLAHostPoolBase``), ``MHATokenHostPool`` (the four MHA host layouts,
   ``direct`` io through ``MHADirectMover``), ``PerLayerMHADevicePool``,
   ``MHAPoolGeometry``, ``MHAShape``, ``mha_device_layers``,
-  ``is_mha_device_pool``, ``MHAMoverFactory``; ``DevicePoolGeometry`` and
-  ``PoolShape`` are what ``HostPoolBase`` needs of either kind;
+  ``is_mha_device_pool``, ``MHAMoverFactory``, ``as_mha_device_pool`` (an
+  engine's own MHA pool, e.g. SGLang's, seen through ``MHADevicePool``); ``DevicePoolGeometry`` and
+  ``PoolShape`` are what ``HostPoolBase`` needs of either kind, ``KVHostPool``
+  a host pool of either kind (what L3 stores take);
 * **the mover seam**: a host pool validates a call into a ``Transfer`` and
   hands it to the ``Mover`` of its io backend (``mover.backup(transfer)``,
   ``mover.load(transfer, layer_id)``); ``MLAHostPoolBase.movers`` declares,
@@ -77,13 +79,14 @@ from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import HostPoolBase, MLAHostPoolBase, describe_pairs
 from sgl_core._memory import page_aligned_zeros, should_pin
 from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool, mha_device_layers
+from sgl_core._mha_foreign_pool import as_mha_device_pool
 from sgl_core._mha_host_pool import MHAHostPoolBase
 from sgl_core._mha_mover import MHADirectMover
 from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._mha_token_host_pool import MHATokenHostPool
 from sgl_core._moe import check_routing
-from sgl_core._pool_kinds import DevicePoolGeometry, PoolShape, is_mha_device_pool
+from sgl_core._pool_kinds import DevicePoolGeometry, KVHostPool, PoolShape, is_mha_device_pool
 from sgl_core._protocols import (
     Backend,
     EmulatedWithoutDevice,
@@ -116,6 +119,7 @@ __all__ = [
     "HostPoolBase",
     "IOBackend",
     "IndexRuns",
+    "KVHostPool",
     "LayerViews",
     "MHADevicePool",
     "MHADirectMover",
@@ -142,6 +146,7 @@ __all__ = [
     "RunSide",
     "TokenRowHostPool",
     "Transfer",
+    "as_mha_device_pool",
     "byte_view",
     "check_backed",
     "check_fits",

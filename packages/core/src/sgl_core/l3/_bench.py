@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from sgl_core._protocols import MLAHostPool
+from sgl_core._pool_kinds import KVHostPool
 from sgl_core.l3._file_store import FilePageStore
 from sgl_core.l3._keys import page_keys
 from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore
@@ -174,7 +174,7 @@ def run_l3_bench(
     dtype: torch.dtype = torch.bfloat16,
     layout: str = "page_first_direct",
     repeats: int = 5,
-    host: MLAHostPool | None = None,
+    host: KVHostPool | None = None,
     notes: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure set/get GB/s per store and for ``memcpy``; one dict per (store, op).

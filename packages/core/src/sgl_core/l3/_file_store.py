@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from sgl_core._protocols import MLAHostPool
+from sgl_core._pool_kinds import KVHostPool
 from sgl_core.l3._errors import PageStoreNotReadyError
 from sgl_core.l3._file_disk import fsync_dir, host_view, write_all
 from sgl_core.l3._file_index import FileIndex
@@ -78,7 +78,7 @@ class FilePageStore(FileIndex):
         fsync: bool = False,
     ) -> None:
         self._fsync = fsync
-        self._host: MLAHostPool | None = None
+        self._host: KVHostPool | None = None
         self._format: PageFormat | None = None
         self._staging = threading.local()
         super().__init__(root, capacity_bytes)
@@ -88,7 +88,7 @@ class FilePageStore(FileIndex):
         """The registered pool's :class:`PageFormat` (``None`` before registration)."""
         return self._format
 
-    def register_host_pool(self, host: MLAHostPool) -> None:
+    def register_host_pool(self, host: KVHostPool) -> None:
         """Bind ``host``; its :class:`PageFormat` selects which stored pages it can read."""
         fmt = page_format(host)
         with self._lock:
@@ -103,7 +103,7 @@ class FilePageStore(FileIndex):
             raise PageStoreNotReadyError("call register_host_pool(host) first")
         return self._file(self._name(fmt, page_key))
 
-    def _snapshot(self) -> tuple[MLAHostPool | None, PageFormat | None]:
+    def _snapshot(self) -> tuple[KVHostPool | None, PageFormat | None]:
         with self._lock:
             return self._host, self._format
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from sgl_core._protocols import MLAHostPool
+from sgl_core._pool_kinds import KVHostPool
 from sgl_core.l3._errors import PageStoreArgumentError
 
 __all__ = ["FORMAT_VERSION", "PageFormat", "page_format"]
@@ -192,7 +192,7 @@ def _derived_fields(host: object) -> dict[str, object]:
     return fields
 
 
-def page_format(host: MLAHostPool) -> PageFormat:
+def page_format(host: KVHostPool) -> PageFormat:
     """The :class:`PageFormat` of ``host``'s pages (see the module docstring).
 
     Raises :class:`~sgl_core.l3.PageStoreArgumentError` when ``host`` is not
@@ -206,7 +206,7 @@ def page_format(host: MLAHostPool) -> PageFormat:
         ) from None
 
 
-def _page_format(host: MLAHostPool) -> PageFormat:
+def _page_format(host: KVHostPool) -> PageFormat:
     page_size = _positive_int(host, "page_size")
     layer_num = _positive_int(host, "layer_num")
     if not isinstance(host.dtype, torch.dtype):

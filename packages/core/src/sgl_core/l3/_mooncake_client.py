@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Any
 
-from sgl_core._protocols import MLAHostPool
+from sgl_core._pool_kinds import KVHostPool
 from sgl_core.l3._errors import MooncakeSetupError, PageStoreNotReadyError
 from sgl_core.l3._format import PageFormat, page_format
 from sgl_core.l3._mooncake_config import MooncakeConfig
@@ -50,7 +50,7 @@ class MooncakeClient:
                 rc,
             )
         self._lock = threading.Lock()
-        self._host: MLAHostPool | None = None
+        self._host: KVHostPool | None = None
         self._format: PageFormat | None = None
         self._registered: list[int] = []
         # Registered header scratch buffers (one per thread), kept alive until close().
@@ -70,7 +70,7 @@ class MooncakeClient:
         return self._format
 
     # ------------------------------------------------------------------ setup
-    def register_host_pool(self, host: MLAHostPool) -> None:
+    def register_host_pool(self, host: KVHostPool) -> None:
         """Register ``host``'s buffers for zero-copy transfers (replacing a previous pool)."""
         self._check_open()
         fmt = page_format(host)
@@ -103,7 +103,7 @@ class MooncakeClient:
         if self._closed:
             raise PageStoreNotReadyError("this MooncakePageStore is closed")
 
-    def _snapshot(self) -> tuple[MLAHostPool | None, PageFormat | None]:
+    def _snapshot(self) -> tuple[KVHostPool | None, PageFormat | None]:
         self._check_open()
         with self._lock:
             return self._host, self._format

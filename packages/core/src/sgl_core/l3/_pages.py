@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import torch
 
-from sgl_core._protocols import MLAHostPool
+from sgl_core._pool_kinds import KVHostPool
 from sgl_core._validation import (
     as_index_tensor,
     check_index_bounds,
@@ -94,7 +94,7 @@ def host_index_tensor(host_indices: object) -> torch.Tensor:
 
 
 def resolve_pages(
-    host: MLAHostPool | None,
+    host: KVHostPool | None,
     fmt: PageFormat | None,
     keys: Sequence[str],
     host_indices: object,

@@ -2,7 +2,7 @@
 
 Backend authors: a page store moves whole host-pool pages (HiCache L2) to a
 third tier and back. It never touches a device. It sees the host pool only
-through :class:`sgl_core.MLAHostPool`'s L3 helpers:
+through the L3 helpers of :class:`sgl_core.MLAHostPool` (or ``MHAHostPool``):
 
 * ``get_page_buffer_meta(indices)`` gives, for whole aligned pages, the
   address and size of each memory *object* of each page, page after page;
@@ -51,7 +51,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from sgl_core._protocols import MLAHostPool
+from sgl_core._pool_kinds import KVHostPool
 
 __all__ = ["PageStore", "PageStoreStats"]
 
@@ -105,7 +105,7 @@ class PageStoreStats:
 class PageStore(Protocol):
     """A store of host-pool pages addressed by page keys (see the module docstring)."""
 
-    def register_host_pool(self, host: MLAHostPool) -> None:
+    def register_host_pool(self, host: KVHostPool) -> None:
         """Bind the host pool whose pages this store moves (registers its memory)."""
         ...
 

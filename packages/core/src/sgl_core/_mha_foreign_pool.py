@@ -1,0 +1,137 @@
+"""An engine's own MHA device pool (SGLang's ``MHATokenToKVPool``), normalized at our boundary.
+
+SGLang's MHA pool has what our MHA host pools read (sizes, heads, head
+dims, per-layer ``k_buffer`` / ``v_buffer`` lists in the default NHD layout)
+but its ``device`` is a ``str`` and its KV accessors take attention-layer
+objects. :func:`as_mha_device_pool` returns a cached view whose ``device`` is
+a ``torch.device`` and whose accessors follow ``MHADevicePool``; the view
+shares the engine's lists, so transfers move the engine's own tensors. The
+dtype reported is the stored one (SGLang's ``store_dtype``, e.g. ``uint8``
+for fp8 caches), which is what the bytes are. Other physical layouts (HND,
+page-major) have other ``k_buffer`` shapes and are refused by the host pool's
+shape check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sgl_core._mha_protocols import MHADevicePool
+from sgl_core.errors import PoolMismatchError
+
+__all__ = ["ForeignMHADevicePool", "as_mha_device_pool"]
+
+
+class ForeignMHADevicePool:
+    """An engine's per-layer MHA device pool seen through ``MHADevicePool``."""
+
+    def __init__(self, pool: Any) -> None:
+        try:
+            self._device = torch.device(pool.device)
+            k, v = pool.k_buffer, pool.v_buffer
+        except (AttributeError, TypeError, RuntimeError) as exc:
+            raise PoolMismatchError(
+                f"{type(pool).__name__} is not a per-layer MHA device pool: {exc}"
+            ) from None
+        if not (isinstance(k, list) and isinstance(v, list) and k and len(k) == len(v)):
+            raise PoolMismatchError(
+                f"{type(pool).__name__}.k_buffer/v_buffer must be non-empty lists of layers"
+            )
+        self._pool = pool
+
+    @property
+    def wrapped(self) -> Any:
+        """The engine's pool object."""
+        return self._pool
+
+    @property
+    def k_buffer(self) -> list[torch.Tensor]:
+        layers: list[torch.Tensor] = self._pool.k_buffer  # the engine's own list
+        return layers
+
+    @property
+    def v_buffer(self) -> list[torch.Tensor]:
+        layers: list[torch.Tensor] = self._pool.v_buffer
+        return layers
+
+    @property
+    def size(self) -> int:
+        return int(self._pool.size)
+
+    @property
+    def page_size(self) -> int:
+        return int(self._pool.page_size)
+
+    @property
+    def layer_num(self) -> int:
+        return int(self._pool.layer_num)
+
+    @property
+    def head_num(self) -> int:
+        return int(self._pool.head_num)
+
+    @property
+    def head_dim(self) -> int:
+        return int(self._pool.head_dim)
+
+    @property
+    def v_head_dim(self) -> int:
+        return int(getattr(self._pool, "v_head_dim", None) or self._pool.head_dim)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        dtype: torch.dtype = self.k_buffer[0].dtype
+        return dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _layer(self, layer_id: int) -> int:
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+            raise PoolMismatchError(f"layer_id must be an int, got {type(layer_id).__name__}")
+        if not 0 <= layer_id < self.layer_num:
+            raise PoolMismatchError(f"layer_id={layer_id} is outside [0, {self.layer_num})")
+        return layer_id
+
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+    ) -> None:
+        i = self._layer(layer_id)
+        self.k_buffer[i][loc] = cache_k.to(self.dtype)
+        self.v_buffer[i][loc] = cache_v.to(self.dtype)
+
+    def get_kv_buffer(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        i = self._layer(layer_id)
+        return self.k_buffer[i][loc].clone(), self.v_buffer[i][loc].clone()
+
+
+# One view per engine pool, so the per-layer load memo (device pools compared
+# by identity) recognizes the pool from one layer to the next.
+_views: weakref.WeakKeyDictionary[Any, ForeignMHADevicePool] = weakref.WeakKeyDictionary()
+
+
+def as_mha_device_pool(pool: Any) -> MHADevicePool:
+    """``pool`` itself if its ``device`` is a ``torch.device``, else a cached view of it."""
+    if isinstance(pool, ForeignMHADevicePool) or isinstance(
+        getattr(pool, "device", None), torch.device
+    ):
+        typed: MHADevicePool = pool
+        return typed
+    try:
+        view = _views.get(pool)
+    except TypeError:  # not weak-referenceable or not hashable: no caching
+        return ForeignMHADevicePool(pool)
+    if view is None or view.wrapped is not pool:
+        view = ForeignMHADevicePool(pool)
+        with contextlib.suppress(TypeError):
+            _views[pool] = view
+    return view
+
+
+if TYPE_CHECKING:  # static conformance of the view
+    _check: MHADevicePool = ForeignMHADevicePool(object())
