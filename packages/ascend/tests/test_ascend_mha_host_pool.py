@@ -237,6 +237,23 @@ def test_only_ascend_mha_device_pools() -> None:
         AscendMHAHostPool(make_dev(), layout="page_first")
 
 
+class _EnginePool:
+    """An engine's own per-layer MHA pool (``device`` a str, lists of layers)."""
+
+    def __init__(self) -> None:
+        self.size, self.page_size, self.layer_num = 8 * PS, PS, LAYERS
+        self.head_num, self.head_dim, self.v_head_dim = HEADS, DIM, VDIM
+        self.device = "cpu"
+        self.k_buffer = [torch.zeros(9 * PS, HEADS, DIM, dtype=torch.bfloat16)] * LAYERS
+        self.v_buffer = [torch.zeros(9 * PS, HEADS, VDIM, dtype=torch.bfloat16)] * LAYERS
+
+
+def test_engine_pools_are_refused_by_name() -> None:
+    # The kv-split host pool addresses the contiguous 5-D tensors only.
+    with pytest.raises(PoolMismatchError, match="AscendMHADevicePool"):
+        sgl_ascend.backend.create_host_pool(_EnginePool(), layout=LAYOUT)  # type: ignore[call-overload]
+
+
 # -------------------------------------------------------------------- L3 pages
 def test_flat_page_is_k_then_v_and_meta_matches() -> None:
     dev = make_dev()
