@@ -85,6 +85,18 @@ def test_host_pool_mirrors_device_page_major() -> None:
     assert host.moves_whole_pages(IO)
 
 
+def test_backend_mha_pairs() -> None:
+    backend = sgl_ascend.backend
+    kv_split = sgl_core.HostLayout.PAGE_FIRST_KV_SPLIT
+    assert backend.supported_mha_pairs == {kv_split: frozenset({sgl_core.IOBackend.KERNEL_ASCEND})}
+    assert backend.default_mha_io("page_first_kv_split") is sgl_core.IOBackend.KERNEL_ASCEND
+    with pytest.raises(UnsupportedLayoutError):
+        backend.default_mha_io("page_first_direct")
+    dev = make_dev()
+    with pytest.raises(UnsupportedLayoutError):
+        backend.create_host_pool(dev, layout=LAYOUT, io_backend="direct")
+
+
 def test_host_size_gb_counts_k_and_v() -> None:
     dev = make_dev()
     per_token = LAYERS * HEADS * (DIM + VDIM) * 2

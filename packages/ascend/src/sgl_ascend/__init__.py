@@ -31,6 +31,11 @@ Example::
     host = backend.create_host_pool(dev, layout="page_first_kv_split")
     host.backup_from_device_all_layer(dev, host_idx, dev_idx, "kernel_ascend")
     host.load_to_device_per_layer(dev, host_idx, dev_idx, layer_id, "kernel_ascend")
+
+    # MHA / GQA models: the same calls on K and V pools
+    mha = backend.create_mha_device_pool(size=4096, page_size=128, dtype=torch.bfloat16,
+                                         head_num=8, head_dim=128, layer_num=32)
+    mha_host = backend.create_host_pool(mha, layout="page_first_kv_split")
 """
 
 from __future__ import annotations
