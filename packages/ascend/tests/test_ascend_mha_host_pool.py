@@ -288,8 +288,9 @@ def test_flat_page_is_k_then_v_and_meta_matches() -> None:
     assert totals == [k_bytes * host.page_num, v_bytes * host.page_num]
 
 
-def test_set_from_flat_page_round_trips_and_checks_first() -> None:
-    dev = make_dev()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e5m2])
+def test_set_from_flat_page_round_trips_and_checks_first(dtype: torch.dtype) -> None:
+    dev = make_dev(dtype=dtype)
     host = make_host(dev)
     host.backup_from_device_all_layer(dev, page_indices([1], PS), page_indices([4], PS), IO)
     page = host.get_data_page(PS)
