@@ -245,6 +245,15 @@ def test_only_ascend_mha_device_pools() -> None:
     )  # fmt: skip
     with pytest.raises(PoolMismatchError, match="AscendMHADevicePool"):
         AscendMHAHostPool(torch_pool, layout=LAYOUT)
+    dev = make_dev()  # same geometry as torch_pool: only the storage kind differs
+    host = make_host(dev)
+    good = page_indices([0, 1], PS)
+    before = snapshot(dev, host)
+    with pytest.raises(PoolMismatchError, match="AscendMHADevicePool"):
+        host.backup_from_device_all_layer(torch_pool, good, good, IO)
+    with pytest.raises(PoolMismatchError, match="AscendMHADevicePool"):
+        host.load_to_device_per_layer(torch_pool, good, good, 0, IO)
+    assert snapshot(dev, host) == before
     with pytest.raises(UnsupportedLayoutError):
         AscendMHAHostPool(make_dev(), layout="page_first")
 
