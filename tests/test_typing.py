@@ -224,7 +224,14 @@ REQUIRED_CONFORMANCE: dict[str, set[str]] = {
         "MoEMethod",
     },
     "sgl_cuda": {"Backend", "MLADevicePool", "MLAHostPool", "MoEMethod"},
-    "sgl_ascend": {"Backend", "MLADevicePool", "MLAHostPool", "MoEMethod"},
+    "sgl_ascend": {
+        "Backend",
+        "MHADevicePool",
+        "MHAHostPool",
+        "MLADevicePool",
+        "MLAHostPool",
+        "MoEMethod",
+    },
 }
 
 

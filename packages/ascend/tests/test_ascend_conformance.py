@@ -1,4 +1,8 @@
-"""The shared backend conformance suite, run against the ascend backend on CPU tensors."""
+"""The shared backend conformance suite, run against the ascend backend on CPU tensors.
+
+Every class runs the MLA checks and the MHA ones (``test_mha_*``, on
+``AscendMHADevicePool`` / ``AscendMHAHostPool``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import pytest
 
 import sgl_ascend
 from sgl_core import Backend, MLADevicePool
-from sgl_core.backend import CopyTuning
+from sgl_core.backend import NEVER, CopyTuning
 from sgl_core.testing import BackendConformanceSuite
 
 
@@ -52,4 +56,19 @@ class TestAscendLoadByAddressPlainConformance(TestAscendConformance):
     def backend(self, monkeypatch: pytest.MonkeyPatch) -> Backend:
         # The backend's tuning object goes to every host pool it builds.
         monkeypatch.setattr(sgl_ascend.backend, "tuning", CopyTuning(by_address_min_block_bytes=0))
+        return sgl_ascend.backend
+
+
+class TestAscendGQAGatherConformance(TestAscendConformance):
+    """More KV heads of narrower rows (GQA-like), every kv-split copy a gather."""
+
+    head_num = 4
+    head_dim = 8
+    mha_v_head_dim = 4
+    page_sizes = (1, 16)
+
+    @pytest.fixture
+    def backend(self, monkeypatch: pytest.MonkeyPatch) -> Backend:
+        gather = CopyTuning(by_address_min_block_bytes=NEVER, gather_below_page_run_bytes=NEVER)
+        monkeypatch.setattr(sgl_ascend.backend, "tuning", gather)
         return sgl_ascend.backend

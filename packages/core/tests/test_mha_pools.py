@@ -324,3 +324,24 @@ def test_an_engines_own_mha_pool_is_accepted() -> None:
         host.backup_from_device_all_layer(as_mha_device_pool(engine), idx, idx, "direct")
     with pytest.raises(errors.PoolMismatchError):
         as_mha_device_pool(object())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layer_views_are_the_pools_memory(layout: str) -> None:
+    dev, host = pools(layout)
+    fill_mha_device_random(dev, 8)
+    idx = page_indices([0, 2], 4)
+    host.backup_from_device_all_layer(dev, idx, idx, "direct")
+    views = host.layer_views(dev, 1)
+    assert isinstance(host, sgl_core.backend.LayerViews)
+    assert len(views) == (4 if layout == "page_head" else 2)
+    for rows, pages in views:
+        assert rows.dim() == 2 and pages.shape[:2] == (host.page_num, host.page_size)
+        assert rows.shape[1] == pages.shape[2]
+        for t in idx.tolist():
+            assert torch.equal(pages[t // 4, t % 4].view(torch.int16), rows[t].view(torch.int16))
+    rows, pages = views[-1]  # V (of the last head): a view, writes land in the host pool
+    pages[5].fill_(3)
+    assert bool((host.get_data_page(20).float() == 3).any())
+    with pytest.raises(errors.LayerIndexError):
+        host.layer_views(dev, 3)

@@ -10,6 +10,11 @@ live on CPU tensors). What it provides:
   ``index_k_scale_buffer``); no ``data_ptrs``, no per-layer list.
 * :class:`AscendMLAHostPool`: layout ``page_first_kv_split`` with io backend
   ``kernel_ascend``; all-layer backup, true per-layer load, L3 page helpers.
+* :class:`AscendMHADevicePool`: MHA / GQA models, contiguous 5-D layer-major
+  ``k_buffer (layer_num, page_num, page_size, head_num, head_dim)`` and
+  ``v_buffer`` (``v_head_dim``), the Ascend engine's own layout.
+* :class:`AscendMHAHostPool`: its host pool, also ``page_first_kv_split`` /
+  ``kernel_ascend`` (K and V page-major), true per-layer load, L3 helpers.
 * :class:`AscendMoEMethod` / :class:`AscendW8A8DynamicMoEMethod`: grouped
   experts, unquantized or W8A8 dynamic.
 
@@ -26,6 +31,11 @@ Example::
     host = backend.create_host_pool(dev, layout="page_first_kv_split")
     host.backup_from_device_all_layer(dev, host_idx, dev_idx, "kernel_ascend")
     host.load_to_device_per_layer(dev, host_idx, dev_idx, layer_id, "kernel_ascend")
+
+    # MHA / GQA models: the same calls on K and V pools
+    mha = backend.create_mha_device_pool(size=4096, page_size=128, dtype=torch.bfloat16,
+                                         head_num=8, head_dim=128, layer_num=32)
+    mha_host = backend.create_host_pool(mha, layout="page_first_kv_split")
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from __future__ import annotations
 from sgl_ascend._backend import AscendBackend, backend
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._host_pool import AscendMLAHostPool
+from sgl_ascend._mha_device_pool import AscendMHADevicePool
+from sgl_ascend._mha_host_pool import AscendMHAHostPool
 from sgl_ascend._moe import (
     AscendMoEMethod,
     AscendW8A8DynamicMoEMethod,
@@ -45,6 +57,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AscendBackend",
+    "AscendMHADevicePool",
+    "AscendMHAHostPool",
     "AscendMLADevicePool",
     "AscendMLAHostPool",
     "AscendMoEMethod",

@@ -16,20 +16,33 @@ import torch
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
 from sgl_ascend._host_pool import AscendMLAHostPool
+from sgl_ascend._mha_device_pool import AscendMHADevicePool
+from sgl_ascend._mha_host_pool import AscendMHAHostPool
 from sgl_core.backend import CopyTuning, IOBackend, MLADevicePool, PoolBackend
 
 __all__ = ["AscendBackend", "backend"]
 
 
 class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
-    """Backend ``"ascend"``: contiguous multi-layer pools and ``kernel_ascend`` transfers."""
+    """Backend ``"ascend"``: contiguous multi-layer pools and ``kernel_ascend`` transfers.
+
+    MLA device pools come from ``create_device_pool``, MHA / GQA ones from
+    ``create_mha_device_pool``; ``create_host_pool`` builds the host pool of
+    the device pool's kind (both ``page_first_kv_split`` / ``kernel_ascend``).
+    """
 
     name = "ascend"
     #: Its one layout runs only ``kernel_ascend``.
     io_preference = (IOBackend.KERNEL_ASCEND,)
 
     def __init__(self, *, tuning: CopyTuning | None = None) -> None:
-        super().__init__(AscendMLADevicePool, AscendMLAHostPool, tuning=tuning)
+        super().__init__(
+            AscendMLADevicePool,
+            AscendMLAHostPool,
+            tuning=tuning,
+            mha_device_pool_class=AscendMHADevicePool,
+            mha_host_pool_class=AscendMHAHostPool,
+        )
 
     def is_available(self) -> bool:
         """True only when ``torch_npu`` imports and an NPU is visible."""
@@ -63,14 +76,42 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
             with_index_k_scale=with_index_k_scale,
         )
 
+    def create_mha_device_pool(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+        v_head_dim: int | None = None,
+    ) -> AscendMHADevicePool:
+        """MHA / GQA pool: 5-D layer-major K and V tensors (the Ascend engine's layout)."""
+        return AscendMHADevicePool(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            head_num=head_num,
+            head_dim=head_dim,
+            layer_num=layer_num,
+            device=device,
+            v_head_dim=v_head_dim,
+        )
+
 
 backend = AscendBackend()
 
 if TYPE_CHECKING:
-    from sgl_core import Backend, MLAHostPool
+    from sgl_core import Backend, MHADevicePool, MHAHostPool, MLAHostPool
 
     _b: Backend = backend
     _d: MLADevicePool = AscendMLADevicePool(
         size=1, page_size=1, dtype=torch.bfloat16, kv_lora_rank=1, qk_rope_head_dim=1, layer_num=1
     )
     _h: MLAHostPool = AscendMLAHostPool(_d, layout="page_first_kv_split")
+    _md: MHADevicePool = backend.create_mha_device_pool(
+        size=1, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=1, layer_num=1
+    )
+    _mh: MHAHostPool = backend.create_host_pool(_md, layout="page_first_kv_split")

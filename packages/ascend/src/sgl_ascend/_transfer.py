@@ -2,10 +2,11 @@
 
 Every component is a pair of 5-D tensors with the page and row axes swapped::
 
-    host   (host_pages,   rows, page_size, 1, dim)   page-major (page_first_kv_split)
-    device (rows, device_pages, page_size, 1, dim)   layer-major (AscendMLADevicePool)
+    host   (host_pages,   rows, page_size, heads, dim)   page-major (page_first_kv_split)
+    device (rows, device_pages, page_size, heads, dim)   layer-major (Ascend device pools)
 
-where ``rows`` are model layers (k, v) or indexer slots (index_k, scale).
+where ``rows`` are model layers (k, v) or indexer slots (index_k, scale), and
+``heads`` is 1 for MLA components and ``head_num`` for MHA K and V.
 A transfer is planned once as runs of pages that are consecutive on *both*
 sides (:func:`plan_pages`). Each run of ``n`` pages is one strided copy per
 component: ``host[h:h+n] <- device[:, d:d+n].transpose(0, 1)`` (backup, every
@@ -30,17 +31,18 @@ aligned, in range, destination pages distinct.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
+from sgl_ascend._mha_device_pool import AscendMHADevicePool
 from sgl_core.backend import (
     CopyTuning,
     IndexRuns,
-    MLADevicePool,
     PlanCache,
     RunSide,
     Transfer,
@@ -54,6 +56,7 @@ from sgl_core.backend import (
 
 if TYPE_CHECKING:
     from sgl_ascend._host_pool import AscendMLAHostPool
+    from sgl_ascend._mha_host_pool import AscendMHAHostPool
 
 __all__ = ["KvSplitMover", "PagePlan", "backup_rows", "plan_pages"]
 
@@ -81,8 +84,8 @@ def plan_pages(
 
 
 def _page_bytes(tensor: torch.Tensor, rows: int) -> int:
-    """Bytes of ``rows`` rows of one page of a 5-D component."""
-    return rows * int(tensor.shape[2]) * int(tensor.shape[4]) * tensor.element_size()
+    """Bytes of ``rows`` rows of one page of a 5-D component (``(.., page_size, heads, dim)``)."""
+    return rows * math.prod(tensor.shape[2:]) * tensor.element_size()
 
 
 def _short_runs(plan: PagePlan, bytes_per_page: int, tuning: CopyTuning) -> bool:
@@ -162,17 +165,18 @@ class KvSplitMover:
 
     ``buffers`` are the host components in flat-page order; ``device_buffers``
     maps a (validated) device pool to its components in the same order and
-    ``rows`` a layer to the row of each component (``indexer_slot``).
+    ``rows`` a layer to the row of each component (``indexer_slot``). It runs
+    MLA pools (k, v[, index_k[, scale]]) and MHA pools (k, v) alike.
     """
 
-    def __init__(self, pool: AscendMLAHostPool) -> None:
+    def __init__(self, pool: AscendMLAHostPool | AscendMHAHostPool) -> None:
         self.buffers = pool.buffers
         self.page_size = pool.page_size
         self.tuning = pool.tuning
         self._plans: PlanCache[_LoadPlan] = PlanCache()
         self._queued_on: set[torch.device] = set()
 
-    def check(self, device_pool: MLADevicePool) -> None:
+    def check(self, device_pool: object) -> None:
         """The host pool checks the device pool's components; nothing more here."""
 
     def synchronize(self) -> None:
@@ -180,13 +184,13 @@ class KvSplitMover:
         for device in list(self._queued_on):
             _npu.synchronize(device)
 
-    def backup(self, transfer: Transfer) -> None:
+    def backup(self, transfer: Transfer[Any]) -> None:
         pool = _ascend(transfer.device_pool)
         self._queued_on.add(pool.device)
         pairs = list(zip(self.buffers, pool.components, strict=True))
         backup_rows(pairs, self._pages(transfer), self.tuning or tuning_for(pool.device))
 
-    def load(self, transfer: Transfer, layer_id: int) -> None:
+    def load(self, transfer: Transfer[Any], layer_id: int) -> None:
         """Host -> device of one layer (and its indexer row); other rows untouched."""
         pool = _ascend(transfer.device_pool)
         plan = self._plans.get(transfer, lambda t: _LoadPlan(self._pages(t)))
@@ -220,11 +224,11 @@ class KvSplitMover:
                 runs_outer=True,
             )  # fmt: skip
 
-    def _pages(self, transfer: Transfer) -> PagePlan:
+    def _pages(self, transfer: Transfer[Any]) -> PagePlan:
         return plan_pages(transfer.host_indices, transfer.device_indices, self.page_size)
 
 
-def _ascend(device_pool: MLADevicePool) -> AscendMLADevicePool:
-    # The host pool accepted only AscendMLADevicePool device pools.
-    assert isinstance(device_pool, AscendMLADevicePool)
+def _ascend(device_pool: object) -> AscendMLADevicePool | AscendMHADevicePool:
+    # The host pools accept only Ascend device pools (MLA or MHA, by host pool).
+    assert isinstance(device_pool, (AscendMLADevicePool, AscendMHADevicePool))
     return device_pool

@@ -108,30 +108,30 @@ class MHATokenHostPool(MHAHostPoolBase):
     def layer_views(
         self, device_pool: MHADevicePool, layer_id: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """``[(device_rows (slots, H * D), host_pages (pages, ps, H * D))]`` for K, then V.
+        """``(device_rows (slots, dim), host_pages (pages, page_size, dim))``: K, then V.
 
-        ``page_head`` keeps heads outside tokens, so its host pages are
-        ``(pages, ps, H, D)`` views (not flattenable to ``H * D``).
+        One component per K and V, ``dim = head_num * head_dim``; ``page_head``
+        keeps heads outside tokens, so there it is one component per (K or V,
+        head) with ``dim = head_dim``. All are views of the pools' memory.
         """
         layer_id = check_layer_id(layer_id, self.layer_num)
         self.check_device_pool(device_pool)
-        views = []
-        for host, layers in zip(
-            (self.k_buffer, self.v_buffer), mha_device_layers(device_pool), strict=True
-        ):
+        views: list[tuple[torch.Tensor, torch.Tensor]] = []
+        ps, pages = self.page_size, self.page_num
+        comps = zip((self.k_buffer, self.v_buffer), mha_device_layers(device_pool), strict=True)
+        for host, layers in comps:
             dev = layers[layer_id]
-            views.append((dev.view(dev.shape[0], -1), self._host_pages(host, layer_id)))
+            if self.layout is HostLayout.PAGE_HEAD:
+                views += [(dev[:, h], host[:, h, :, layer_id]) for h in range(self.head_num)]
+                continue
+            if self.layout is HostLayout.LAYER_FIRST:
+                rows = host[layer_id].view(pages, ps, -1)
+            elif self.layout is HostLayout.PAGE_FIRST:
+                rows = host[:, layer_id].view(pages, ps, -1)
+            else:
+                rows = host[:, layer_id].flatten(2)
+            views.append((dev.view(dev.shape[0], -1), rows))
         return views
-
-    def _host_pages(self, host: torch.Tensor, layer_id: int) -> torch.Tensor:
-        ps = self.page_size
-        if self.layout is HostLayout.LAYER_FIRST:
-            return host[layer_id].reshape(self.page_num, ps, -1)
-        if self.layout is HostLayout.PAGE_FIRST:
-            return host[:, layer_id].view(self.page_num, ps, -1)
-        if self.layout is HostLayout.PAGE_FIRST_DIRECT:
-            return host[:, layer_id].flatten(2)
-        return host[:, :, :, layer_id].transpose(1, 2)
 
     # -------------------------------------------------------------- L3 pages
     def _page_views(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

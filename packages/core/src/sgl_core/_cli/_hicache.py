@@ -6,14 +6,16 @@ import dataclasses
 import functools
 import gc
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from sgl_core._cli._baselines import BASELINES, Transfer, contiguous_copy
+from sgl_core._cli._hicache_models import MODELS, create_device_pool, pairs_of
 from sgl_core._cli._report import Progress, Record
 from sgl_core._cli._timing import median, time_interleaved
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._protocols import Backend, MLADevicePool
+from sgl_core._protocols import Backend
 
 __all__ = ["Case", "HicacheConfig", "list_cases", "run_case"]
 
@@ -37,6 +39,19 @@ class HicacheConfig:
     shuffle_host: bool = False  # random host pages instead of host.alloc() slots
     seed: int = 0
     device: str | None = None
+    model: str = "deepseek-v3"  # a key of MODELS; MHA models ignore the MLA dims above
+
+    @property
+    def is_mha(self) -> bool:
+        return MODELS[self.model].is_mha
+
+    @property
+    def row_elems(self) -> int:
+        """Elements of one token of one layer (MLA row, or K and V of every KV head)."""
+        shape = MODELS[self.model]
+        if shape.is_mha:
+            return 2 * shape.head_num * shape.head_dim
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
     def batch_tokens(self, page_size: int) -> int:
         if self.pages is not None:
@@ -59,12 +74,15 @@ class Case:
 
 
 def list_cases(
-    backends: list[Backend], layouts: set[HostLayout] | None, page_sizes: list[int]
+    backends: list[Backend],
+    layouts: set[HostLayout] | None,
+    page_sizes: list[int],
+    mha: bool = False,
 ) -> list[Case]:
     cases: list[Case] = []
     for backend in backends:
         for page_size in page_sizes:
-            for layout, ios in backend.supported_pairs.items():
+            for layout, ios in pairs_of(backend, mha).items():
                 if layouts is not None and layout not in layouts:
                     continue
                 cases.extend(
@@ -74,7 +92,7 @@ def list_cases(
     return cases
 
 
-def _fill_random(dev: MLADevicePool, t: Transfer, seed: int) -> None:
+def _fill_random(dev: Any, t: Transfer, seed: int) -> None:
     gen = torch.Generator(device=dev.device).manual_seed(seed)
     for comps in t.layers:
         for rows, _ in comps:
@@ -94,16 +112,18 @@ class _Bench:
         n = cfg.batch_tokens(ps)
         self.case = case
         self.tokens = n
-        self.dev = case.backend.create_device_pool(
+        self.dev = create_device_pool(
+            case.backend,
+            MODELS[cfg.model],
             size=2 * n,
             page_size=ps,
             dtype=cfg.dtype,
+            layers=cfg.layers,
             kv_lora_rank=cfg.kv_lora_rank,
             qk_rope_head_dim=cfg.qk_rope_head_dim,
-            layer_num=cfg.layers,
             device=cfg.device,
         )
-        self.host = case.backend.create_host_pool(
+        self.host: Any = case.backend.create_host_pool(
             self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
         )
         gen = torch.Generator().manual_seed(cfg.seed + ps)

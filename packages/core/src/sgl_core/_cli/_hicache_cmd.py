@@ -9,6 +9,7 @@ import torch
 
 from sgl_core._cli._checks import EXIT_STATUS, CliParser
 from sgl_core._cli._hicache import run_case
+from sgl_core._cli._hicache_models import MODELS
 from sgl_core._cli._hicache_plan import Plan, plan_run
 from sgl_core._cli._hicache_table import batch_line, legend, summarize, target_lines
 from sgl_core._cli._report import Progress, Record, machine_info, print_table, write_json
@@ -49,6 +50,13 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
         epilog=EXIT_STATUS,
     )
     p.add_argument("--backend", help="backend name(s), comma-separated, or 'all'")
+    p.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="deepseek-v3",
+        help="KV cache shape: deepseek-v3 (MLA, the default), llama3-70b (MHA, 80 layers x "
+        "8 KV heads x 128), qwen3-235b (MHA, 94 layers x 4 KV heads x 128); bf16",
+    )
     p.add_argument("--layout", type=_layouts, help="host layout(s), comma-separated")
     p.add_argument("--page-size", type=_int_list, help="page sizes, e.g. 1,16,64,128")
     p.add_argument(
@@ -82,8 +90,8 @@ def _header(plan: Plan) -> str:
     return (
         f"sgl-bench hicache: {len(plan.cases)} case(s) = {pairs} (backend, layout/io) pair(s) x "
         f"{sizes} page size(s); each case is 2 rows (backup, load)\n"
-        f"model {cfg.layers} layers x ({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) "
-        f"{str(cfg.dtype).removeprefix('torch.')}; {'quick' if plan.quick else 'full'}: "
+        f"model {MODELS[cfg.model].describe(cfg.layers, cfg.dtype)}; "
+        f"{'quick' if plan.quick else 'full'}: "
         f"{cfg.repeats} timed repeat(s) after {cfg.warmup} warm-up (medians, interleaved); "
         f"torch threads {torch.get_num_threads()}"
     )

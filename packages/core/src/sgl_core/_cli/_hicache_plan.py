@@ -22,6 +22,7 @@ from sgl_core._cli._checks import (
     check_positive,
 )
 from sgl_core._cli._hicache import Case, HicacheConfig, list_cases
+from sgl_core._cli._hicache_models import MODELS, pairs_of
 from sgl_core._discovery import available_backends, get_backend
 from sgl_core._protocols import Backend, EmulatedWithoutDevice
 from sgl_core.errors import BackendUnavailableError
@@ -117,7 +118,10 @@ def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list
     quick = args.quick or not (args.full or selected)
     page_sizes = args.page_size or (FULL_PAGE_SIZES if args.full else [64])
     sized = args.layers is not None or args.tokens is not None or args.pages is not None
-    layers, tokens = INTERPRETED_SIZE if shrink and not sized else (61, 2048 if quick else 4096)
+    model = MODELS[args.model]
+    layers, tokens = (
+        INTERPRETED_SIZE if shrink and not sized else (model.layers, 2048 if quick else 4096)
+    )
     warmup_default = 0 if shrink else 1
     cfg = HicacheConfig(
         layers=args.layers or layers,
@@ -131,6 +135,7 @@ def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list
         baselines=() if args.no_baselines else ("per_token", "per_page"),
         shuffle_host=args.shuffle_host,
         device=args.device,
+        model=model.name,
     )
     return cfg, page_sizes, quick
 
@@ -143,7 +148,7 @@ def _device_on_host(backend: Backend, device: torch.device | None) -> bool:
 
 def _check_memory(cfg: HicacheConfig, plan_cases: list[Case], device: torch.device | None) -> None:
     """The largest case fits: device pool 2x the batch, host pool 4x, two copy buffers 1x."""
-    row = cfg.layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * cfg.dtype.itemsize
+    row = cfg.layers * cfg.row_elems * cfg.dtype.itemsize
     worst = 0
     for case in plan_cases:
         n = cfg.batch_tokens(case.page_size)
@@ -165,10 +170,11 @@ def plan_run(args: argparse.Namespace) -> Plan:
             f"Triton interpreter: the run is shrunk to {cfg.layers} layers x {cfg.tokens} "
             f"tokens, {cfg.repeats} timed repeat (--layers/--tokens/--pages override)"
         )
-    cases = list_cases(backends, args.layout, page_sizes)
+    cases = list_cases(backends, args.layout, page_sizes, mha=cfg.is_mha)
     if not cases:
         built = "; ".join(
-            f"{b.name}: {', '.join(layout.value for layout in b.supported_pairs)}" for b in backends
+            f"{b.name}: {', '.join(layout.value for layout in pairs_of(b, cfg.is_mha))}"
+            for b in backends
         )
         raise UsageError(f"no selected backend builds the --layout given (layouts: {built})")
     _check_memory(cfg, cases, device)

@@ -1,0 +1,101 @@
+"""The Ascend MHA host pool on the mover seam: shallow per-layer loads, one plan per batch."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import sgl_ascend
+import sgl_core
+from sgl_ascend import AscendMHADevicePool, AscendMHAHostPool
+from sgl_ascend._backend import AscendBackend
+from sgl_ascend._transfer import KvSplitMover
+from sgl_core.backend import NEVER, CopyTuning, IOBackend
+from sgl_core.testing import page_indices, random_bits
+
+OURS = (str(Path(sgl_core.__file__).parent), str(Path(sgl_ascend.__file__).parent))
+COPIES = {"copy_", "_foreach_copy_", "index_copy_", "index_select"}
+PATHS = {
+    "by-address": CopyTuning(by_address_min_block_bytes=0, gather_below_page_run_bytes=0),
+    "gather": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_page_run_bytes=NEVER),
+    "run-copies": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_page_run_bytes=0),
+}
+IO = "kernel_ascend"
+
+
+def frames_at_copies(call: Callable[[], None]) -> list[int]:
+    """Our frames (sgl_core, sgl_ascend) on the stack at each copy primitive."""
+    depths: list[int] = []
+
+    def ours(frame: types.FrameType | None) -> int:
+        n = 0
+        while frame is not None:
+            n += frame.f_code.co_filename.startswith(OURS)
+            frame = frame.f_back
+        return n
+
+    def profile(frame: types.FrameType, event: str, arg: object) -> None:
+        if (event == "c_call" and getattr(arg, "__name__", "") in COPIES) or (
+            event == "call" and frame.f_code.co_name == "_memmove_all"
+        ):
+            depths.append(ours(frame))
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return depths
+
+
+def pools(tuning: CopyTuning | None, seed: int) -> tuple[AscendMHADevicePool, AscendMHAHostPool]:
+    dev = sgl_ascend.backend.create_mha_device_pool(
+        size=32, page_size=4, dtype=torch.bfloat16, head_num=2, head_dim=8, layer_num=3,
+        v_head_dim=4,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    for buf in dev.components:
+        buf.copy_(random_bits(tuple(buf.shape), buf.dtype, gen))
+    host = AscendBackend(tuning=tuning).create_host_pool(dev, layout="page_first_kv_split")
+    assert isinstance(host, AscendMHAHostPool)
+    return dev, host
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_per_layer_load_is_at_most_four_frames(path: str) -> None:
+    dev, host = pools(PATHS[path], 1)
+    dst, _ = pools(None, 2)
+    h_idx, d_idx = page_indices([5, 0, 2], 4), page_indices([1, 3, 2], 4)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, IO)
+    host.load_to_device_per_layer(dst, h_idx, d_idx, 0, IO)
+    depths = frames_at_copies(lambda: host.load_to_device_per_layer(dst, h_idx, d_idx, 1, IO))
+    assert depths, "no copy seen"
+    assert max(depths) <= 4, depths
+    for layer in (0, 1):  # random bits hold NaNs: compare bytes
+        pairs = zip(dst.get_kv_buffer(layer, d_idx), dev.get_kv_buffer(layer, d_idx), strict=True)
+        for got, want in pairs:
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_loads_of_one_batch_share_one_plan() -> None:
+    dev, host = pools(PATHS["by-address"], 1)
+    h_idx, d_idx = page_indices([5, 0], 4), page_indices([1, 3], 4)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, IO)
+    mover = host._movers[IOBackend.KERNEL_ASCEND]
+    assert isinstance(mover, KvSplitMover)
+    plans = []
+    for layer in range(3):
+        host.load_to_device_per_layer(dev, h_idx, d_idx, layer, IO)
+        last = mover._plans._last
+        assert last is not None
+        plans.append(last[1])
+    assert plans[0] is plans[1] is plans[2]
+    assert sorted(plans[0].addresses) == [0, 1, 2]  # each layer's blocks, kept for the batch
+    host.load_to_device_per_layer(dev, h_idx.clone(), d_idx, 0, IO)  # new tensors: new plan
+    last = mover._plans._last
+    assert last is not None and last[1] is not plans[0]

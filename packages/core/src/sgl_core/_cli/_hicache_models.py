@@ -1,0 +1,93 @@
+"""Model shapes ``sgl-bench hicache --model`` measures: the MLA default and MHA/GQA models.
+
+An MLA model is ``(layers, kv_lora_rank, qk_rope_head_dim)``; an MHA model
+``(layers, KV heads, head_dim)`` with V as wide as K. The numbers are each
+model's KV cache per tensor-parallel rank of 1 (all KV heads on one device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._protocols import Backend
+
+__all__ = ["MODELS", "ModelShape", "create_device_pool", "pairs_of"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    name: str
+    layers: int
+    kv_lora_rank: int = 0  # MLA
+    qk_rope_head_dim: int = 0  # MLA
+    head_num: int = 0  # MHA: KV heads
+    head_dim: int = 0  # MHA
+
+    @property
+    def is_mha(self) -> bool:
+        return self.head_num > 0
+
+    def describe(self, layers: int, dtype: torch.dtype) -> str:
+        kind = str(dtype).removeprefix("torch.")
+        if self.is_mha:
+            return (
+                f"{self.name}: {layers} layers x K+V {self.head_num} heads x {self.head_dim} {kind}"
+            )
+        dims = f"({self.kv_lora_rank}+{self.qk_rope_head_dim})"
+        return f"{self.name}: {layers} layers x {dims} {kind}"
+
+
+MODELS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        ModelShape("deepseek-v3", 61, kv_lora_rank=512, qk_rope_head_dim=64),
+        ModelShape("llama3-70b", 80, head_num=8, head_dim=128),
+        ModelShape("qwen3-235b", 94, head_num=4, head_dim=128),
+    )
+}
+
+
+def pairs_of(backend: Backend, mha: bool) -> dict[HostLayout, frozenset[IOBackend]]:
+    """The (layout, io) pairs a backend builds for the model's pool kind."""
+    return dict(backend.supported_mha_pairs if mha else backend.supported_pairs)
+
+
+def create_device_pool(
+    backend: Backend,
+    shape: ModelShape,
+    *,
+    size: int,
+    page_size: int,
+    dtype: torch.dtype,
+    layers: int,
+    kv_lora_rank: int,
+    qk_rope_head_dim: int,
+    device: str | None,
+) -> Any:
+    """A device pool of the model's kind (MLA dims may be overridden by hidden options).
+
+    Typed ``Any``: the bench drives pools of either kind through the same calls.
+    """
+    if shape.is_mha:
+        return backend.create_mha_device_pool(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            head_num=shape.head_num,
+            head_dim=shape.head_dim,
+            layer_num=layers,
+            device=device,
+        )
+    return backend.create_device_pool(
+        size=size,
+        page_size=page_size,
+        dtype=dtype,
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=qk_rope_head_dim,
+        layer_num=layers,
+        device=device,
+    )
