@@ -345,3 +345,53 @@ def test_layer_views_are_the_pools_memory(layout: str) -> None:
     assert bool((host.get_data_page(20).float() == 3).any())
     with pytest.raises(errors.LayerIndexError):
         host.layer_views(dev, 3)
+
+
+def test_every_geometry_and_storage_check_fires() -> None:
+    backend = sgl_core.TorchBackend()
+    good = {"size": 8, "page_size": 4, "dtype": torch.bfloat16, "head_num": 2, "head_dim": 8}
+    for name, value, error in (
+        ("head_num", 0, errors.PoolSizeError),
+        ("head_dim", True, errors.PoolSizeError),
+        ("v_head_dim", -4, errors.PoolSizeError),
+        ("layer_num", 2.0, errors.PoolSizeError),
+        ("dtype", "bf16", errors.ArgumentTypeError),
+        ("size", 6, errors.PoolSizeError),
+    ):
+        args: dict[str, object] = {**good, "layer_num": 2, name: value}
+        with pytest.raises(error):
+            backend.create_mha_device_pool(**args)  # type: ignore[arg-type]
+    dev, host = pools("layer_first")
+    idx = page_indices([1], 4)
+    before = mha_snapshot(dev, host)
+    dev.k_buffer[1] = "not a tensor"  # type: ignore[call-overload]
+    with pytest.raises(errors.PoolMismatchError, match=r"not a torch\.Tensor"):
+        host.backup_from_device_all_layer(dev, idx, idx, "direct")
+    dev.k_buffer[1] = torch.zeros(28, 2, 8, dtype=torch.bfloat16)
+    dev.k_buffer[1].untyped_storage().resize_(64)  # shape claims bytes no longer there
+    with pytest.raises(errors.PoolMismatchError, match="past the end"):
+        host.load_to_device_per_layer(dev, idx, idx, 1, "direct")
+    dev.k_buffer = tuple(dev.k_buffer)  # type: ignore[assignment]
+    with pytest.raises(errors.PoolMismatchError, match="k_buffer/v_buffer"):
+        host.backup_from_device_all_layer(dev, idx, idx, "direct")
+    assert same_bytes(mha_snapshot(pools("layer_first")[0], host)[3:], before[3:])
+    _, split = pools("page_first", v_head_dim=4)
+    assert split.get_data_page(0).numel() == 4 * 3 * 2 * (8 + 4)
+    with pytest.raises(errors.PoolMismatchError, match="flat=False"):
+        split.get_data_page(0, flat=False)
+    _, same = pools("page_first")
+    assert same.get_data_page(4, flat=False).shape == (2, 4, 3, 2, 8)
+
+
+def test_engine_pool_view_checks_layer_ids() -> None:
+    from sgl_core.backend import as_mha_device_pool
+
+    view = as_mha_device_pool(_EngineMHAPool())
+    loc = torch.tensor([1])
+    for bad in (2, -1, True):
+        with pytest.raises(errors.PoolMismatchError):
+            view.get_kv_buffer(bad, loc)
+    k = torch.ones(1, 2, 8).bfloat16()
+    view.set_kv_buffer(1, loc, k, 2 * k)
+    got_k, got_v = view.get_kv_buffer(1, loc)
+    assert torch.equal(got_k, k) and torch.equal(got_v, 2 * k)

@@ -69,11 +69,13 @@ class MHADirectMover:
     def __init__(self, pool: MHATokenHostPool) -> None:
         self.layout = pool.layout
         self.hosts = (pool.k_buffer, pool.v_buffer)
-        self.wide = tuple(widen_rows(h) for h in self.hosts)
         self.rows = (pool.shape.k_row_bytes, pool.shape.v_row_bytes)
         self.layer_num = pool.layer_num
         self.size = pool.size
         self.paged = self.layout in _PAGED
+        # page_head keeps heads outside tokens; every other layout has (H, D) innermost
+        self.heads_inner = self.layout is not HostLayout.PAGE_HEAD
+        self.wide = tuple(self._wide(h) for h in self.hosts)
         self.unit = pool.page_size if self.paged else 1
         self.tuning = pool.tuning
         self._plans: PlanCache[_Plan] = PlanCache()
@@ -95,7 +97,7 @@ class MHADirectMover:
         stacks = [stacked_layers(c) if self.layer_num > 1 else None for c in comps]
         if plan.run_bytes >= tune.stacked_min_run_bytes and all(s is not None for s in stacks):
             pairs = [
-                self._all_layer_sides(c, widen_rows(s))
+                self._all_layer_sides(c, self._wide(s))
                 for c, s in enumerate(stacks)
                 if s is not None
             ]
@@ -112,7 +114,7 @@ class MHADirectMover:
             memmove_blocks(hosts, devs, sizes)
         elif plan.run_bytes < tune.gather_below_run_bytes:
             dst = [self._host_rows(c, i) for c in (0, 1) for i in range(self.layer_num)]
-            src = [self._device_rows(widen_rows(t)) for layers in comps for t in layers]
+            src = [self._device_rows(self._wide(t)) for layers in comps for t in layers]
             gather_rows(dst, src, plan.host_idx, plan.device_idx)
         else:
             pairs = [
@@ -132,7 +134,7 @@ class MHADirectMover:
             memmove_blocks(devs, hosts, sizes)
         elif plan.run_bytes < tune.gather_below_run_bytes:
             for c, layer in ((0, k), (1, v)):
-                dev = self._device_rows(widen_rows(layer))
+                dev = self._device_rows(self._wide(layer))
                 rows = self._host_rows(c, layer_id)
                 staged = self._staging(plan, c, rows, dev.device)
                 gather_rows((dev,), (rows,), plan.device_idx, plan.host_idx, out=staged)
@@ -242,35 +244,50 @@ class MHADirectMover:
         return staged
 
     # ---------------------------------------------------------------- views
+    def _wide(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` with ``(H, D)`` merged into one row dim where heads are innermost, widened.
+
+        Wide integer items keep one block of one layer under ATen's parallel
+        grain, so each block copies serially instead of starting an OpenMP team
+        (which, on a loaded machine, costs more than the copy).
+        """
+        return widen_rows(t.flatten(-2) if self.heads_inner else t)
+
     def _layer_of(self, host: torch.Tensor, layer_id: int) -> torch.Tensor:
-        """One layer of a host component: ``(size, H, D)`` rows, or ``(pages, ps, H, D)``."""
+        """One layer of a (widened) host component: ``(size, W)``, ``(pages, ps, W)``,
+        or, for ``page_head``, ``(pages, H, ps, D)`` in the host's own order."""
         if self.layout is HostLayout.LAYER_FIRST:
             return host[layer_id]
-        if self.layout is HostLayout.PAGE_HEAD:  # (pages, H, ps, L, D) -> (pages, ps, H, D)
-            return host[:, :, :, layer_id].transpose(1, 2)
+        if self.layout is HostLayout.PAGE_HEAD:
+            return host[:, :, :, layer_id]
         return host[:, layer_id]
 
     def _host_rows(self, c: int, layer_id: int) -> torch.Tensor:
-        """Rows (or pages) of one layer of component ``c``, widened."""
+        """Rows (or pages) of one layer of component ``c``, widened, gathered along dim 0."""
         return self._layer_of(self.wide[c], layer_id)
 
     def _device_rows(self, layer: torch.Tensor) -> torch.Tensor:
-        if self.paged:
-            return layer.view(-1, self.unit, *layer.shape[1:])
-        return layer
+        """A widened device layer as the host rows' shape: slots, or pages ``(pages, ps, ...)``."""
+        if not self.paged:
+            return layer
+        paged = layer.view(-1, self.unit, *layer.shape[1:])
+        return paged if self.heads_inner else paged.transpose(1, 2)  # page_head: (pages, H, ps, D)
 
     def _layer_sides(self, c: int, layer_id: int, layer: torch.Tensor) -> tuple[RunSide, RunSide]:
-        """Host and device side of one layer's run copies of component ``c``."""
-        host = self._layer_of(self.hosts[c], layer_id)
-        return RunSide(host, unit=self.unit), RunSide(layer, page=self.unit if self.paged else 0)
+        """Host and device side of one layer's run copies of component ``c`` (widened)."""
+        host = RunSide(self._host_rows(c, layer_id), unit=self.unit)
+        dev = self._wide(layer)
+        if self.heads_inner:
+            return host, RunSide(dev, page=self.unit if self.paged else 0)
+        # page_head: the device block (H, pages, ps, D), transposed to the host's order
+        return host, RunSide(dev.transpose(0, 1), axis=1, page=self.unit, transpose=True)
 
     def _all_layer_sides(self, c: int, stacked: torch.Tensor) -> tuple[RunSide, RunSide]:
         """Host and device side of run copies of component ``c`` across every layer.
 
-        ``stacked`` is the device component as ``(layer, slot, H, D)``; blocks
-        are put in one dim order by a transpose of the device block
-        (``page_first``, ``page_first_direct``) or a permuted host view
-        (``page_head``, whose host keeps layers innermost).
+        ``stacked`` is the widened device component as ``(layer, slot, W)``
+        (``page_head``: ``(layer, slot, H, D)``); each side keeps its own dim
+        order and the device block is transposed to the host's.
         """
         wide = self.wide[c]
         ps = self.unit
@@ -280,6 +297,6 @@ class MHADirectMover:
             return RunSide(wide), RunSide(stacked, axis=1, transpose=True)
         if self.layout is HostLayout.PAGE_FIRST_DIRECT:
             return RunSide(wide, unit=ps), RunSide(stacked, axis=1, page=ps, transpose=True)
-        # page_head: host (pages, H, ps, L, D) seen as (L, pages, ps, H, D)
-        host = wide.permute(3, 0, 2, 1, 4)
-        return RunSide(host, axis=1, unit=ps), RunSide(stacked, axis=1, page=ps)
+        # page_head: host (pages, H, ps, L, D); device seen as (H, slot, L, D)
+        dev = stacked.permute(2, 1, 0, 3)
+        return RunSide(wide, unit=ps), RunSide(dev, axis=1, page=ps, transpose=True)
