@@ -88,10 +88,14 @@ def test_host_pool_mirrors_device_page_major() -> None:
 def test_backend_mha_pairs() -> None:
     backend = sgl_ascend.backend
     kv_split = sgl_core.HostLayout.PAGE_FIRST_KV_SPLIT
-    assert backend.supported_mha_pairs == {kv_split: frozenset({sgl_core.IOBackend.KERNEL_ASCEND})}
+    direct = sgl_core.HostLayout.PAGE_FIRST_DIRECT
+    only_kernel = frozenset({sgl_core.IOBackend.KERNEL_ASCEND})
+    assert backend.supported_mha_pairs == {kv_split: only_kernel, direct: only_kernel}
     assert backend.default_mha_io("page_first_kv_split") is sgl_core.IOBackend.KERNEL_ASCEND
-    with pytest.raises(UnsupportedLayoutError):
-        backend.default_mha_io("page_first_direct")
+    assert backend.default_mha_io("page_first_direct") is sgl_core.IOBackend.KERNEL_ASCEND
+    for layout in ("layer_first", "page_first", "page_head"):
+        with pytest.raises(UnsupportedLayoutError):
+            backend.default_mha_io(layout)
     dev = make_dev()
     with pytest.raises(UnsupportedLayoutError):
         backend.create_host_pool(dev, layout=LAYOUT, io_backend="direct")
@@ -325,3 +329,23 @@ def test_set_from_flat_page_round_trips_and_checks_first(dtype: torch.dtype) -> 
     with pytest.raises(PageAlignmentError):
         host.get_page_buffer_meta(torch.arange(1, PS + 1))
     assert snapshot(host) == before
+
+
+def test_engine_layout_name_is_the_same_pool() -> None:
+    # SGLang names the Ascend MHA pairing page_first_direct + kernel_ascend: the
+    # same tensors, byte order and page objects as page_first_kv_split.
+    dev = make_dev()
+    a = sgl_ascend.backend.create_host_pool(dev, layout="page_first_kv_split")
+    b = sgl_ascend.backend.create_host_pool(dev, layout="page_first_direct")
+    assert isinstance(a, AscendMHAHostPool) and isinstance(b, AscendMHAHostPool)
+    assert b.layout is sgl_core.HostLayout.PAGE_FIRST_DIRECT
+    assert [t.shape for t in a.buffers] == [t.shape for t in b.buffers]
+    host_idx = page_indices([0, 1], PS)
+    dev_idx = page_indices([5, 2], PS)
+    for host in (a, b):
+        host.backup_from_device_all_layer(dev, host_idx, dev_idx, IO)
+    for start in (0, PS):
+        page = a.get_data_page(start)
+        assert raw(page) == raw(b.get_data_page(start))
+        assert raw(page) != raw(torch.zeros_like(page))
+    assert a.get_page_buffer_meta(host_idx)[1] == b.get_page_buffer_meta(host_idx)[1]

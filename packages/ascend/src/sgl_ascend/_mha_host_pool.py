@@ -1,4 +1,6 @@
-"""MHA / GQA host pool of the Ascend backend: layout ``page_first_kv_split``, io ``kernel_ascend``.
+"""MHA / GQA host pool of the Ascend backend: ``page_first_kv_split``, io ``kernel_ascend``.
+
+``page_first_direct`` names the same pool (the Ascend engine's name for it).
 
 Host tensors are page-major mirrors of :class:`AscendMHADevicePool`'s two
 layer-major tensors (docs/design.md, "Ascend MHA")::
@@ -54,10 +56,15 @@ _NAMES = ("k_buffer", "v_buffer")
 
 
 class AscendMHAHostPool(MHAHostPoolBase):
-    """``page_first_kv_split`` host pool for :class:`AscendMHADevicePool` device pools."""
+    """``page_first_kv_split`` (or ``page_first_direct``) host pool for Ascend MHA device pools."""
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MHAMoverFactory]]] = {
-        HostLayout.PAGE_FIRST_KV_SPLIT: {IOBackend.KERNEL_ASCEND: KvSplitMover}
+        HostLayout.PAGE_FIRST_KV_SPLIT: {IOBackend.KERNEL_ASCEND: KvSplitMover},
+        # The Ascend engine's own name for this pairing (SGLang's NPU default for
+        # MHA models): the same tensors, byte order, movers and page objects, so an
+        # engine passing its own layout string gets this pool. The L3 page format
+        # records the layout name, so pages of the two names miss each other.
+        HostLayout.PAGE_FIRST_DIRECT: {IOBackend.KERNEL_ASCEND: KvSplitMover},
     }
 
     k_buffer: torch.Tensor
@@ -208,7 +215,7 @@ class AscendMHAHostPool(MHAHostPoolBase):
 def _ascend_pool(device_pool: object) -> AscendMHADevicePool:
     if not isinstance(device_pool, AscendMHADevicePool):
         raise PoolMismatchError(
-            f"device_pool is a {type(device_pool).__name__}; layout 'page_first_kv_split' "
+            f"device_pool is a {type(device_pool).__name__}; the Ascend MHA host pool "
             "needs the contiguous multi-layer AscendMHADevicePool (backend 'ascend')"
         )
     return device_pool
