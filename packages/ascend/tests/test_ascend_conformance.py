@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import sgl_ascend
 from sgl_core import Backend, MLADevicePool
@@ -53,3 +54,10 @@ class TestAscendLoadByAddressPlainConformance(TestAscendConformance):
         # The backend's tuning object goes to every host pool it builds.
         monkeypatch.setattr(sgl_ascend.backend, "tuning", CopyTuning(by_address_min_block_bytes=0))
         return sgl_ascend.backend
+
+
+class TestAscendDSAConformance(TestAscendIndexerConformance):
+    """Packed 656-byte uint8 rows (one k component, no v) with the indexer cache."""
+
+    dtype = torch.uint8
+    kv_cache_dim = 656

@@ -31,6 +31,7 @@ from sgl_core._moe import (
     silu_and_mul,
 )
 from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool, MoEExperts, MoEMethod
+from sgl_core._protocols import IndexerCache, KVRows
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import TokenRowHostPool
 from sgl_core._torch_backend import TorchBackend
@@ -42,6 +43,8 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "HostLayout",
     "IOBackend",
+    "IndexerCache",
+    "KVRows",
     "MLADevicePool",
     "MLAHostPool",
     "MLAHostPoolBase",

@@ -81,6 +81,7 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
             device_pool.kv_lora_rank,
             device_pool.qk_rope_head_dim,
             device_pool.dtype,
+            device_pool.kv_cache_dim,
         )
         self._page_size = device_pool.page_size
         self._size = self._compute_size(
@@ -98,13 +99,17 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise PoolSizeError(f"host pool of {self._size} tokens does not fit: {exc}") from None
         self._movers: dict[IOBackend, Mover] = {
-            io: factory(self) for io, factory in type(self).movers[self._layout].items()
+            io: self._make_mover(factory) for io, factory in type(self).movers[self._layout].items()
         }
 
     # ----------------------------------------------------------------- hooks
     @abc.abstractmethod
     def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
         """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
+
+    def _make_mover(self, factory: MoverFactory) -> Mover:
+        """The mover of one io backend, built once the buffers exist (a hook to wrap it)."""
+        return factory(self)
 
     def _configure(self, device_pool: MLADevicePool) -> None:
         """Read what sizing and allocation need from ``device_pool`` (first hook called)."""
@@ -276,6 +281,7 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
             self.shape.qk_rope_head_dim,
             self.dtype,
             self._page_size,
+            self.kv_cache_dim,
         )
         try:
             theirs = (
@@ -284,12 +290,13 @@ class MLAHostPoolBase(HostSlots, HostArguments, abc.ABC):
                 device_pool.qk_rope_head_dim,
                 device_pool.dtype,
                 device_pool.page_size,
+                device_pool.kv_cache_dim,
             )
         except AttributeError as exc:
             raise PoolMismatchError(f"device_pool is not an MLA device pool: {exc}") from None
         if mine != theirs:
             raise PoolMismatchError(
                 "device_pool does not match the host pool: (layer_num, kv_lora_rank, "
-                f"qk_rope_head_dim, dtype, page_size) = {theirs}, expected {mine}"
+                f"qk_rope_head_dim, dtype, page_size, kv_cache_dim) = {theirs}, expected {mine}"
             )
         self._check_device_pool_kind(device_pool)

@@ -60,6 +60,7 @@ from sgl_core._copy import (
 from sgl_core._device_pool import (
     MLAPoolGeometry,
     PerLayerMLADevicePool,
+    check_raw_rows,
     device_layers,
     stacked_layers,
 )
@@ -69,9 +70,12 @@ from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase, describe_pairs
 from sgl_core._memory import page_aligned_zeros, should_pin
 from sgl_core._moe import check_routing
+from sgl_core._indexer import IndexerConfig, check_indexer, indexer_of
 from sgl_core._protocols import (
     Backend,
     EmulatedWithoutDevice,
+    IndexerCache,
+    KVRows,
     LayerViews,
     MLADevicePool,
     MLAHostPool,
@@ -99,6 +103,9 @@ __all__ = [
     "HostLayout",
     "IOBackend",
     "IndexRuns",
+    "IndexerCache",
+    "IndexerConfig",
+    "KVRows",
     "LayerViews",
     "MLADevicePool",
     "MLAHostPool",
@@ -122,8 +129,10 @@ __all__ = [
     "check_index_device",
     "check_index_pair",
     "check_index_tensor",
+    "check_indexer",
     "check_layer_id",
     "check_page_runs",
+    "check_raw_rows",
     "check_routing",
     "check_unique",
     "copy_batched",
@@ -134,6 +143,7 @@ __all__ = [
     "describe_pairs",
     "device_layers",
     "gather_rows",
+    "indexer_of",
     "memmove_blocks",
     "merge_runs",
     "page_aligned_zeros",
