@@ -56,8 +56,20 @@ class TestAscendLoadByAddressPlainConformance(TestAscendConformance):
         return sgl_ascend.backend
 
 
-class TestAscendDSAConformance(TestAscendIndexerConformance):
+class TestAscendDSAConformance(BackendConformanceSuite):
     """Packed 656-byte uint8 rows (one k component, no v) with the indexer cache."""
 
+    backend_name = "ascend"
     dtype = torch.uint8
     kv_cache_dim = 656
+    index_head_dim = 16
+    indexer_layer_ids = (0, 2)
+    with_index_k_scale = True
+    page_sizes = (1, 16)
+
+    def test_packed_pool_has_one_kv_component(self, backend: Backend) -> None:
+        dev = self.make_device_pool(backend, page_size=16, pages=2)
+        assert isinstance(dev, sgl_ascend.AscendMLADevicePool)
+        assert dev.v_buffer is None and dev.k_buffer.shape[-1] == 656
+        host = backend.create_host_pool(dev, layout="page_first_kv_split")
+        assert [b.shape[-1] for b in host.buffers] == [656, 16, 1]  # type: ignore[attr-defined]
