@@ -30,8 +30,15 @@ from sgl_core._moe import (
     maybe_fuse_routed_scale_and_shared_add,
     silu_and_mul,
 )
-from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool, MoEExperts, MoEMethod
-from sgl_core._protocols import IndexerCache, KVRows
+from sgl_core._protocols import (
+    Backend,
+    IndexerCache,
+    KVRows,
+    MLADevicePool,
+    MLAHostPool,
+    MoEExperts,
+    MoEMethod,
+)
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import TokenRowHostPool
 from sgl_core._torch_backend import TorchBackend

@@ -108,7 +108,12 @@ class TokenRowHostPool(MLAHostPoolBase):
 
     def _device_pool_fingerprint(self, device_pool: MLADevicePool) -> tuple[object, ...]:
         # kv_buffer is a plain list: a replaced layer tensor must be re-validated.
-        extra = [] if self._indexer is None else self._device_indexer(device_pool)
+        # So are the indexer lists (not validated here: this runs on every load).
+        extra: list[object] = []
+        if self._indexer is not None:
+            for name in ("index_k_buffer", "index_k_scale_buffer"):
+                tensors = getattr(device_pool, name, None)
+                extra += tensors if isinstance(tensors, list) else [tensors]
         return (device_pool, *device_layers(device_pool), *extra)
 
     def _device_indexer(self, device_pool: MLADevicePool) -> list[torch.Tensor]:

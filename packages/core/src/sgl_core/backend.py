@@ -68,9 +68,9 @@ from sgl_core._devices import check_fits, parse_device, usable_device
 from sgl_core._engine import RunSide, copy_runs, gather_rows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase, describe_pairs
+from sgl_core._indexer import IndexerConfig, check_indexer, indexer_of
 from sgl_core._memory import page_aligned_zeros, should_pin
 from sgl_core._moe import check_routing
-from sgl_core._indexer import IndexerConfig, check_indexer, indexer_of
 from sgl_core._protocols import (
     Backend,
     EmulatedWithoutDevice,

@@ -66,7 +66,9 @@ def fill_device_random(device_pool: MLADevicePool, seed: int) -> None:
     for layer in range(device_pool.layer_num):
         if is_packed(device_pool):
             assert isinstance(device_pool, KVRows)
-            device_pool.set_kv_rows(layer, loc, random_bits((n, device_pool.kv_cache_dim), dtype, gen))
+            device_pool.set_kv_rows(
+                layer, loc, random_bits((n, device_pool.kv_cache_dim), dtype, gen)
+            )
         else:
             nope = random_bits((n, 1, device_pool.kv_lora_rank), dtype, gen)
             rope = random_bits((n, 1, device_pool.qk_rope_head_dim), dtype, gen)
@@ -97,9 +99,7 @@ def device_rows(device_pool: MLADevicePool, layer_id: int, loc: torch.Tensor) ->
         keys, scales = device_pool.get_index_k_buffer(layer_id, loc)
         parts += [keys] if scales is None else [keys, scales]
     n = loc.numel()
-    return torch.cat(
-        [p.reshape(n, -1).contiguous().cpu().view(torch.uint8) for p in parts], dim=-1
-    )
+    return torch.cat([p.reshape(n, -1).contiguous().cpu().view(torch.uint8) for p in parts], dim=-1)
 
 
 def host_bytes(host_pool: MLAHostPool) -> list[torch.Tensor]:

@@ -8,6 +8,7 @@ class attributes set (``SuiteBase.kv_cache_dim``, ``index_head_dim``, ...).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,10 +37,10 @@ DSA_ROW_BYTES = 656
 class RowChecks(MisuseChecks):
     """Raw-row accessors, packed rows, indexer configuration and page identity."""
 
-    def pool(self, backend: Backend, page_size: int = 16, **options: Any) -> MLADevicePool:
+    def pool(self, backend: Backend, **options: Any) -> MLADevicePool:
         return backend.create_device_pool(
-            size=self.device_pages * page_size,
-            page_size=page_size,
+            size=self.device_pages * 16,
+            page_size=16,
             dtype=options.pop("dtype", self.dtype),
             kv_lora_rank=self.kv_lora_rank,
             qk_rope_head_dim=self.qk_rope_head_dim,
@@ -107,7 +108,9 @@ class RowChecks(MisuseChecks):
         nope, rope = plain.get_mla_kv_buffer(0, loc)
         assert isinstance(plain, KVRows)
         raw = plain.get_kv_rows(0, loc)
-        assert torch.equal(torch.cat([nope, rope], -1)[:, 0].view(torch.uint8), raw.view(torch.uint8))
+        assert torch.equal(
+            torch.cat([nope, rope], -1)[:, 0].view(torch.uint8), raw.view(torch.uint8)
+        )
         with pytest.raises(SGLError):
             self.pool(backend, kv_cache_dim=0)
 
@@ -166,13 +169,19 @@ class RowChecks(MisuseChecks):
         keys = torch.zeros((n, 1, 8), dtype=self.dtype)
         scales = torch.ones((n, 1, 1), dtype=torch.float32)
         before = snapshot_device(dev)
-        for name, call, error in (
-            ("layer without indexer", lambda: dev.set_index_k_buffer(0, loc, keys, scales), LayerIndexError),
-            ("missing scale", lambda: dev.set_index_k_buffer(1, loc, keys), PoolMismatchError),
-            ("wide keys", lambda: dev.set_index_k_buffer(1, loc, keys.repeat(1, 1, 2), scales), PoolMismatchError),
-            ("short scales", lambda: dev.set_index_k_buffer(1, loc, keys, scales[1:]), PoolMismatchError),
-            ("bad loc", lambda: dev.set_index_k_buffer(1, loc + 10**6, keys, scales), IndexError),
-        ):  # fmt: skip
+        set_keys = dev.set_index_k_buffer
+        cases: list[tuple[str, Callable[[], None], type[Exception]]] = [
+            ("layer without indexer", lambda: set_keys(0, loc, keys, scales), LayerIndexError),
+            ("missing scale", lambda: set_keys(1, loc, keys), PoolMismatchError),
+            (
+                "wide keys",
+                lambda: set_keys(1, loc, keys.repeat(1, 1, 2), scales),
+                PoolMismatchError,
+            ),
+            ("short scales", lambda: set_keys(1, loc, keys, scales[1:]), PoolMismatchError),
+            ("bad loc", lambda: set_keys(1, loc + 10**6, keys, scales), IndexError),
+        ]
+        for name, call, error in cases:
             with pytest.raises(error):
                 call()
                 pytest.fail(f"{name} was accepted")
