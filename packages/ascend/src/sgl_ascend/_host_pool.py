@@ -195,15 +195,17 @@ class AscendMLAHostPool(MLAHostPoolBase):
     def layer_views(
         self, device_pool: MLADevicePool, layer_id: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """``(device_rows, host_pages)`` of ``k`` then ``v`` (if any) for one layer."""
+        """``(device_rows, host_pages)`` of ``k``, ``v`` (if any) and the layer's indexer rows."""
         layer_id = check_layer_id(layer_id, self.layer_num)
         self.check_device_pool(device_pool)
         pool = self._ascend_pool(device_pool)
         views = []
         kv = pool.kv_components
-        for dev, host in zip(pool.components[:kv], self.buffers[:kv], strict=True):
-            rows = dev[layer_id]
-            views.append((rows.reshape(-1, rows.shape[-1]), host[:, layer_id, :, 0]))
+        slot = pool.indexer_slot(layer_id)
+        rows = [layer_id] * kv + ([] if slot is None else [slot] * (len(self.buffers) - kv))
+        for dev, host, row in zip(pool.components, self.buffers, rows, strict=False):
+            part = dev[row]
+            views.append((part.reshape(-1, part.shape[-1]), host[:, row, :, 0]))
         return views
 
     # -------------------------------------------------------------- L3 pages

@@ -45,6 +45,8 @@ from sgl_core.errors import PoolMismatchError
 
 __all__ = ["TokenRowHostPool"]
 
+_INDEXER_NAMES = ("index_k_buffer", "index_k_scale_buffer")
+
 
 class TokenRowHostPool(MLAHostPoolBase):
     """``layer_first`` / ``page_first`` / ``page_first_direct`` host pool."""
@@ -96,10 +98,9 @@ class TokenRowHostPool(MLAHostPoolBase):
         cfg = self._indexer
         if cfg is None:
             return kv
-        names = ("index_k_buffer", "index_k_scale_buffer")
         parts = [
             RowDirectMover(self, RowComponent(buf, rows, device_indexer_rows(name)))
-            for (buf, rows), name in zip(self._parts[1:], names, strict=False)
+            for (buf, rows), name in zip(self._parts[1:], _INDEXER_NAMES, strict=False)
         ]
         return IndexerMover(kv, parts, cfg)
 
@@ -147,18 +148,27 @@ class TokenRowHostPool(MLAHostPoolBase):
     def layer_views(
         self, device_pool: MLADevicePool, layer_id: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """``[(device_rows (slots, dim), host_pages (pages, page_size, dim))]``, one component."""
+        """``[(device_rows (slots, dim), host_pages (pages, page_size, dim))]`` per component.
+
+        The KV row, then the layer's indexer keys and scales when it has an indexer slot.
+        """
         layer_id = check_layer_id(layer_id, self.layer_num)
         self.check_device_pool(device_pool)
-        dev = device_layers(device_pool)[layer_id]
-        buf, ps = self.kv_buffer, self.page_size
-        if self.layout is HostLayout.LAYER_FIRST:
-            host = buf[layer_id, :, 0].view(self.page_num, ps, -1)
-        elif self.layout is HostLayout.PAGE_FIRST:
-            host = buf[:, layer_id, 0].view(self.page_num, ps, -1)
-        else:
-            host = buf[:, layer_id, :, 0]
-        return [(dev.view(dev.shape[0], -1), host)]
+        pairs = [(device_layers(device_pool)[layer_id], self.kv_buffer, layer_id)]
+        slot = None if self._indexer is None else self._indexer.slot(layer_id)
+        if slot is not None:
+            for name, (buf, _) in zip(_INDEXER_NAMES, self._parts[1:], strict=False):
+                pairs.append((getattr(device_pool, name)[slot], buf, slot))
+        views = []
+        for dev, buf, row in pairs:
+            if self.layout is HostLayout.LAYER_FIRST:
+                host = buf[row, :, 0].view(self.page_num, self.page_size, -1)
+            elif self.layout is HostLayout.PAGE_FIRST:
+                host = buf[:, row, 0].view(self.page_num, self.page_size, -1)
+            else:
+                host = buf[:, row, :, 0]
+            views.append((dev.view(dev.shape[0], -1), host))
+        return views
 
     def host_rows(self, layer_id: int, buffer: torch.Tensor | None = None) -> torch.Tensor | None:
         """``(size, 1, kv_cache_dim)`` token rows of one layer, or None (page-first-direct).

@@ -37,6 +37,18 @@ class HicacheConfig:
     shuffle_host: bool = False  # random host pages instead of host.alloc() slots
     seed: int = 0
     device: str | None = None
+    model: str = "deepseek-v3"
+    kv_cache_dim: int | None = None  # packed rows of ``dtype`` (DeepSeek-V3.2: 656 uint8)
+    index_head_dim: int | None = None  # the DSA indexer cache, on every layer
+    with_index_k_scale: bool = False
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one token over every layer, indexer included."""
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        dim = self.kv_cache_dim or self.kv_lora_rank + self.qk_rope_head_dim
+        index = (self.index_head_dim or 0) * itemsize + (4 if self.with_index_k_scale else 0)
+        return self.layers * (dim * itemsize + index)
 
     def batch_tokens(self, page_size: int) -> int:
         if self.pages is not None:
@@ -102,6 +114,9 @@ class _Bench:
             qk_rope_head_dim=cfg.qk_rope_head_dim,
             layer_num=cfg.layers,
             device=cfg.device,
+            kv_cache_dim=cfg.kv_cache_dim,
+            index_head_dim=cfg.index_head_dim,
+            with_index_k_scale=cfg.with_index_k_scale,
         )
         self.host = case.backend.create_host_pool(
             self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend

@@ -64,6 +64,14 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
     p.add_argument("--no-baselines", action="store_true", help="skip per_token/per_page")
     p.add_argument("--shuffle-host", action="store_true", help="random host pages, not alloc()")
     p.add_argument("--device", help="torch device of the device pool (default: backend's)")
+    p.add_argument(
+        "--model",
+        choices=("deepseek-v3", "deepseek-v32"),
+        default="deepseek-v3",
+        help="pool shape: deepseek-v3 (512+64 bf16 rows, default) or deepseek-v32 (656-byte "
+        "uint8 FP8 rows plus the indexer cache: 128 fp8 bytes + an fp32 scale per token, "
+        "every layer)",
+    )
     p.add_argument("--repeats", type=int, help="timed repeats (default: 3 quick, 5 full)")
     # test and tuning knobs
     p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
@@ -79,11 +87,19 @@ def _header(plan: Plan) -> str:
     cfg = plan.cfg
     pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
     sizes = len(plan.page_sizes)
+    dtype = str(cfg.dtype).removeprefix("torch.")
+    if cfg.kv_cache_dim is None:
+        row = f"({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) {dtype}"
+    else:
+        row = f"{cfg.kv_cache_dim} packed {dtype}"
+    if cfg.index_head_dim is not None:
+        scale = " + fp32 scale" if cfg.with_index_k_scale else ""
+        row += f" + indexer {cfg.index_head_dim} {dtype}{scale}"
     return (
         f"sgl-bench hicache: {len(plan.cases)} case(s) = {pairs} (backend, layout/io) pair(s) x "
         f"{sizes} page size(s); each case is 2 rows (backup, load)\n"
-        f"model {cfg.layers} layers x ({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) "
-        f"{str(cfg.dtype).removeprefix('torch.')}; {'quick' if plan.quick else 'full'}: "
+        f"model {cfg.model}: {cfg.layers} layers x {row}; "
+        f"{'quick' if plan.quick else 'full'}: "
         f"{cfg.repeats} timed repeat(s) after {cfg.warmup} warm-up (medians, interleaved); "
         f"torch threads {torch.get_num_threads()}"
     )

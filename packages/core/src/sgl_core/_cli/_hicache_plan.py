@@ -112,6 +112,21 @@ def _check_args(args: argparse.Namespace) -> torch.device | None:
     return device
 
 
+#: ``--model``: the pool shape of each model (61 layers, rank 512 + rope 64 for both).
+MODELS: dict[str, HicacheConfig] = {
+    "deepseek-v3": HicacheConfig(),
+    # FP8 MLA rows (512 fp8 + 4 fp32 scales + 64 bf16 rope = 656 bytes) and the DSA
+    # indexer cache (128 fp8 bytes + an fp32 scale per token) on every layer.
+    "deepseek-v32": HicacheConfig(
+        model="deepseek-v32",
+        dtype=torch.uint8,
+        kv_cache_dim=656,
+        index_head_dim=128,
+        with_index_k_scale=True,
+    ),
+}
+
+
 def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list[int], bool]:
     selected = args.backend is not None or args.page_size is not None or args.layout is not None
     quick = args.quick or not (args.full or selected)
@@ -119,7 +134,8 @@ def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list
     sized = args.layers is not None or args.tokens is not None or args.pages is not None
     layers, tokens = INTERPRETED_SIZE if shrink and not sized else (61, 2048 if quick else 4096)
     warmup_default = 0 if shrink else 1
-    cfg = HicacheConfig(
+    cfg = dataclasses.replace(
+        MODELS[args.model],
         layers=args.layers or layers,
         kv_lora_rank=args.kv_lora_rank,
         qk_rope_head_dim=args.rope_dim,
@@ -143,7 +159,7 @@ def _device_on_host(backend: Backend, device: torch.device | None) -> bool:
 
 def _check_memory(cfg: HicacheConfig, plan_cases: list[Case], device: torch.device | None) -> None:
     """The largest case fits: device pool 2x the batch, host pool 4x, two copy buffers 1x."""
-    row = cfg.layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * cfg.dtype.itemsize
+    row = cfg.row_bytes
     worst = 0
     for case in plan_cases:
         n = cfg.batch_tokens(case.page_size)
