@@ -111,6 +111,11 @@ class RowChecks(MisuseChecks):
         assert torch.equal(
             torch.cat([nope, rope], -1)[:, 0].view(torch.uint8), raw.view(torch.uint8)
         )
+        fresh = random_bits(tuple(raw.shape), plain.dtype, torch.Generator().manual_seed(5))
+        plain.set_kv_rows(0, loc, fresh)  # raw rows are the split parts, concatenated
+        nope, rope = plain.get_mla_kv_buffer(0, loc)
+        got = torch.cat([nope, rope], -1)[:, 0].cpu().view(torch.uint8)
+        assert torch.equal(got, fresh.view(torch.uint8))
         with pytest.raises(SGLError):
             self.pool(backend, kv_cache_dim=0)
 
