@@ -8,6 +8,7 @@ import torch
 import sgl_ascend
 from sgl_core import Backend, MLADevicePool
 from sgl_core.backend import CopyTuning
+from sgl_core.errors import PoolMismatchError
 from sgl_core.testing import BackendConformanceSuite
 
 
@@ -73,3 +74,15 @@ class TestAscendDSAConformance(BackendConformanceSuite):
         assert dev.v_buffer is None and dev.k_buffer.shape[-1] == 656
         host = backend.create_host_pool(dev, layout="page_first_kv_split")
         assert [b.shape[-1] for b in host.buffers] == [656, 16, 1]  # type: ignore[attr-defined]
+
+
+def test_a_device_pool_that_lost_a_component_is_a_mismatch() -> None:
+    dev = sgl_ascend.backend.create_device_pool(
+        size=32, page_size=16, dtype=torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
+        layer_num=2,
+    )  # fmt: skip
+    host = sgl_ascend.backend.create_host_pool(dev, layout="page_first_kv_split")
+    dev.v_buffer = None
+    idx = torch.arange(16, 32)
+    with pytest.raises(PoolMismatchError, match="components"):
+        host.backup_from_device_all_layer(dev, idx, idx, "kernel_ascend")

@@ -148,3 +148,29 @@ def test_indexer_tensor_resized_in_place_is_revalidated() -> None:
     dst.index_k_scale_buffer[1].set_(torch.zeros((PS, 1, 1), dtype=torch.float32))
     with pytest.raises(PoolMismatchError, match="index_k_scale_buffer"):
         host.load_to_device_per_layer(dst, idx, idx, 2, "direct")
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"indexer_layer_ids": [0, 0]}, PoolSizeError),
+        ({"indexer_layer_ids": []}, PoolSizeError),
+        ({"index_head_dim": True}, PoolSizeError),
+        ({"index_head_dim": 0}, PoolSizeError),
+        ({"index_head_dim": None, "indexer_layer_ids": None}, PoolSizeError),  # scale, no dim
+        ({"with_index_k_scale": 1}, PoolSizeError),
+    ],
+)
+def test_bad_indexer_arguments(options: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        pool(**options)
+
+
+def test_indexer_list_of_the_wrong_length_is_a_mismatch() -> None:
+    src = pool()
+    host = sgl_core.get_backend("torch").create_host_pool(src, layout="layer_first")
+    assert src.index_k_buffer is not None
+    src.index_k_buffer = src.index_k_buffer[:1]
+    idx = page_indices([1], PS)
+    with pytest.raises(PoolMismatchError, match="list of 2"):
+        host.backup_from_device_all_layer(src, idx, idx, "direct")
