@@ -174,3 +174,22 @@ def test_indexer_list_of_the_wrong_length_is_a_mismatch() -> None:
     idx = page_indices([1], PS)
     with pytest.raises(PoolMismatchError, match="list of 2"):
         host.backup_from_device_all_layer(src, idx, idx, "direct")
+
+
+def test_a_pool_with_only_an_index_head_dim_attribute_is_mirrored_without_an_indexer() -> None:
+    """An engine's own DSA pool (e.g. SGLang's) names ``index_head_dim`` but keeps its
+    indexer elsewhere: its host pool mirrors the KV rows only, and transfers still run."""
+    dev = pool(index_head_dim=None, indexer_layer_ids=None, with_index_k_scale=False)
+
+    class EnginePool(PerLayerMLADevicePool):
+        index_head_dim = 128  # type: ignore[assignment]
+
+    engine = EnginePool.__new__(EnginePool)
+    engine.__dict__.update(dev.__dict__)
+    host = sgl_core.get_backend("torch").create_host_pool(engine, layout="page_first")
+    assert not hasattr(host, "index_k_buffer")
+    idx = page_indices([1], PS)
+    fill_device_random(dev, 4)
+    host.backup_from_device_all_layer(engine, idx, idx, "direct")
+    assert torch.equal(host.get_data_page(PS).view(torch.uint8).view(PS, LAYERS, 656)[0, 0],
+                       dev.get_kv_rows(0, idx[:1])[0])  # fmt: skip

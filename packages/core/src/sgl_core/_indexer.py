@@ -83,12 +83,17 @@ def check_indexer(
 
 
 def indexer_of(pool: object) -> IndexerConfig | None:
-    """A device pool's indexer configuration from its public attributes (None: none)."""
+    """A device pool's indexer configuration from its public attributes (None: none).
+
+    Only pools that declare the whole configuration (``IndexerCache``) count:
+    an engine's own pool with just an ``index_head_dim`` attribute (SGLang's
+    DSA pools keep their indexer in another layout) is mirrored without it.
+    """
     head_dim = getattr(pool, "index_head_dim", None)
-    if head_dim is None:
+    ids = getattr(pool, "indexer_layer_ids", None)
+    if not isinstance(head_dim, int) or not isinstance(ids, tuple) or not ids:
         return None
-    ids = tuple(getattr(pool, "indexer_layer_ids", ()))
-    return IndexerConfig(int(head_dim), ids, bool(getattr(pool, "has_index_k_scale", False)))
+    return IndexerConfig(head_dim, ids, bool(getattr(pool, "has_index_k_scale", False)))
 
 
 class IndexerRows:
