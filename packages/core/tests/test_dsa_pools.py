@@ -145,7 +145,7 @@ def test_indexer_tensor_resized_in_place_is_revalidated() -> None:
     host.load_to_device_per_layer(dst, idx, idx, 0, "direct")
     assert dst.index_k_scale_buffer is not None
     # Same tensor object, new (smaller) storage: only the layer's storage signature sees it.
-    dst.index_k_scale_buffer[1].set_(torch.zeros((PS, 1, 1), dtype=torch.float32))
+    dst.index_k_scale_buffer[1].set_(torch.zeros((PS, 1, 1), dtype=torch.float32))  # type: ignore[call-overload]
     with pytest.raises(PoolMismatchError, match="index_k_scale_buffer"):
         host.load_to_device_per_layer(dst, idx, idx, 2, "direct")
 
@@ -182,7 +182,7 @@ def test_a_pool_with_only_an_index_head_dim_attribute_is_mirrored_without_an_ind
     dev = pool(index_head_dim=None, indexer_layer_ids=None, with_index_k_scale=False)
 
     class EnginePool(PerLayerMLADevicePool):
-        index_head_dim = 128  # type: ignore[assignment]
+        index_head_dim = 128
 
     engine = EnginePool.__new__(EnginePool)
     engine.__dict__.update(dev.__dict__)
