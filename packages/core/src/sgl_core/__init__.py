@@ -21,6 +21,7 @@ from sgl_core._discovery import (
     clear_backend_cache,
     get_backend,
 )
+from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase
 from sgl_core._moe import (
@@ -30,15 +31,7 @@ from sgl_core._moe import (
     maybe_fuse_routed_scale_and_shared_add,
     silu_and_mul,
 )
-from sgl_core._protocols import (
-    Backend,
-    IndexerCache,
-    KVRows,
-    MLADevicePool,
-    MLAHostPool,
-    MoEExperts,
-    MoEMethod,
-)
+from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool, MoEExperts, MoEMethod
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import TokenRowHostPool
 from sgl_core._torch_backend import TorchBackend

@@ -65,6 +65,7 @@ from sgl_core._device_pool import (
     stacked_layers,
 )
 from sgl_core._devices import check_fits, parse_device, usable_device
+from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._engine import RunSide, copy_runs, gather_rows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase, describe_pairs
@@ -74,8 +75,6 @@ from sgl_core._moe import check_routing
 from sgl_core._protocols import (
     Backend,
     EmulatedWithoutDevice,
-    IndexerCache,
-    KVRows,
     LayerViews,
     MLADevicePool,
     MLAHostPool,

@@ -6,7 +6,8 @@ import ctypes
 
 import torch
 
-from sgl_core._protocols import IndexerCache, KVRows, MLADevicePool, MLAHostPool
+from sgl_core._dsa_protocols import IndexerCache, KVRows
+from sgl_core._protocols import MLADevicePool, MLAHostPool
 
 __all__ = [
     "device_rows",

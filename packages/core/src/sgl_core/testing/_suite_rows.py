@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from sgl_core._protocols import Backend, IndexerCache, KVRows, MLADevicePool
+from sgl_core._dsa_protocols import IndexerCache, KVRows
+from sgl_core._protocols import Backend, MLADevicePool
 from sgl_core.errors import LayerIndexError, PoolMismatchError, SGLError
 from sgl_core.l3 import page_format
 from sgl_core.testing._helpers import (
