@@ -7,10 +7,12 @@ Every class runs the MLA checks and the MHA ones (``test_mha_*``, on
 from __future__ import annotations
 
 import pytest
+import torch
 
 import sgl_ascend
 from sgl_core import Backend, MLADevicePool
 from sgl_core.backend import NEVER, CopyTuning
+from sgl_core.errors import PoolMismatchError
 from sgl_core.testing import BackendConformanceSuite
 
 
@@ -72,3 +74,34 @@ class TestAscendGQAGatherConformance(TestAscendConformance):
         gather = CopyTuning(by_address_min_block_bytes=NEVER, gather_below_page_run_bytes=NEVER)
         monkeypatch.setattr(sgl_ascend.backend, "tuning", gather)
         return sgl_ascend.backend
+
+
+class TestAscendDSAConformance(BackendConformanceSuite):
+    """Packed 656-byte uint8 rows (one k component, no v) with the indexer cache."""
+
+    backend_name = "ascend"
+    dtype = torch.uint8
+    kv_cache_dim = 656
+    index_head_dim = 16
+    indexer_layer_ids = (0, 2)
+    with_index_k_scale = True
+    page_sizes = (1, 16)
+
+    def test_packed_pool_has_one_kv_component(self, backend: Backend) -> None:
+        dev = self.make_device_pool(backend, page_size=16, pages=2)
+        assert isinstance(dev, sgl_ascend.AscendMLADevicePool)
+        assert dev.v_buffer is None and dev.k_buffer.shape[-1] == 656
+        host = backend.create_host_pool(dev, layout="page_first_kv_split")
+        assert [b.shape[-1] for b in host.buffers] == [656, 16, 1]  # type: ignore[attr-defined]
+
+
+def test_a_device_pool_that_lost_a_component_is_a_mismatch() -> None:
+    dev = sgl_ascend.backend.create_device_pool(
+        size=32, page_size=16, dtype=torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
+        layer_num=2,
+    )  # fmt: skip
+    host = sgl_ascend.backend.create_host_pool(dev, layout="page_first_kv_split")
+    dev.v_buffer = None
+    idx = torch.arange(16, 32)
+    with pytest.raises(PoolMismatchError, match="components"):
+        host.backup_from_device_all_layer(dev, idx, idx, "kernel_ascend")

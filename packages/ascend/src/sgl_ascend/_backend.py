@@ -58,11 +58,13 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
         qk_rope_head_dim: int,
         layer_num: int,
         device: str | torch.device | None = None,
+        kv_cache_dim: int | None = None,
         index_head_dim: int | None = None,
         indexer_layer_ids: Iterable[int] | None = None,
         with_index_k_scale: bool = False,
     ) -> AscendMLADevicePool:
-        """A pool of 5-D layer-major tensors; pass ``index_head_dim`` for an indexer cache."""
+        """A pool of 5-D layer-major tensors; ``kv_cache_dim`` for packed rows (one
+        component), ``index_head_dim`` for an indexer cache."""
         return AscendMLADevicePool(
             size=size,
             page_size=page_size,
@@ -71,6 +73,7 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
             qk_rope_head_dim=qk_rope_head_dim,
             layer_num=layer_num,
             device=device,
+            kv_cache_dim=kv_cache_dim,
             index_head_dim=index_head_dim,
             indexer_layer_ids=indexer_layer_ids,
             with_index_k_scale=with_index_k_scale,

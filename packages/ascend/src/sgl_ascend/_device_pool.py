@@ -7,6 +7,10 @@ Each component is one contiguous, layer-major 5-D tensor::
     index_k_buffer       (num_indexer_layers, page_num, page_size, 1, index_head_dim)  optional
     index_k_scale_buffer (num_indexer_layers, page_num, page_size, 1, 1) float32       optional
 
+With ``kv_cache_dim`` (packed rows the engine quantizes itself, e.g. 656
+``uint8`` for DeepSeek-V3.2's FP8 MLA) ``k_buffer`` holds the whole row,
+``(..., kv_cache_dim)``, and there is no ``v_buffer`` (None).
+
 ``page_num = size // page_size + 1``: token slots ``[0, size + page_size)``
 are valid and token ``t`` lives at page ``t // page_size``, offset
 ``t % page_size``. There is no ``data_ptrs`` table and no per-layer list:
@@ -27,6 +31,7 @@ from sgl_core.backend import (
     check_index_device,
     check_index_tensor,
     check_layer_id,
+    check_raw_rows,
 )
 from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
 
@@ -52,6 +57,7 @@ class AscendMLADevicePool(MLAPoolGeometry):
         qk_rope_head_dim: int,
         layer_num: int,
         device: str | torch.device | None = None,
+        kv_cache_dim: int | None = None,
         index_head_dim: int | None = None,
         indexer_layer_ids: Iterable[int] | None = None,
         with_index_k_scale: bool = False,
@@ -64,6 +70,7 @@ class AscendMLADevicePool(MLAPoolGeometry):
             qk_rope_head_dim=qk_rope_head_dim,
             layer_num=layer_num,
             device=_npu.resolve_device(device),
+            kv_cache_dim=kv_cache_dim,
         )
         self._index_head_dim = index_head_dim
         self._indexer_layer_ids = self._check_indexer(
@@ -71,8 +78,12 @@ class AscendMLADevicePool(MLAPoolGeometry):
         )
         self._slots = {layer: i for i, layer in enumerate(self._indexer_layer_ids)}
         pages = (layer_num, self.page_num, page_size, 1)
-        self.k_buffer = self._zeros((*pages, kv_lora_rank), dtype)
-        self.v_buffer = self._zeros((*pages, qk_rope_head_dim), dtype)
+        self.v_buffer: torch.Tensor | None = None
+        if self.shape.packed:
+            self.k_buffer = self._zeros((*pages, self.kv_cache_dim), dtype)
+        else:
+            self.k_buffer = self._zeros((*pages, kv_lora_rank), dtype)
+            self.v_buffer = self._zeros((*pages, qk_rope_head_dim), dtype)
         self.index_k_buffer: torch.Tensor | None = None
         self.index_k_scale_buffer: torch.Tensor | None = None
         if index_head_dim is not None:
@@ -135,9 +146,19 @@ class AscendMLADevicePool(MLAPoolGeometry):
 
     @property
     def components(self) -> list[torch.Tensor]:
-        """k, v[, index_k[, index_k_scale]]: the buffers a host page mirrors, in flat order."""
-        extra = [b for b in (self.index_k_buffer, self.index_k_scale_buffer) if b is not None]
-        return [self.k_buffer, self.v_buffer, *extra]
+        """k[, v][, index_k[, index_k_scale]]: the buffers a host page mirrors, in flat order."""
+        return [b for _, b in self.named_components]
+
+    @property
+    def named_components(self) -> list[tuple[str, torch.Tensor]]:
+        """``(attribute name, buffer)`` of each component present, in flat order."""
+        names = ("k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer")
+        return [(n, b) for n in names if (b := getattr(self, n)) is not None]
+
+    @property
+    def kv_components(self) -> int:
+        """How many leading components hold the KV row (1 when rows are packed)."""
+        return 1 if self.v_buffer is None else 2
 
     def indexer_slot(self, layer_id: int) -> int | None:
         """Row of ``layer_id`` in the indexer buffers, or None if it has no indexer."""
@@ -167,7 +188,16 @@ class AscendMLADevicePool(MLAPoolGeometry):
 
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
         """``(page_num, page_size, 1, qk_rope_head_dim)`` view of one layer's rope cache."""
-        return self.v_buffer[check_layer_id(layer_id, self.layer_num)]
+        return self._split_v("get_value_buffer")[check_layer_id(layer_id, self.layer_num)]
+
+    def _split_v(self, what: str) -> torch.Tensor:
+        if self.v_buffer is None:
+            raise PoolMismatchError(
+                f"{what}: this pool's rows are {self.kv_cache_dim} packed {self.dtype} elements "
+                f"(kv_cache_dim given), not kv_lora_rank={self.kv_lora_rank} + "
+                f"qk_rope_head_dim={self.qk_rope_head_dim} values; use set_kv_rows / get_kv_rows"
+            )
+        return self.v_buffer
 
     def set_mla_kv_buffer(
         self,
@@ -178,11 +208,12 @@ class AscendMLADevicePool(MLAPoolGeometry):
     ) -> None:
         """Write ``(n, 1, kv_lora_rank)`` / ``(n, 1, qk_rope_head_dim)`` rows at token ``loc``."""
         loc = self._check_loc(layer_id, loc)
+        v_buffer = self._split_v("set_mla_kv_buffer")
         n = loc.numel()
         self._check_rows("cache_k_nope", cache_k_nope, n, self.kv_lora_rank)
         self._check_rows("cache_k_rope", cache_k_rope, n, self.qk_rope_head_dim)
         k_rows = self._rows(self.k_buffer, layer_id)
-        v_rows = self._rows(self.v_buffer, layer_id)
+        v_rows = self._rows(v_buffer, layer_id)
         k_rows.index_copy_(0, loc, byte_view(cache_k_nope.to(self.device, self.dtype)))
         v_rows.index_copy_(0, loc, byte_view(cache_k_rope.to(self.device, self.dtype)))
 
@@ -191,10 +222,32 @@ class AscendMLADevicePool(MLAPoolGeometry):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the ``(k_nope, k_rope)`` rows at token ``loc``."""
         loc = self._check_loc(layer_id, loc)
+        v_buffer = self._split_v("get_mla_kv_buffer")
         return (
             self._rows(self.k_buffer, layer_id).index_select(0, loc).view(self.dtype),
-            self._rows(self.v_buffer, layer_id).index_select(0, loc).view(self.dtype),
+            self._rows(v_buffer, layer_id).index_select(0, loc).view(self.dtype),
         )
+
+    def set_kv_rows(self, layer_id: int, loc: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write raw ``(n, kv_cache_dim)`` rows of the pool's dtype (no conversion) at ``loc``."""
+        loc = self._check_loc(layer_id, loc)
+        check_raw_rows(rows, loc.numel(), self.kv_cache_dim, self.dtype)
+        raw = byte_view(rows.to(self.device).contiguous())
+        start = 0
+        for buffer in self.components[: self.kv_components]:
+            width = buffer.shape[-1]
+            part = raw[:, start : start + width].unsqueeze(1)
+            self._rows(buffer, layer_id).index_copy_(0, loc, part)
+            start += width
+
+    def get_kv_rows(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        """A copy of the raw ``(n, kv_cache_dim)`` rows at ``loc``, of the pool's dtype."""
+        loc = self._check_loc(layer_id, loc)
+        parts = [
+            self._rows(b, layer_id).index_select(0, loc)[:, 0]
+            for b in self.components[: self.kv_components]
+        ]
+        return torch.cat(parts, dim=-1).view(self.dtype)
 
     # --------------------------------------------------------------- indexer
     def _indexer_row(self, layer_id: int) -> int:

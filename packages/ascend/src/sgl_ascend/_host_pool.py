@@ -66,7 +66,7 @@ class AscendMLAHostPool(MLAHostPoolBase):
     }
 
     k_buffer: torch.Tensor
-    v_buffer: torch.Tensor
+    v_buffer: torch.Tensor | None
     index_k_buffer: torch.Tensor | None
     index_k_scale_buffer: torch.Tensor | None
 
@@ -118,9 +118,14 @@ class AscendMLAHostPool(MLAHostPoolBase):
             )
         # The buffers are plain attributes: one replaced, resized or ``set_`` since
         # the pool was built must still be what the copies address.
-        names = ("k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer")
         device = pool.k_buffer.device
-        for name, dev, host in zip(names, self._device_buffers(pool), self.buffers, strict=False):
+        named = pool.named_components
+        if len(named) != len(self.buffers):  # e.g. a v_buffer removed or added
+            raise PoolMismatchError(
+                f"device_pool has components {[n for n, _ in named]}, expected "
+                f"{len(self.buffers)} matching this host pool"
+            )
+        for (name, dev), host in zip(named, self.buffers, strict=True):
             expected = (host.shape[1], pool.page_num, *host.shape[2:])
             if (
                 not isinstance(dev, torch.Tensor)
@@ -153,8 +158,12 @@ class AscendMLAHostPool(MLAHostPoolBase):
 
     def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
         pages = (self.page_num, self.layer_num, self.page_size, 1)
-        self.k_buffer = self._zeros((*pages, self.shape.kv_lora_rank), self.dtype)
-        self.v_buffer = self._zeros((*pages, self.shape.qk_rope_head_dim), self.dtype)
+        self.v_buffer = None
+        if self.shape.packed:  # one component holds the whole engine-packed row
+            self.k_buffer = self._zeros((*pages, self.kv_cache_dim), self.dtype)
+        else:
+            self.k_buffer = self._zeros((*pages, self.shape.kv_lora_rank), self.dtype)
+            self.v_buffer = self._zeros((*pages, self.shape.qk_rope_head_dim), self.dtype)
         self.index_k_buffer = None
         self.index_k_scale_buffer = None
         head_dim, layers, scale = self._indexer
@@ -175,9 +184,9 @@ class AscendMLAHostPool(MLAHostPoolBase):
 
     @property
     def buffers(self) -> list[torch.Tensor]:
-        """Host components in flat-page order: k, v[, index_k[, index_k_scale]]."""
-        extra = [b for b in (self.index_k_buffer, self.index_k_scale_buffer) if b is not None]
-        return [self.k_buffer, self.v_buffer, *extra]
+        """Host components in flat-page order: k[, v][, index_k[, index_k_scale]]."""
+        parts = (self.k_buffer, self.v_buffer, self.index_k_buffer, self.index_k_scale_buffer)
+        return [b for b in parts if b is not None]
 
     @staticmethod
     def _device_buffers(pool: AscendMLADevicePool) -> list[torch.Tensor]:
@@ -186,14 +195,17 @@ class AscendMLAHostPool(MLAHostPoolBase):
     def layer_views(
         self, device_pool: MLADevicePool, layer_id: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """``(device_rows, host_pages)`` of ``k`` then ``v`` for one layer."""
+        """``(device_rows, host_pages)`` of ``k``, ``v`` (if any) and the layer's indexer rows."""
         layer_id = check_layer_id(layer_id, self.layer_num)
         self.check_device_pool(device_pool)
         pool = self._ascend_pool(device_pool)
         views = []
-        for dev, host in ((pool.k_buffer, self.k_buffer), (pool.v_buffer, self.v_buffer)):
-            rows = dev[layer_id]
-            views.append((rows.reshape(-1, rows.shape[-1]), host[:, layer_id, :, 0]))
+        kv = pool.kv_components
+        slot = pool.indexer_slot(layer_id)
+        rows = [layer_id] * kv + ([] if slot is None else [slot] * (len(self.buffers) - kv))
+        for dev, host, row in zip(pool.components, self.buffers, rows, strict=False):
+            part = dev[row]
+            views.append((part.reshape(-1, part.shape[-1]), host[:, row, :, 0]))
         return views
 
     # -------------------------------------------------------------- L3 pages

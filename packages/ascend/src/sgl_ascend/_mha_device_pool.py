@@ -77,6 +77,11 @@ class AscendMHADevicePool(MHAPoolGeometry):
         """k, v: the buffers a host page mirrors, in flat-page order."""
         return [self.k_buffer, self.v_buffer]
 
+    @property
+    def kv_components(self) -> int:
+        """How many leading components hold KV rows (all of them: K and V)."""
+        return 2
+
     def indexer_slot(self, layer_id: int) -> int | None:
         """Always None: an MHA pool has no indexer cache (the kv-split mover asks)."""
         check_layer_id(layer_id, self.layer_num)

@@ -196,7 +196,8 @@ class KvSplitMover:
         plan = self._plans.get(transfer, lambda t: _LoadPlan(self._pages(t)))
         pages = plan.pages
         slot = pool.indexer_slot(layer_id)
-        rows = [layer_id, layer_id] + ([] if slot is None else [slot, slot])
+        kv = pool.kv_components
+        rows = [layer_id] * kv + ([] if slot is None else [slot] * (len(self.buffers) - kv))
         triples = list(zip(self.buffers, pool.components, rows, strict=False))
         device = pool.device
         tune = self.tuning or tuning_for(device)

@@ -25,6 +25,7 @@ from sgl_core._discovery import (
     clear_backend_cache,
     get_backend,
 )
+from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import MLAHostPoolBase
 from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool
@@ -57,6 +58,8 @@ __all__ = [
     "MHAPoolGeometry",
     "MHAShape",
     "MHATokenHostPool",
+    "IndexerCache",
+    "KVRows",
     "MLADevicePool",
     "MLAHostPool",
     "MLAHostPoolBase",

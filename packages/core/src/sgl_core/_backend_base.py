@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
 import torch
@@ -105,6 +105,10 @@ class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
         qk_rope_head_dim: int,
         layer_num: int,
         device: str | torch.device | None = None,
+        kv_cache_dim: int | None = None,
+        index_head_dim: int | None = None,
+        indexer_layer_ids: Iterable[int] | None = None,
+        with_index_k_scale: bool = False,
     ) -> DeviceT:
         return self._device_pool_class(
             size=size,
@@ -114,6 +118,10 @@ class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
             qk_rope_head_dim=qk_rope_head_dim,
             layer_num=layer_num,
             device=device,
+            kv_cache_dim=kv_cache_dim,
+            index_head_dim=index_head_dim,
+            indexer_layer_ids=indexer_layer_ids,
+            with_index_k_scale=with_index_k_scale,
         )
 
     @overload

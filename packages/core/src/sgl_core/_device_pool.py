@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 import torch
 
 from sgl_core._copy import byte_view
 from sgl_core._devices import check_fits, usable_device
+from sgl_core._indexer import IndexerRows, check_indexer
 from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
 from sgl_core._validation import (
@@ -23,6 +24,7 @@ __all__ = [
     "MLAPoolGeometry",
     "PerLayerMLADevicePool",
     "check_pool_geometry",
+    "check_raw_rows",
     "device_layers",
     "stacked_layers",
 ]
@@ -54,9 +56,10 @@ class MLAPoolGeometry:
         qk_rope_head_dim: int,
         layer_num: int,
         device: torch.device,
+        kv_cache_dim: int | None = None,
     ) -> None:
         check_pool_geometry(size, page_size)
-        self.shape = MLAShape(layer_num, kv_lora_rank, qk_rope_head_dim, dtype)
+        self.shape = MLAShape(layer_num, kv_lora_rank, qk_rope_head_dim, dtype, kv_cache_dim)
         self._size = size
         self._page_size = page_size
         self._device = device
@@ -105,7 +108,7 @@ class MLAPoolGeometry:
         return self._device
 
 
-class PerLayerMLADevicePool(MLAPoolGeometry):
+class PerLayerMLADevicePool(MLAPoolGeometry, IndexerRows):
     """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor.
 
     Slot 0 (the first page) is the engine's padding page, valid to address but
@@ -113,6 +116,14 @@ class PerLayerMLADevicePool(MLAPoolGeometry):
     layers are equally spaced views of one tensor, which lets the ``direct``
     io backend move a run of pages for every layer in one strided copy;
     subclasses that want one allocation per layer set it to False.
+
+    ``kv_cache_dim`` makes each row that many elements of ``dtype`` whatever
+    the rank split (a packed row the engine quantizes itself, e.g. 656
+    ``uint8`` for DeepSeek-V3.2's FP8 MLA): such rows are written and read
+    with :meth:`set_kv_rows` / :meth:`get_kv_rows`, and the split accessors
+    ``set_mla_kv_buffer`` / ``get_mla_kv_buffer`` raise ``PoolMismatchError``.
+    ``index_head_dim`` (with ``indexer_layer_ids``, ``with_index_k_scale``)
+    adds the sparse-attention indexer cache (``sgl_core._indexer``).
     """
 
     layers_in_one_allocation: ClassVar[bool] = True
@@ -127,6 +138,10 @@ class PerLayerMLADevicePool(MLAPoolGeometry):
         qk_rope_head_dim: int,
         layer_num: int,
         device: str | torch.device | None = None,
+        kv_cache_dim: int | None = None,
+        index_head_dim: int | None = None,
+        indexer_layer_ids: Iterable[int] | None = None,
+        with_index_k_scale: bool = False,
     ) -> None:
         super().__init__(
             size=size,
@@ -136,6 +151,10 @@ class PerLayerMLADevicePool(MLAPoolGeometry):
             qk_rope_head_dim=qk_rope_head_dim,
             layer_num=layer_num,
             device=usable_device(device),
+            kv_cache_dim=kv_cache_dim,
+        )
+        self.indexer = check_indexer(
+            index_head_dim, indexer_layer_ids, with_index_k_scale, layer_num
         )
         layer_shape = (size + page_size, 1, self.shape.kv_cache_dim)
         try:
@@ -147,6 +166,7 @@ class PerLayerMLADevicePool(MLAPoolGeometry):
                     torch.zeros(layer_shape, dtype=dtype, device=self._device)
                     for _ in range(layer_num)
                 ]
+            self._allocate_indexer(size + page_size, self.layers_in_one_allocation)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise PoolSizeError(f"device pool does not fit on {self._device}: {exc}") from None
 
@@ -172,6 +192,7 @@ class PerLayerMLADevicePool(MLAPoolGeometry):
         cache_k_rope: torch.Tensor,
     ) -> None:
         loc = self._check_loc(layer_id, loc)
+        self._check_split_rows("set_mla_kv_buffer")
         n = loc.numel()
         for name, tensor, dim in (
             ("cache_k_nope", cache_k_nope, self.kv_lora_rank),
@@ -193,8 +214,46 @@ class PerLayerMLADevicePool(MLAPoolGeometry):
         self, layer_id: int, loc: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         loc = self._check_loc(layer_id, loc)
+        self._check_split_rows("get_mla_kv_buffer")
         rows = byte_view(self.kv_buffer[layer_id]).index_select(0, loc).view(self.dtype)
         return rows[..., : self.kv_lora_rank], rows[..., self.kv_lora_rank :]
+
+    def _check_split_rows(self, what: str) -> None:
+        if self.shape.packed:
+            raise PoolMismatchError(
+                f"{what}: this pool's rows are {self.kv_cache_dim} packed {self.dtype} elements "
+                f"(kv_cache_dim given), not kv_lora_rank={self.kv_lora_rank} + "
+                f"qk_rope_head_dim={self.qk_rope_head_dim} values; use set_kv_rows / get_kv_rows"
+            )
+
+    # ------------------------------------------------------------- raw rows
+    def set_kv_rows(self, layer_id: int, loc: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write raw ``(n, kv_cache_dim)`` rows of the pool's dtype at token ``loc``.
+
+        The bytes land as given (no conversion): rows of another dtype or
+        shape are ``PoolMismatchError``, before anything is written.
+        """
+        loc = self._check_loc(layer_id, loc)
+        check_raw_rows(rows, loc.numel(), self.kv_cache_dim, self.dtype)
+        byte_view(self.kv_buffer[layer_id][:, 0]).index_copy_(
+            0, loc, byte_view(rows.to(self.device).contiguous())
+        )
+
+    def get_kv_rows(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        """A copy of the raw ``(n, kv_cache_dim)`` rows at token ``loc``, of the pool's dtype."""
+        loc = self._check_loc(layer_id, loc)
+        return byte_view(self.kv_buffer[layer_id][:, 0]).index_select(0, loc).view(self.dtype)
+
+
+def check_raw_rows(rows: object, n: int, dim: int, dtype: torch.dtype) -> None:
+    """``rows`` is an ``(n, dim)`` tensor of ``dtype``, else a typed error."""
+    if not isinstance(rows, torch.Tensor):
+        raise ArgumentTypeError(f"rows must be a torch.Tensor, got {type(rows).__name__}")
+    if tuple(rows.shape) != (n, dim) or rows.dtype != dtype:
+        raise PoolMismatchError(
+            f"rows must be an {(n, dim)} {dtype} tensor (raw rows are not converted), "
+            f"got {tuple(rows.shape)} {rows.dtype}"
+        )
 
 
 def stacked_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor | None:

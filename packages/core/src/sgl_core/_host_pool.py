@@ -101,7 +101,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise PoolSizeError(f"host pool of {self._size} tokens does not fit: {exc}") from None
         self._movers: dict[IOBackend, Mover[DevT]] = {
-            io: factory(self) for io, factory in type(self).movers[self._layout].items()
+            io: self._make_mover(factory) for io, factory in type(self).movers[self._layout].items()
         }
 
     # ----------------------------------------------------------------- hooks
@@ -116,6 +116,10 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     @abc.abstractmethod
     def _allocate_buffers(self, device_pool: DevT) -> None:
         """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
+
+    def _make_mover(self, factory: Callable[[Any], Mover[DevT]]) -> Mover[DevT]:
+        """The mover of one io backend, built once the buffers exist (a hook to wrap it)."""
+        return factory(self)
 
     def _configure(self, device_pool: DevT) -> None:
         """Read what sizing and allocation need from ``device_pool`` (first hook called)."""
@@ -288,6 +292,7 @@ class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
             device_pool.kv_lora_rank,
             device_pool.qk_rope_head_dim,
             device_pool.dtype,
+            device_pool.kv_cache_dim,
         )
 
     @property
@@ -302,6 +307,7 @@ class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
             self.shape.qk_rope_head_dim,
             self.dtype,
             self._page_size,
+            self.kv_cache_dim,
         )
         try:
             theirs = (
@@ -310,12 +316,13 @@ class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
                 device_pool.qk_rope_head_dim,
                 device_pool.dtype,
                 device_pool.page_size,
+                device_pool.kv_cache_dim,
             )
         except AttributeError as exc:
             raise PoolMismatchError(f"device_pool is not an MLA device pool: {exc}") from None
         if mine != theirs:
             raise PoolMismatchError(
                 "device_pool does not match the host pool: (layer_num, kv_lora_rank, "
-                f"qk_rope_head_dim, dtype, page_size) = {theirs}, expected {mine}"
+                f"qk_rope_head_dim, dtype, page_size, kv_cache_dim) = {theirs}, expected {mine}"
             )
         self._check_device_pool_kind(device_pool)

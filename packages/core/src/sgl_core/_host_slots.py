@@ -109,13 +109,16 @@ class HostSlots:
         starts: list[int] = tensor[:: self._page_size].tolist()
         return starts
 
-    def _check_flat_page(self, data_page: torch.Tensor, expected_numel: int) -> None:
+    def _check_flat_page(
+        self, data_page: torch.Tensor, expected_numel: int, dtype: torch.dtype | None = None
+    ) -> None:
+        dtype = self.dtype if dtype is None else dtype
         if not isinstance(data_page, torch.Tensor):
             raise ArgumentTypeError(
                 f"data_page must be a torch.Tensor, got {type(data_page).__name__}"
             )
-        if data_page.dtype != self.dtype or data_page.numel() != expected_numel:
+        if data_page.dtype != dtype or data_page.numel() != expected_numel:
             raise PoolMismatchError(
-                f"data_page must hold {expected_numel} elements of {self.dtype}, "
+                f"data_page must hold {expected_numel} elements of {dtype}, "
                 f"got {data_page.numel()} of {data_page.dtype}"
             )

@@ -12,7 +12,7 @@ against these Protocols only, never against a backend's concrete classes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, overload, runtime_checkable
 
 import torch
@@ -251,7 +251,13 @@ class Backend(Protocol):
         qk_rope_head_dim: int,
         layer_num: int,
         device: str | torch.device | None = None,
-    ) -> MLADevicePool: ...
+        kv_cache_dim: int | None = None,
+        index_head_dim: int | None = None,
+        indexer_layer_ids: Iterable[int] | None = None,
+        with_index_k_scale: bool = False,
+    ) -> MLADevicePool:
+        """A device pool; ``kv_cache_dim`` for packed rows, ``index_head_dim`` for an indexer."""
+        ...
 
     def create_mha_device_pool(
         self,

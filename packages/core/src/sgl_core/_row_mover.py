@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,7 +37,21 @@ from sgl_core._tuning import CopyTuning, tuning_for
 if TYPE_CHECKING:
     from sgl_core._token_host_pool import TokenRowHostPool
 
-__all__ = ["RowDirectMover"]
+__all__ = ["RowComponent", "RowDirectMover"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowComponent:
+    """One host buffer of token rows and how to find its device rows.
+
+    ``buffer`` is in the host layout's dim order with ``rows`` rows per token
+    (model layers, or indexer slots); ``device_rows(device_pool)`` returns
+    the matching per-row ``(slots, 1, dim)`` device tensors, validated.
+    """
+
+    buffer: torch.Tensor
+    rows: int
+    device_rows: Callable[[MLADevicePool], list[torch.Tensor]]
 
 
 @dataclasses.dataclass
@@ -56,15 +71,23 @@ class _Plan:
 
 
 class RowDirectMover:
-    """``direct`` io for ``layer_first``, ``page_first`` and ``page_first_direct``."""
+    """``direct`` io for ``layer_first``, ``page_first`` and ``page_first_direct``.
 
-    def __init__(self, pool: TokenRowHostPool) -> None:
+    Moves the pool's KV rows, or with ``component`` another buffer of token
+    rows in the same layout (the indexer cache), row ``i`` of which a load of
+    ``i`` moves.
+    """
+
+    def __init__(self, pool: TokenRowHostPool, component: RowComponent | None = None) -> None:
+        if component is None:
+            component = RowComponent(pool.kv_buffer, pool.layer_num, device_layers)
         self.layout = pool.layout
-        self.kv_buffer = pool.kv_buffer
-        self.wide = widen_rows(pool.kv_buffer)
-        self.layer_num = pool.layer_num
+        self.kv_buffer = component.buffer
+        self.wide = widen_rows(component.buffer)
+        self.layer_num = component.rows
+        self._device_layers = component.device_rows
         self.size = pool.size
-        self.row = pool.shape.token_stride_size
+        self.row = component.buffer.shape[-1] * component.buffer.element_size()
         # page_first_direct keeps a run's pages a layer stride apart: it moves whole pages
         self.paged = self.layout is HostLayout.PAGE_FIRST_DIRECT
         self.unit = pool.page_size if self.paged else 1
@@ -85,7 +108,7 @@ class RowDirectMover:
     def backup(self, transfer: Transfer) -> None:
         plan = self.plan(transfer)
         tune = self._tuning(transfer.device_pool)
-        layers = device_layers(transfer.device_pool)
+        layers = self._device_layers(transfer.device_pool)
         stacked = stacked_layers(layers) if self.layer_num > 1 else None
         if stacked is not None and plan.run_bytes >= tune.stacked_min_run_bytes:
             pair = self._all_layer_sides(widen_rows(stacked))
@@ -105,7 +128,7 @@ class RowDirectMover:
     def load(self, transfer: Transfer, layer_id: int) -> None:
         plan = self._plans.get(transfer, self.plan)
         tune = self._tuning(transfer.device_pool)
-        layer = device_layers(transfer.device_pool)[layer_id]
+        layer = self._device_layers(transfer.device_pool)[layer_id]
         if plan.block_bytes >= tune.by_address_min_block_bytes and self._addressable((layer,)):
             sizes, host_addrs, dev_addrs = self._addresses(plan, layer_id, layer)
             memmove_blocks(dev_addrs, host_addrs, sizes)

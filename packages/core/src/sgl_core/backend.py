@@ -70,13 +70,16 @@ from sgl_core._copy import (
 from sgl_core._device_pool import (
     MLAPoolGeometry,
     PerLayerMLADevicePool,
+    check_raw_rows,
     device_layers,
     stacked_layers,
 )
 from sgl_core._devices import check_fits, parse_device, usable_device
+from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._engine import RunSide, copy_runs, gather_rows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import HostPoolBase, MLAHostPoolBase, describe_pairs
+from sgl_core._indexer import IndexerConfig, check_indexer, indexer_of
 from sgl_core._memory import page_aligned_zeros, should_pin
 from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool, mha_device_layers
 from sgl_core._mha_foreign_pool import as_mha_device_pool
@@ -120,6 +123,9 @@ __all__ = [
     "IOBackend",
     "IndexRuns",
     "KVHostPool",
+    "IndexerCache",
+    "IndexerConfig",
+    "KVRows",
     "LayerViews",
     "MHADevicePool",
     "MHADirectMover",
@@ -154,8 +160,10 @@ __all__ = [
     "check_index_device",
     "check_index_pair",
     "check_index_tensor",
+    "check_indexer",
     "check_layer_id",
     "check_page_runs",
+    "check_raw_rows",
     "check_routing",
     "check_unique",
     "copy_batched",
@@ -167,6 +175,7 @@ __all__ = [
     "device_layers",
     "gather_rows",
     "is_mha_device_pool",
+    "indexer_of",
     "memmove_blocks",
     "merge_runs",
     "mha_device_layers",

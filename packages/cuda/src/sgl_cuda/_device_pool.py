@@ -95,7 +95,9 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
     layer its own allocation; ``data_ptrs`` is a ``torch.uint64`` tensor on the
     pool's device with ``kv_buffer[layer].data_ptr()``. Replace a layer only
     through ``kv_buffer[i] = t`` or :meth:`set_kv_buffer`; the table follows
-    (and is re-checked before each kernel transfer).
+    (and is re-checked before each kernel transfer). ``kv_cache_dim`` (packed
+    rows) and the indexer cache (``index_head_dim``, one tensor per indexer
+    layer) are those of ``sgl_core.PerLayerMLADevicePool``.
     """
 
     layers_in_one_allocation = False
@@ -110,6 +112,10 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
         qk_rope_head_dim: int,
         layer_num: int,
         device: str | torch.device | None = None,
+        kv_cache_dim: int | None = None,
+        index_head_dim: int | None = None,
+        indexer_layer_ids: Iterable[int] | None = None,
+        with_index_k_scale: bool = False,
     ) -> None:
         self._layers: _LayerBuffers | None = None
         self._ptr_list: list[int] = []
@@ -121,6 +127,10 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
             qk_rope_head_dim=qk_rope_head_dim,
             layer_num=layer_num,
             device=resolve_device(device),
+            kv_cache_dim=kv_cache_dim,
+            index_head_dim=index_head_dim,
+            indexer_layer_ids=indexer_layer_ids,
+            with_index_k_scale=with_index_k_scale,
         )
 
     # ``PerLayerMLADevicePool.__init__`` assigns ``self.kv_buffer = [...]``.

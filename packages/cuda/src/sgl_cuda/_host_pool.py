@@ -281,6 +281,16 @@ class CudaMLAHostPool(TokenRowHostPool):
     fence: StreamFence
 
     def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
+        row = self.shape.token_stride_size
+        if IOBackend.KERNEL in self.supported_pairs[self.layout] and row % 8:
+            # The kernels move rows as int64 words; the pool would hold rows no
+            # kernel transfer could move. (Indexer rows move by the direct engine.)
+            raise UnsupportedLayoutError(
+                f"layout={self.layout.value!r} runs io_backend='kernel', which moves rows as "
+                f"8-byte words; a row here is {row} bytes ({self.kv_cache_dim} x {self.dtype}), "
+                "not a multiple of 8: use layout 'page_first_direct' (io 'direct') or the "
+                "'torch' backend"
+            )
         super()._allocate_buffers(device_pool)
         if self.layout is HostLayout.LAYER_FIRST:
             self.data_refs = [self.kv_buffer[i] for i in range(self.layer_num)]

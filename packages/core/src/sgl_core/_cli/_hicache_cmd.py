@@ -54,8 +54,10 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
         "--model",
         choices=sorted(MODELS),
         default="deepseek-v3",
-        help="KV cache shape: deepseek-v3 (MLA, the default), llama3-70b (MHA, 80 layers x "
-        "8 KV heads x 128), qwen3-235b (MHA, 94 layers x 4 KV heads x 128); bf16",
+        help="KV cache shape: deepseek-v3 (MLA, 512+64 bf16, the default), deepseek-v32 "
+        "(656-byte uint8 FP8 rows plus the indexer cache: 128 fp8 bytes + an fp32 scale per "
+        "token, every layer), llama3-70b (MHA, 80 layers x 8 KV heads x 128, bf16), "
+        "qwen3-235b (MHA, 94 layers x 4 KV heads x 128, bf16)",
     )
     p.add_argument("--layout", type=_layouts, help="host layout(s), comma-separated")
     p.add_argument("--page-size", type=_int_list, help="page sizes, e.g. 1,16,64,128")
@@ -87,10 +89,21 @@ def _header(plan: Plan) -> str:
     cfg = plan.cfg
     pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
     sizes = len(plan.page_sizes)
+    dtype = str(cfg.dtype).removeprefix("torch.")
+    shape = MODELS[cfg.model]
+    if shape.is_mha:
+        row = f"K+V {shape.head_num} heads x {shape.head_dim} {dtype}"
+    elif cfg.kv_cache_dim is None:
+        row = f"({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) {dtype}"
+    else:
+        row = f"{cfg.kv_cache_dim} packed {dtype}"
+    if cfg.index_head_dim is not None:
+        scale = " + fp32 scale" if cfg.with_index_k_scale else ""
+        row += f" + indexer {cfg.index_head_dim} {dtype}{scale}"
     return (
         f"sgl-bench hicache: {len(plan.cases)} case(s) = {pairs} (backend, layout/io) pair(s) x "
         f"{sizes} page size(s); each case is 2 rows (backup, load)\n"
-        f"model {MODELS[cfg.model].describe(cfg.layers, cfg.dtype)}; "
+        f"model {cfg.model}: {cfg.layers} layers x {row}; "
         f"{'quick' if plan.quick else 'full'}: "
         f"{cfg.repeats} timed repeat(s) after {cfg.warmup} warm-up (medians, interleaved); "
         f"torch threads {torch.get_num_threads()}"

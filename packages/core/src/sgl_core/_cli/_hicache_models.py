@@ -26,6 +26,10 @@ class ModelShape:
     qk_rope_head_dim: int = 0  # MLA
     head_num: int = 0  # MHA: KV heads
     head_dim: int = 0  # MHA
+    dtype: torch.dtype = torch.bfloat16
+    kv_cache_dim: int | None = None  # MLA packed rows of ``dtype``
+    index_head_dim: int | None = None  # the DSA indexer cache, on every layer
+    with_index_k_scale: bool = False
 
     @property
     def is_mha(self) -> bool:
@@ -38,6 +42,8 @@ class ModelShape:
                 f"{self.name}: {layers} layers x K+V {self.head_num} heads x {self.head_dim} {kind}"
             )
         dims = f"({self.kv_lora_rank}+{self.qk_rope_head_dim})"
+        if self.kv_cache_dim is not None:
+            dims = f"{self.kv_cache_dim} packed"
         return f"{self.name}: {layers} layers x {dims} {kind}"
 
 
@@ -45,6 +51,18 @@ MODELS: dict[str, ModelShape] = {
     m.name: m
     for m in (
         ModelShape("deepseek-v3", 61, kv_lora_rank=512, qk_rope_head_dim=64),
+        # FP8 MLA rows (512 fp8 + 4 fp32 scales + 64 bf16 rope = 656 bytes) and the DSA
+        # indexer cache (128 fp8 bytes + an fp32 scale per token) on every layer.
+        ModelShape(
+            "deepseek-v32",
+            61,
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            dtype=torch.uint8,
+            kv_cache_dim=656,
+            index_head_dim=128,
+            with_index_k_scale=True,
+        ),
         ModelShape("llama3-70b", 80, head_num=8, head_dim=128),
         ModelShape("qwen3-235b", 94, head_num=4, head_dim=128),
     )
@@ -67,6 +85,9 @@ def create_device_pool(
     kv_lora_rank: int,
     qk_rope_head_dim: int,
     device: str | None,
+    kv_cache_dim: int | None = None,
+    index_head_dim: int | None = None,
+    with_index_k_scale: bool = False,
 ) -> Any:
     """A device pool of the model's kind (MLA dims may be overridden by hidden options).
 
@@ -90,4 +111,7 @@ def create_device_pool(
         qk_rope_head_dim=qk_rope_head_dim,
         layer_num=layers,
         device=device,
+        kv_cache_dim=kv_cache_dim,
+        index_head_dim=index_head_dim,
+        with_index_k_scale=with_index_k_scale,
     )

@@ -124,6 +124,10 @@ def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list
     )
     warmup_default = 0 if shrink else 1
     cfg = HicacheConfig(
+        dtype=model.dtype,
+        kv_cache_dim=model.kv_cache_dim,
+        index_head_dim=model.index_head_dim,
+        with_index_k_scale=model.with_index_k_scale,
         layers=args.layers or layers,
         kv_lora_rank=args.kv_lora_rank,
         qk_rope_head_dim=args.rope_dim,
@@ -148,7 +152,7 @@ def _device_on_host(backend: Backend, device: torch.device | None) -> bool:
 
 def _check_memory(cfg: HicacheConfig, plan_cases: list[Case], device: torch.device | None) -> None:
     """The largest case fits: device pool 2x the batch, host pool 4x, two copy buffers 1x."""
-    row = cfg.layers * cfg.row_elems * cfg.dtype.itemsize
+    row = cfg.row_bytes
     worst = 0
     for case in plan_cases:
         n = cfg.batch_tokens(case.page_size)

@@ -6,12 +6,15 @@ import ctypes
 
 import torch
 
+from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._protocols import MLADevicePool, MLAHostPool
 
 __all__ = [
     "device_rows",
     "fill_device_random",
     "host_bytes",
+    "indexer_slot",
+    "is_packed",
     "page_indices",
     "random_bits",
     "read_memory",
@@ -43,22 +46,61 @@ def slot_count(device_pool: MLADevicePool) -> int:
     return device_pool.size + device_pool.page_size
 
 
+def is_packed(device_pool: MLADevicePool) -> bool:
+    """Rows of ``kv_cache_dim`` engine-packed elements (only the raw-row accessors apply)."""
+    return device_pool.kv_cache_dim != device_pool.kv_lora_rank + device_pool.qk_rope_head_dim
+
+
+def indexer_slot(device_pool: MLADevicePool, layer_id: int) -> int | None:
+    """The layer's indexer slot, None when the pool (or the layer) has no indexer."""
+    if not isinstance(device_pool, IndexerCache) or device_pool.index_head_dim is None:
+        return None
+    return device_pool.indexer_slot(layer_id)
+
+
 def fill_device_random(device_pool: MLADevicePool, seed: int) -> None:
-    """Write random bits into every slot of every layer through the public API."""
+    """Write random bits into every slot of every layer (and indexer row) through the API."""
     gen = torch.Generator().manual_seed(seed)
     n = slot_count(device_pool)
     loc = torch.arange(n, dtype=torch.int64)
+    dtype = device_pool.dtype
     for layer in range(device_pool.layer_num):
-        nope = random_bits((n, 1, device_pool.kv_lora_rank), device_pool.dtype, gen)
-        rope = random_bits((n, 1, device_pool.qk_rope_head_dim), device_pool.dtype, gen)
-        device_pool.set_mla_kv_buffer(layer, loc, nope, rope)
+        if is_packed(device_pool):
+            assert isinstance(device_pool, KVRows)
+            device_pool.set_kv_rows(
+                layer, loc, random_bits((n, device_pool.kv_cache_dim), dtype, gen)
+            )
+        else:
+            nope = random_bits((n, 1, device_pool.kv_lora_rank), dtype, gen)
+            rope = random_bits((n, 1, device_pool.qk_rope_head_dim), dtype, gen)
+            device_pool.set_mla_kv_buffer(layer, loc, nope, rope)
+        if indexer_slot(device_pool, layer) is not None:
+            assert isinstance(device_pool, IndexerCache)
+            assert device_pool.index_head_dim is not None
+            keys = random_bits((n, 1, device_pool.index_head_dim), dtype, gen)
+            scale = None
+            if device_pool.has_index_k_scale:
+                scale = random_bits((n, 1, 1), torch.float32, gen)
+            device_pool.set_index_k_buffer(layer, loc, keys, scale)
 
 
 def device_rows(device_pool: MLADevicePool, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
-    """Rows ``(n, kv_cache_dim)`` of one layer as raw bytes (uint8), on CPU."""
-    nope, rope = device_pool.get_mla_kv_buffer(layer_id, loc)
-    rows = torch.cat([nope, rope], dim=-1).reshape(loc.numel(), -1).contiguous().cpu()
-    return rows.view(torch.uint8)
+    """Rows of one layer as raw bytes (uint8, ``(n, bytes)``), on CPU.
+
+    The KV row, followed by the layer's indexer key and scale bytes when it
+    has an indexer slot: so every check that compares rows covers both.
+    """
+    if is_packed(device_pool):
+        assert isinstance(device_pool, KVRows)
+        parts = [device_pool.get_kv_rows(layer_id, loc)]
+    else:
+        parts = list(device_pool.get_mla_kv_buffer(layer_id, loc))
+    if indexer_slot(device_pool, layer_id) is not None:
+        assert isinstance(device_pool, IndexerCache)
+        keys, scales = device_pool.get_index_k_buffer(layer_id, loc)
+        parts += [keys] if scales is None else [keys, scales]
+    n = loc.numel()
+    return torch.cat([p.reshape(n, -1).contiguous().cpu().view(torch.uint8) for p in parts], dim=-1)
 
 
 def host_bytes(host_pool: MLAHostPool) -> list[torch.Tensor]:

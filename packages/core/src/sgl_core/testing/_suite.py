@@ -35,17 +35,18 @@ from sgl_core.testing._helpers import (
     snapshot,
 )
 from sgl_core.testing._suite_mha import MHAChecks
-from sgl_core.testing._suite_misuse import MisuseChecks
+from sgl_core.testing._suite_rows import RowChecks
 
 __all__ = ["BackendConformanceSuite"]
 
 
-class BackendConformanceSuite(MHAChecks, MisuseChecks):
+class BackendConformanceSuite(MHAChecks, RowChecks):
     """Subclass with ``backend_name`` set; pytest collects the ``test_*`` methods.
 
     Hooks, class attributes and helpers: ``SuiteBase``; pool and L3 checks:
-    ``PoolChecks``; bad calls and concurrency: ``MisuseChecks``; the transfer
-    checks are here. MHA pools: ``MHAChecks`` (``test_mha_*``, every pair of
+    ``PoolChecks``; bad calls and concurrency: ``MisuseChecks``; packed rows
+    and the indexer cache: ``RowChecks``; the transfer checks are here. MHA
+    pools: ``MHAChecks`` (``test_mha_*``, every pair of
     ``supported_mha_pairs``; skipped where it is empty; hook
     ``make_mha_device_pool``, class attributes in ``MHASuiteBase``).
     """
@@ -121,13 +122,14 @@ class BackendConformanceSuite(MHAChecks, MisuseChecks):
         assert dev.dtype == dtype
         gen = torch.Generator().manual_seed(11)
         loc = page_indices([2, 0, 5], 16)
-        nope = random_bits((loc.numel(), 1, dev.kv_lora_rank), dtype, gen)
-        rope = random_bits((loc.numel(), 1, dev.qk_rope_head_dim), dtype, gen)
-        dev.set_mla_kv_buffer(1, loc, nope, rope)
-        got_nope, got_rope = dev.get_mla_kv_buffer(1, loc)
-        assert got_nope.dtype == got_rope.dtype == dtype
-        assert torch.equal(got_nope.cpu().view(torch.uint8), nope.view(torch.uint8))
-        assert torch.equal(got_rope.cpu().view(torch.uint8), rope.view(torch.uint8))
+        if self.kv_cache_dim is None:  # packed rows have no split accessors
+            nope = random_bits((loc.numel(), 1, dev.kv_lora_rank), dtype, gen)
+            rope = random_bits((loc.numel(), 1, dev.qk_rope_head_dim), dtype, gen)
+            dev.set_mla_kv_buffer(1, loc, nope, rope)
+            got_nope, got_rope = dev.get_mla_kv_buffer(1, loc)
+            assert got_nope.dtype == got_rope.dtype == dtype
+            assert torch.equal(got_nope.cpu().view(torch.uint8), nope.view(torch.uint8))
+            assert torch.equal(got_rope.cpu().view(torch.uint8), rope.view(torch.uint8))
         for layout, io in self.pairs(backend):
             for page_size in (p for p in self.page_sizes if p <= 16):
                 self.round_trip(backend, layout, io, page_size, [3, 1, 6], [0, 7, 2])

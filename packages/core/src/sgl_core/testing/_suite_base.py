@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -36,6 +36,12 @@ class SuiteBase:
     page_sizes: ClassVar[tuple[int, ...]] = (1, 16, 64)
     #: False where transfers cannot run from two threads (e.g. Triton's interpreter).
     concurrent_transfers: ClassVar[bool] = True
+    #: Packed rows: each row ``kv_cache_dim`` elements of ``dtype`` (None: the rank split).
+    kv_cache_dim: ClassVar[int | None] = None
+    #: The indexer cache of the device pools (None: no indexer).
+    index_head_dim: ClassVar[int | None] = None
+    indexer_layer_ids: ClassVar[tuple[int, ...] | None] = None
+    with_index_k_scale: ClassVar[bool] = False
 
     # ----------------------------------------------------------------- hooks
     @pytest.fixture
@@ -51,7 +57,19 @@ class SuiteBase:
             kv_lora_rank=self.kv_lora_rank,
             qk_rope_head_dim=self.qk_rope_head_dim,
             layer_num=self.layer_num,
+            **self.row_options(),
         )
+
+    def row_options(self) -> dict[str, Any]:
+        """The packed-row and indexer arguments of this class's device pools (only those set)."""
+        options: dict[str, Any] = {}
+        if self.kv_cache_dim is not None:
+            options["kv_cache_dim"] = self.kv_cache_dim
+        if self.index_head_dim is not None:
+            options["index_head_dim"] = self.index_head_dim
+            options["indexer_layer_ids"] = self.indexer_layer_ids
+            options["with_index_k_scale"] = self.with_index_k_scale
+        return options
 
     # --------------------------------------------------------------- helpers
     def pairs(self, backend: Backend) -> Iterator[Pair]:

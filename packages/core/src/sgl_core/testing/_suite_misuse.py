@@ -82,6 +82,36 @@ class MisuseChecks(PoolChecks):
             cases.append(
                 ("mismatched pool", ValueError, lambda: backup(mismatched, good_h, good_d, io))
             )
+            # Same rows, another indexer configuration (none, or one where there is none).
+            options = self.row_options()
+            if self.index_head_dim is None:
+                options.update(index_head_dim=8, indexer_layer_ids=[0], with_index_k_scale=True)
+            else:
+                for name in ("index_head_dim", "indexer_layer_ids", "with_index_k_scale"):
+                    options.pop(name)
+            other_indexer = backend.create_device_pool(
+                size=dev.size,
+                page_size=ps,
+                dtype=self.dtype,
+                kv_lora_rank=self.kv_lora_rank,
+                qk_rope_head_dim=self.qk_rope_head_dim,
+                layer_num=self.layer_num,
+                **options,
+            )
+            cases.append(
+                (
+                    "other indexer, backup",
+                    ValueError,
+                    lambda: backup(other_indexer, good_h, good_d, io),
+                )
+            )
+            cases.append(
+                (
+                    "other indexer, load",
+                    ValueError,
+                    lambda: load(other_indexer, good_h, good_d, 0, io),
+                )
+            )
         unsupported = [b for b in IOBackend if b not in backend.supported_pairs[host.layout]]
         if unsupported:
             cases.append(
