@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sgl_core._engine import reusable_after
 from sgl_core.backend import IndexRuns, RunSide, copy_runs, gather_rows, merge_runs
 
 
@@ -80,3 +81,80 @@ def test_gather_rows_axis_one_and_out_buffer() -> None:
     gather_rows([layer], [rows], d_idx, h_idx, out=out)
     assert torch.equal(_u8(layer), _u8(want_layer))
     assert torch.equal(_u8(out), _u8(rows[h_idx]))
+
+
+@pytest.mark.parametrize(
+    ("shape", "side", "spans"),
+    [
+        ((10, 3, 8), {}, [(4, 3), (0, 1), (9, 1)]),
+        ((3, 10, 8), {"axis": 1}, [(2, 5), (9, 1)]),
+        ((3, 10, 8), {"axis": 1, "transpose": True}, [(2, 5), (0, 2)]),
+        ((12, 2, 8), {"unit": 4}, [(4, 8), (3, 2), (0, 4)]),  # unit steps round down
+        ((3, 4 * 4 + 2, 8), {"axis": 1, "page": 4}, [(8, 4), (0, 8)]),  # not whole pages
+        ((3, 16, 8), {"axis": 1, "page": 4, "transpose": True}, [(8, 4), (0, 8)]),
+        ((16, 8), {"page": 4, "transpose": True}, [(12, 4), (4, 8)]),
+        ((3, 16, 8), {"axis": 1, "page": 4}, [(8, 4), (2, 4)]),  # a span off a page boundary
+    ],
+)
+def test_run_side_blocks_are_the_block_views(
+    shape: tuple[int, ...], side: dict[str, int], spans: list[tuple[int, int]]
+) -> None:
+    """``blocks`` builds exactly ``block``'s views (shape, strides, offset), cheaper."""
+    rs = RunSide(_bits(shape, 12), **side)
+    got = rs.blocks(spans)
+    want = [rs.block(start, length) for start, length in spans]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        assert g.stride() == w.stride()
+        assert g.data_ptr() == w.data_ptr()
+
+
+@pytest.mark.parametrize(
+    ("side", "spans"),
+    [
+        ({}, [(0, 2), (9, 2)]),
+        ({}, [(0, 2), (-1, 1)]),
+        ({}, [(11, 0)]),
+        ({"unit": 2, "page": 2}, [(0, 4)]),  # no page split of unit steps
+    ],
+)
+def test_run_side_blocks_keep_blocks_errors(
+    side: dict[str, int], spans: list[tuple[int, int]]
+) -> None:
+    """Spans ``block`` rejects raise as there (a slice would clamp them silently)."""
+    rs = RunSide(_bits((10, 8), 13), **side)
+    try:
+        want = [rs.block(start, length) for start, length in spans]
+    except (IndexError, RuntimeError) as exc:
+        with pytest.raises(type(exc)):
+            rs.blocks(spans)
+        return
+    got = rs.blocks(spans)
+    assert [(g.shape, g.data_ptr()) for g in got] == [(w.shape, w.data_ptr()) for w in want]
+
+
+def test_gather_rows_shares_one_buffer_across_pairs() -> None:
+    """Pairs of one shape reuse the first gather's buffer; other shapes get their own."""
+    import warnings
+
+    srcs = [_bits((6, 8), 20 + i) for i in range(3)] + [_bits((6, 4), 23)]
+    dsts = [_bits((5, 8), 30 + i) for i in range(3)] + [_bits((5, 4), 33)]
+    want = [d.clone() for d in dsts]
+    h_idx, d_idx = torch.tensor([4, 0]), torch.tensor([1, 3])
+    for w, s in zip(want, srcs, strict=True):
+        w[h_idx] = s[d_idx]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a reused buffer of another shape would be resized
+        gather_rows(dsts, srcs, h_idx, d_idx)
+    for got, w in zip(dsts, want, strict=True):
+        assert torch.equal(_u8(got), _u8(w))
+
+
+def test_gather_buffer_reuse_waits_for_async_copies_to_accelerators() -> None:
+    cpu, acc = torch.device("cpu"), torch.device("cuda", 0)
+    assert reusable_after(cpu, cpu, non_blocking=True)
+    assert reusable_after(acc, cpu, non_blocking=True)  # device -> CPU copies block
+    assert reusable_after(acc, acc, non_blocking=True)  # stream-ordered on one device
+    assert reusable_after(cpu, acc, non_blocking=False)
+    assert not reusable_after(cpu, acc, non_blocking=True)

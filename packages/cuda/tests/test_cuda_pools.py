@@ -269,16 +269,16 @@ def test_kernel_io_rejects_unusable_device(monkeypatch: pytest.MonkeyPatch) -> N
 def test_per_layer_loads_upload_indices_once(reuse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA, the layers of one validated load share one index upload (two tensors);
     changed index contents (even in the same tensor) upload again and load the new rows."""
-    from sgl_cuda import _host_pool
+    from sgl_cuda import _movers
 
     uploads: list[int] = []
-    real = _host_pool._upload
+    real = _movers._upload
 
     def counting(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
         uploads.append(indices.numel())
         return real(indices, device)
 
-    monkeypatch.setattr(_host_pool, "_upload", counting)
+    monkeypatch.setattr(_movers, "_upload", counting)
     dev = make_pool(layers=4, pages=4)
     fill_device_random(dev, 4)
     host = backend.create_host_pool(dev, layout="layer_first")

@@ -51,6 +51,39 @@ class RunSide:
             t = t.view(*shape, *t.shape[self.axis + 1 :])
         return t.transpose(0, 1) if self.transpose else t
 
+    def blocks(self, spans: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+        """``block(start, length)`` of every ``(start, length)``: the same views, built cheaper.
+
+        A run copy of short runs builds one view per run and side, so the
+        per-view cost is the copy's overhead: the page split and the
+        transpose are applied once to the whole tensor, and each block is
+        one slice of that (a plain dim-0 slice where possible, the cheapest
+        view torch makes). Spans that ``block`` would reject (out of range,
+        or not whole pages of a page-split side) go through ``block``, which
+        raises as before.
+        """
+        t, dim, unit = self.tensor, self.axis, self.unit
+        if self.page:
+            # Split into pages once: needs unit steps of 1 and an axis of whole pages.
+            page = self.page
+            if unit != 1 or t.shape[dim] % page:
+                return [self.block(start, length) for start, length in spans]
+            if any(start % page or length % page for start, length in spans):
+                return [self.block(start, length) for start, length in spans]
+            t = t.view(*t.shape[:dim], t.shape[dim] // page, page, *t.shape[dim + 1 :])
+            unit = page
+        cuts = spans if unit == 1 else [(start // unit, length // unit) for start, length in spans]
+        # Slices clamp where narrow raises: keep narrow's bounds check, once per call.
+        if cuts and (min(a for a, _ in cuts) < 0 or max(a + n for a, n in cuts) > t.shape[dim]):
+            return [self.block(start, length) for start, length in spans]
+        if self.transpose:
+            t = t.transpose(0, 1)
+            dim = 1 - dim if dim < 2 else dim
+        if dim == 0:
+            return [t[a : a + n] for a, n in cuts]
+        narrow = t.narrow
+        return [narrow(dim, a, n) for a, n in cuts]
+
 
 def copy_runs(
     runs: Iterable[tuple[int, int, int]],
@@ -70,18 +103,20 @@ def copy_runs(
     (``copy_each``) or, with ``batched`` (``CopyTuning.batched_cross_device``),
     in one non-blocking ``copy_batched``.
     """
-    first: list[torch.Tensor] = []
-    second: list[torch.Tensor] = []
     spans = list(runs)
-    if runs_outer:
-        cuts = [(p, s) for s in spans for p in pairs]
-    else:
-        cuts = [(p, s) for p in pairs for s in spans]
-    for (a_side, b_side), (a, b, n) in cuts:
-        first.append(a_side.block(a, n))
-        second.append(b_side.block(b, n))
-    if not first:
+    if not spans or not pairs:
         return
+    a_spans = [(a, n) for a, _, n in spans]
+    b_spans = [(b, n) for _, b, n in spans]
+    # Per pair, its blocks in run order; then interleaved for run-major issue.
+    a_blocks = [a_side.blocks(a_spans) for a_side, _ in pairs]
+    b_blocks = [b_side.blocks(b_spans) for _, b_side in pairs]
+    if runs_outer and len(pairs) > 1:
+        first = [t for run in zip(*a_blocks, strict=True) for t in run]
+        second = [t for run in zip(*b_blocks, strict=True) for t in run]
+    else:
+        first = [t for blocks in a_blocks for t in blocks]
+        second = [t for blocks in b_blocks for t in blocks]
     dst, src = (first, second) if into_first else (second, first)
     if dst[0].device == src[0].device:
         copy_blocks(dst, src)
@@ -108,17 +143,24 @@ def gather_rows(
     (``transpose``) and made contiguous before it crosses devices. With
     ``non_blocking`` the index uploads and a copy *to* an accelerator are
     asynchronous (a copy to the CPU never is: the scatter reads it next).
-    ``out``, for a single pair, is a reused gather buffer.
+    ``out`` is a reused gather buffer; without it, the pairs share the first
+    pair's gather result as their buffer where their shapes match.
     """
     if not dst:
         return
     s_idx = src_idx.to(src[0].device, non_blocking=non_blocking)
     d_idx = dst_idx.to(dst[0].device, non_blocking=non_blocking)
+    buffer = out
     for d, s in zip(dst, src, strict=True):
-        if out is not None:
-            rows = torch.index_select(byte_view(s), axis, s_idx, out=out)
+        view = byte_view(s)
+        if buffer is not None and _fits(buffer, view, axis, s_idx.numel()):
+            rows = torch.index_select(view, axis, s_idx, out=buffer)
         else:
-            rows = byte_view(s).index_select(axis, s_idx)
+            rows = view.index_select(axis, s_idx)
+            # Reuse it for the next pairs: one allocation per call, not per layer (a
+            # fresh multi-MB temporary per layer can cost a page fault per 4 KiB).
+            if reusable_after(rows.device, d.device, non_blocking=non_blocking):
+                buffer = rows
         if axis:
             rows = rows.transpose(0, axis)
         if rows.device != d.device:
@@ -126,3 +168,24 @@ def gather_rows(
                 d.device, non_blocking=non_blocking and d.device.type != "cpu"
             )
         byte_view(d).index_copy_(0, d_idx, rows)
+
+
+def _fits(buffer: torch.Tensor, src: torch.Tensor, axis: int, count: int) -> bool:
+    """Whether ``buffer`` is exactly ``src.index_select(axis, <count indices>)``'s shape."""
+    shape = (*src.shape[:axis], count, *src.shape[axis + 1 :])
+    return (
+        buffer.dtype == src.dtype
+        and buffer.device == src.device
+        and tuple(buffer.shape) == shape
+        and buffer.is_contiguous()
+    )
+
+
+def reusable_after(gather: torch.device, dst: torch.device, *, non_blocking: bool) -> bool:
+    """Whether a gather buffer may be overwritten once its scatter into ``dst`` was issued.
+
+    Not while an async copy to another (accelerator) device may still read
+    it; a copy to the CPU is synchronous, and on one device the next gather
+    is ordered after the scatter on the same stream.
+    """
+    return gather == dst or dst.type == "cpu" or not non_blocking
