@@ -38,7 +38,7 @@ def test_plan_pages_counts_pages_and_runs() -> None:
 
 
 def test_page_bytes() -> None:
-    host, dev = components()
+    host, _ = components()
     assert _transfer._page_bytes(host, 1) == PS * DIM * 2
     assert _transfer._page_bytes(host, ROWS) == ROWS * PS * DIM * 2
     assert _transfer._page_bytes(host.view(torch.uint8), 2) == 2 * PS * (2 * DIM)

@@ -39,7 +39,7 @@ def i64(*values: int) -> torch.Tensor:
 def test_check_index_tensor_returns_the_tensor_and_names_each_problem() -> None:
     t = i64(1, 2)
     assert check_index_tensor(t, "idx") is t
-    with pytest.raises(errors.IndexDTypeError, match="idx must be a torch.Tensor"):
+    with pytest.raises(errors.IndexDTypeError, match=r"idx must be a torch\.Tensor"):
         check_index_tensor([1, 2], "idx")
     with pytest.raises(errors.IndexDTypeError, match="idx must have dtype"):
         check_index_tensor(t.int(), "idx")
@@ -58,7 +58,7 @@ def test_as_index_tensor_takes_ints_only_and_keeps_their_values() -> None:
     assert as_index_tensor([np.int64(2**62)], "idx").tolist() == [2**62]
     assert as_index_tensor([], "idx").numel() == 0
     for bad in ("12", b"12", bytearray(b"12"), {1, 2}, 3, None):
-        with pytest.raises(errors.IndexDTypeError, match="idx must be a torch.int64 tensor"):
+        with pytest.raises(errors.IndexDTypeError, match=r"idx must be a torch\.int64 tensor"):
             as_index_tensor(bad, "idx")
     for bad_item in ([1, True], [np.bool_(True)], [1.0], ["1"]):
         with pytest.raises(errors.IndexDTypeError, match="idx must hold ints"):
@@ -84,7 +84,7 @@ def test_check_index_pair_names_both_lengths() -> None:
         check_index_pair(a, "a", b[:1], "b")
     with pytest.raises(errors.IndexDTypeError, match="b must have dtype"):
         check_index_pair(a, "a", b.int(), "b")
-    with pytest.raises(errors.IndexDTypeError, match="a must be a torch.Tensor"):
+    with pytest.raises(errors.IndexDTypeError, match=r"a must be a torch\.Tensor"):
         check_index_pair(None, "a", b, "b")
 
 

@@ -77,7 +77,7 @@ def test_check_buffer_edges() -> None:
     for offset in (1, 4, 7):
         with pytest.raises(errors.ShapeMismatchError, match="b must start on an 8-byte boundary"):
             kvcacheio._check_buffer(raw[offset:], "b", CPU)
-    with pytest.raises(errors.ShapeMismatchError, match="b must be a torch.Tensor"):
+    with pytest.raises(errors.ShapeMismatchError, match=r"b must be a torch\.Tensor"):
         kvcacheio._check_buffer(raw.tolist(), "b", CPU)  # type: ignore[arg-type]
     with pytest.raises(errors.ShapeMismatchError, match="b is on meta"):
         kvcacheio._check_buffer(raw.to("meta"), "b", CPU)

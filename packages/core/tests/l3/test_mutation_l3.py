@@ -81,7 +81,7 @@ def test_check_keys_edges() -> None:
     for bad in ("abc", b"abc", 5, None, ["a", ""], ["a", 1], ["a", None], ["\ud800"]):
         with pytest.raises(PageStoreArgumentError):
             check_keys(bad)  # type: ignore[arg-type]
-    with pytest.raises(PageStoreArgumentError, match="duplicates, e.g. 'b'"):
+    with pytest.raises(PageStoreArgumentError, match=r"duplicates, e\.g\. 'b'"):
         check_keys(["a", "b", "c", "b"])
 
 
