@@ -1,7 +1,9 @@
 """Run merging and the threaded copy paths, moved bit-exact (issue #18).
 
-The threaded paths start at ``_THREADED_MIN_BYTES`` (MiB) per call, more than
-any other test moves; here the threshold is lowered so small blocks take them.
+The threaded paths start at ``_THREADED_MIN_BYTES`` (a few MiB) per call,
+more than any other test moves; these tests move that much (a few ms). The
+thread pool is wrapped to count what it is handed, and ``_workers`` is raised
+too so the split of a machine with more cores is covered.
 """
 
 from __future__ import annotations
@@ -69,13 +71,15 @@ class CountingPool:
 def pool(monkeypatch: pytest.MonkeyPatch) -> CountingPool:
     counting = CountingPool(_copy._pool())
     monkeypatch.setattr(_copy, "_pool", lambda: counting)
-    monkeypatch.setattr(_copy, "_THREADED_MIN_BYTES", 256)
     return counting
+
+
+MIN = _copy._THREADED_MIN_BYTES
 
 
 def blocks(count: int, size: int) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
     """A source with distinct bytes, a zeroed destination, and block addresses (reversed)."""
-    src = torch.randint(1, 255, (count * size,), dtype=torch.uint8, generator=gen(count))
+    src = torch.randint(1, 255, (count * size,), dtype=torch.uint8, generator=gen(size))
     dst = torch.zeros(count * size + 16, dtype=torch.uint8)
     src_ptrs = [src.data_ptr() + i * size for i in range(count)]
     dst_ptrs = [dst.data_ptr() + 8 + (count - 1 - i) * size for i in range(count)]
@@ -98,7 +102,7 @@ def test_threaded_memmove_moves_every_block_once(
     pool: CountingPool, monkeypatch: pytest.MonkeyPatch, workers: int, count: int
 ) -> None:
     monkeypatch.setattr(_copy, "_workers", workers)
-    size = 128  # 2 blocks reach the lowered threshold
+    size = -(-MIN // count)  # the blocks add up to the threshold (or just above)
     src, dst, src_ptrs, dst_ptrs = blocks(count, size)
     memmove_blocks(dst_ptrs, src_ptrs, [size] * count)
     expect_reversed(src, dst, count, size)
@@ -106,27 +110,31 @@ def test_threaded_memmove_moves_every_block_once(
 
 
 def test_memmove_stays_serial_below_the_threshold(pool: CountingPool) -> None:
-    size = 64
-    src, dst, src_ptrs, dst_ptrs = blocks(3, size)  # 192 bytes < 256
-    memmove_blocks(dst_ptrs, src_ptrs, [size] * 3)
-    expect_reversed(src, dst, 3, size)
+    size = MIN // 4
+    src, dst, src_ptrs, dst_ptrs = blocks(4, size)
+    memmove_blocks(dst_ptrs, src_ptrs, [size] * 3 + [size - 1])  # one byte short
+    assert torch.equal(
+        dst[8 + size : 8 + 4 * size], src[: 3 * size].view(3, size).flip(0).flatten()
+    )
+    assert torch.equal(dst[8 : 7 + size], src[3 * size : 4 * size - 1])
+    assert not dst[7 + size]
     assert pool.submitted == 0
     src, dst, src_ptrs, dst_ptrs = blocks(4, size)  # exactly the threshold: threaded
     memmove_blocks(dst_ptrs, src_ptrs, [size] * 4)
     expect_reversed(src, dst, 4, size)
     assert pool.submitted == _copy._workers
-    src, dst, src_ptrs, dst_ptrs = blocks(1, 1024)  # one block is never split
-    memmove_blocks(dst_ptrs, src_ptrs, [1024])
-    expect_reversed(src, dst, 1, 1024)
+    src, dst, src_ptrs, dst_ptrs = blocks(1, 2 * MIN)  # one block is never split
+    memmove_blocks(dst_ptrs, src_ptrs, [2 * MIN])
+    expect_reversed(src, dst, 1, 2 * MIN)
     assert pool.submitted == _copy._workers
     memmove_blocks([], [], [])
 
 
 def test_memmove_blocks_of_unequal_sizes(pool: CountingPool) -> None:
-    src = torch.randint(1, 255, (600,), dtype=torch.uint8, generator=gen(1))
-    dst = torch.zeros(600, dtype=torch.uint8)
-    sizes = [10, 200, 1, 89, 300]
-    offsets = [0, 10, 210, 211, 300]
+    sizes = [10, MIN // 2, 1, 89, MIN // 2]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    src = torch.randint(1, 255, (sum(sizes),), dtype=torch.uint8, generator=gen(1))
+    dst = torch.zeros(sum(sizes), dtype=torch.uint8)
     memmove_blocks(
         [dst.data_ptr() + o for o in offsets], [src.data_ptr() + o for o in offsets], sizes
     )
@@ -138,10 +146,15 @@ def test_threaded_copy_blocks_moves_every_block_once(
     pool: CountingPool, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
     monkeypatch.setattr(_copy, "_workers", workers)
-    src = torch.randint(-(2**15), 2**15 - 1, (9, 40), dtype=torch.int16, generator=gen(2))
-    dst = torch.zeros(9, 40, dtype=torch.int16)
-    order = [4, 0, 8, 1, 7, 2, 6, 3, 5]
-    copy_blocks([dst[i] for i in order], [src[i] for i in range(9)])
+    # blocks under ATen's own parallel grain, adding up to the threshold
+    row = _copy._ATEN_GRAIN // 2
+    n = -(-MIN // (row * 2)) + 1  # one more than needed: an odd split
+    src = torch.randint(-(2**15), 2**15 - 1, (n, row), dtype=torch.int16, generator=gen(2))
+    dst = torch.zeros(n, row, dtype=torch.int16)
+    order = torch.randperm(n, generator=gen(3)).tolist()
+    copy_blocks([dst[i] for i in order], [src[i] for i in range(n)])
     assert pool.submitted == workers
     for k, i in enumerate(order):
         assert torch.equal(dst[i], src[k])
+    copy_blocks([dst[0][:8]], [src[0][:8]])  # small: one thread
+    assert pool.submitted == workers
