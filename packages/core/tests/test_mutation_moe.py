@@ -214,3 +214,31 @@ def test_combine_rejects_and_writes_nothing(case: str) -> None:
     with pytest.raises(error):
         maybe_fuse_routed_scale_and_shared_add(experts, r, s, scale)  # type: ignore[arg-type]
     assert bool((routed == 2.0).all()) and bool((shared == 5.0).all())
+
+
+def test_errors_name_the_argument_at_fault() -> None:
+    x, w, ids = routing()
+    for args, name in (
+        ((x.tolist(), w, ids), "x"),
+        ((x, w.tolist(), ids), "topk_weights"),
+        ((x, w, ids.tolist()), "topk_ids"),
+    ):
+        with pytest.raises(errors.ArgumentTypeError, match=rf"^{name} must be a torch\.Tensor"):
+            check_routing(*args, E, H)  # type: ignore[arg-type]
+    # an id at each end out of range: the low one is named
+    with pytest.raises(errors.IndexOutOfRangeError, match=rf"holds {E}, outside"):
+        check_routing(x, w, torch.where(ids == 1, E, ids), E, H)  # 0 and E
+    with pytest.raises(errors.ArgumentTypeError, match=r"^routed_scaling_factor must be a finite"):
+        combine(Experts(Method(True)), shared=False, scale=math.inf)
+
+
+class DTypeLike:
+    """Has a bool-kind ``dtype`` but no ``shape``: not a bool either."""
+
+    class dtype:  # mimics a numpy attribute
+        kind = "b"
+
+
+def test_capability_without_a_shape_is_a_typed_error() -> None:
+    with pytest.raises(errors.ArgumentTypeError):
+        folds_routed_scale(Method(DTypeLike()))
