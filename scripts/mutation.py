@@ -261,7 +261,12 @@ def run_area(
     area: str, spec: Area, scratch: Path, jobs: int, survivors: bool, baseline: bool
 ) -> None:
     if survivors:
-        names = [n for n, c in collect(spec, scratch).items() if _status(c) != "killed"]
+        allowed = load_allowlist()
+        names = [
+            n
+            for n, c in collect(spec, scratch).items()
+            if _status(c) != "killed" and n not in allowed
+        ]
         if not names:
             return
         _copy_tests(scratch, spec)

@@ -348,3 +348,22 @@ def test_checked_load_matches_only_the_same_arguments() -> None:
     assert not checked.matches((dev,), d2, h2, "direct")
     assert not checked.matches((dev,), h2, h2, "direct")
     assert not checked.matches((dev,), d2, d2, "direct")
+
+
+def test_free_and_page_meta_errors_name_their_argument() -> None:
+    """The caller's argument is ``indices``: every message starts with it."""
+    _, host = host_pool()
+    taken = host.alloc(PS)
+    assert taken is not None
+    with pytest.raises(errors.IndexDTypeError, match=r"^indices must have dtype"):
+        host.free(taken.int())
+    with pytest.raises(errors.FreeError, match=rf"^indices holds {host.size + PS - 1}, outside"):
+        host.free(i64(*range(host.size, host.size + PS)))
+    with pytest.raises(errors.FreeError, match=r"^indices has 2 indices"):
+        host.free(taken[:2])
+    with pytest.raises(errors.IndexDTypeError, match=r"^indices must hold ints"):
+        host.get_page_buffer_meta([0.0] * PS)
+    with pytest.raises(errors.IndexOutOfRangeError, match=rf"^indices holds {host.size + PS - 1}"):
+        host.get_page_buffer_meta(list(range(host.size, host.size + PS)))
+    with pytest.raises(errors.PageAlignmentError, match=r"^indices must be whole pages"):
+        host.get_page_buffer_meta(list(range(1, PS + 1)))
