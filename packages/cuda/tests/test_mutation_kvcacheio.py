@@ -152,3 +152,44 @@ def test_per_layer_pf_lf_checks_every_argument() -> None:
         with pytest.raises(errors.SGLError, match=match):
             kvcacheio.transfer_kv_per_layer_mla_pf_lf(*args)  # type: ignore[arg-type]
     assert not dev.view(torch.int16).any()
+
+
+class ClaimsPinned(torch.Tensor):
+    """CPU memory that reports itself pinned (no GPU here to pin it for real)."""
+
+    def is_pinned(self, device: object = None) -> bool:
+        return True
+
+
+class ClaimsCuda(torch.Tensor):
+    """Indices that report a CUDA device (no GPU here)."""
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("cuda", 0)
+
+
+def test_pinned_host_memory_is_reachable_from_cuda_only() -> None:
+    pinned = torch.zeros(64, dtype=torch.uint8).as_subclass(ClaimsPinned)
+    kvcacheio._check_buffer(pinned, "b", torch.device("cuda", 0))
+    with pytest.raises(errors.ShapeMismatchError, match="b is on cpu"):
+        kvcacheio._check_buffer(pinned, "b", torch.device("meta"))
+    with pytest.raises(errors.ShapeMismatchError, match="b must start on an 8-byte boundary"):
+        kvcacheio._check_buffer(pinned[3:], "b", torch.device("cuda", 0))
+
+
+def test_cuda_indices_need_no_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kvcacheio, "interpreter_active", lambda: False)
+    src, dst = i64(3).as_subclass(ClaimsCuda), i64(3).as_subclass(ClaimsCuda)
+    assert kvcacheio._check_indices(src, dst) == torch.device("cuda", 0)
+
+
+def test_index_errors_name_the_argument() -> None:
+    for src, dst, name in (
+        (i64(3).int(), i64(3), "src_indices"),
+        (i64(3), i64(3).int(), "dst_indices"),
+        (i64(6)[::2], i64(3), "src_indices"),
+        (i64(3), i64(4).view(2, 2), "dst_indices"),
+    ):
+        with pytest.raises(errors.SGLError, match=rf"^{name} must be"):
+            kvcacheio._check_indices(src, dst)
