@@ -141,12 +141,12 @@ def test_per_layer_pf_lf_checks_every_argument() -> None:
     item = DIM * 2
     src, dst = torch.tensor([5, 0]), torch.tensor([1, 4])
     bad_calls = [
-        (host, dev, src, dst, 0, item + 4, item * LAYERS, "item_size"),
-        (host, dev, src, dst, 0, item, item * LAYERS + 4, "src_layout_dim"),
-        (host, dev, src.int(), dst, 0, item, item * LAYERS, "src_indices"),
+        (host, dev, src, dst, 0, item + 4, item * LAYERS, "^item_size must"),
+        (host, dev, src, dst, 0, item, item * LAYERS + 4, "^src_layout_dim must"),
+        (host, dev, src.int(), dst, 0, item, item * LAYERS, "^src_indices must"),
         (host, dev, src, dst[:1], 0, item, item * LAYERS, "equal length"),
-        (host.view(-1)[1:], dev, src, dst, 0, item, item * LAYERS, "src must start"),
-        (host, dev.view(-1)[1:], src, dst, 0, item, item * LAYERS, "dst must start"),
+        (host.view(-1)[1:], dev, src, dst, 0, item, item * LAYERS, "^src must start"),
+        (host, dev.view(-1)[1:], src, dst, 0, item, item * LAYERS, "^dst must start"),
     ]
     for *args, match in bad_calls:
         with pytest.raises(errors.SGLError, match=match):
