@@ -43,6 +43,7 @@ def test_merge_runs_edges() -> None:
     assert runs(i64(0, 4, 12), i64(8, 12, 16), unit=4) == [(0, 8, 8), (12, 16, 4)]
     assert runs(i64(0, 1), i64(0, 1), unit=4) == [(0, 0, 4), (1, 1, 4)]
     assert runs(i64(2, 3).int(), i64(6, 7).int()) == [(2, 6, 2)]
+    assert list(merge_runs(i64(1, 2, 4), i64(1, 2, 3))) == [(1, 1, 2), (4, 3, 1)]  # unit 1
     result = merge_runs(i64(1, 2, 6), i64(1, 2, 3))
     assert isinstance(result.src_starts[0], int) and isinstance(result.lengths[0], int)
 
