@@ -249,3 +249,57 @@ def test_loaded_bytes_are_the_stored_ones(tmp_path: Path) -> None:
     assert store.batch_get(keys[::-1], tokens(4, 3)) == [True] * 3
     for i in range(3):
         assert torch.equal(page_bytes(dst, (4 + 2 - i) * PAGE), page_bytes(src, (2 + i) * PAGE))
+
+
+def test_resolve_pages_errors_name_host_indices() -> None:
+    host = make_host("page_first")
+    fmt = page_format(host)
+    past = list(range(host.size, host.size + PAGE))
+    with pytest.raises(PageStoreArgumentError, match=r"^host_indices holds"):
+        resolve_pages(host, fmt, ["a"], past)
+
+
+def test_drop_of_a_page_this_store_never_indexed(tmp_path: Path) -> None:
+    """Another store wrote the page after this one opened; it is corrupt: a miss, no error."""
+    reader, keys = store_with_pages(tmp_path)
+    writer, _ = store_with_pages(tmp_path)
+    assert writer.batch_set(keys, tokens(2, 3)) == [True] * 3
+    path = writer._path(keys[0])
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    reader.register_host_pool(make_host("page_first"))
+    assert reader.batch_get(keys[:1], tokens(0, 1)) == [False]
+    assert not path.exists() and reader.stats().errors["corrupt"] == 1
+    # a page whose file is already gone is forgotten without an error
+    fmt = page_format(reader._snapshot()[0])  # type: ignore[arg-type]
+    reader.batch_get(keys[1:2], tokens(1, 1))  # adopted: now in this store's index
+    name = reader._name(fmt, keys[1])
+    reader._path(keys[1]).unlink()
+    with reader._lock:
+        reader._drop(name)
+    assert name not in reader._lru
+
+
+def test_room_is_made_after_a_foreign_writer_finished(tmp_path: Path) -> None:
+    """A live writer's temp file counts until it is gone; then no page is evicted for it."""
+    import fcntl
+
+    probe, keys = store_with_pages(tmp_path / "probe")
+    probe.batch_set(keys[:1], tokens(2, 1))
+    per_page = file_size(probe, keys[0])
+    root = tmp_path / "l3"
+    (root / "tmp").mkdir(parents=True)
+    foreign = root / "tmp" / f"other.{os.getpid()}.x.tmp"
+    foreign.write_bytes(b"\0" * per_page)
+    fd = os.open(foreign, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a live writer holds it
+    try:
+        store, keys = store_with_pages(root, capacity=2 * per_page)
+        assert store.stats().stored_bytes == per_page  # counted
+        assert store.batch_set(keys[:1], tokens(2, 1)) == [True]
+    finally:
+        os.close(fd)  # the writer finishes and removes its file
+    foreign.unlink()
+    assert store.batch_set(keys[1:2], tokens(3, 1)) == [True]
+    assert store.stats().evicted_pages == 0 and store.stats().stored_pages == 2
