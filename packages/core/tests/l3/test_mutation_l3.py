@@ -303,3 +303,44 @@ def test_room_is_made_after_a_foreign_writer_finished(tmp_path: Path) -> None:
     foreign.unlink()
     assert store.batch_set(keys[1:2], tokens(3, 1)) == [True]
     assert store.stats().evicted_pages == 0 and store.stats().stored_pages == 2
+
+
+def sglang_reference(tokens_: list[int], page_size: int, prior: str | None = None) -> list[str]:
+    """SGLang 0.5.23's page hashes as ``page_keys`` documents them, computed independently."""
+    keys, prev = [], bytes.fromhex(prior) if prior else b""
+    for p in range(len(tokens_) // page_size):
+        page = tokens_[p * page_size : (p + 1) * page_size]
+        if max(page) > 2**32 - 1:
+            body = b"\xff" + struct.pack(f"<{page_size}Q", *page)
+        else:
+            body = struct.pack(f"<{page_size}I", *page)
+        prev = hashlib.sha256(prev + body).digest()
+        keys.append(prev.hex())
+    return keys
+
+
+def test_sglang_scheme_keys_and_chain() -> None:
+    toks = [5, 2**32, 7, 1, 9, 9, 0, 3, 4]  # a wide page, a narrow one, a partial one
+    keys = page_keys(toks, 4, scheme="sglang")
+    assert keys == sglang_reference(toks, 4) and len(keys) == 2
+    tail = page_keys(toks[4:], 4, prior_key=keys[0], scheme="sglang")
+    assert tail == keys[1:] == sglang_reference(toks[4:], 4, keys[0])
+    assert page_keys(toks, 2, scheme="sglang") == sglang_reference(toks, 2)
+    for kwargs in (
+        {"namespace": "m/"},
+        {"prior_key": "xyz"},
+        {"prior_key": "ab" * 31},
+    ):
+        with pytest.raises(ValueError):
+            page_keys(toks, 4, scheme="sglang", **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-negative"):
+        page_keys([-1, 0, 1, 2], 4, scheme="sglang")
+
+
+def test_resolve_pages_check_messages_name_host_indices() -> None:
+    host = make_host("page_first")
+    fmt = page_format(host)
+    with pytest.raises(PageStoreArgumentError, match=r"^host_indices must be whole pages"):
+        resolve_pages(host, fmt, ["a"], [i + 1 for i in range(PAGE)])
+    with pytest.raises(PageStoreArgumentError, match=r"^host_indices contains duplicate"):
+        resolve_pages(host, fmt, ["a", "b"], tokens(1, 1).tolist() * 2)
