@@ -1,0 +1,195 @@
+"""Boundary tests of the raw ``kvcacheio`` argument checks (issue #18).
+
+The checks run before a launch, so most cases here never reach a kernel; the
+layer-id cases move real bytes (interpreted on CPU) to show which layer moved.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgl_core import errors
+from sgl_cuda import _direct, kvcacheio
+
+CPU = torch.device("cpu")
+LAYERS, DIM = 3, 8  # bf16 rows of 16 bytes: two int64 words
+
+
+def i64(n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.int64)
+
+
+def test_words_takes_positive_multiples_of_eight() -> None:
+    assert kvcacheio._words(8, "n") == 1
+    assert kvcacheio._words(24, "n") == 3
+    for bad in (0, -8, 4, 12, 9, True, 8.0, "8"):
+        with pytest.raises(errors.ShapeMismatchError, match="n must be a positive multiple of 8"):
+            kvcacheio._words(bad, "n")  # type: ignore[arg-type]
+
+
+def test_check_indices_edges(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert kvcacheio._check_indices(i64(3), i64(3)) == CPU
+    assert kvcacheio._check_indices(i64(0), i64(0)) == CPU
+    cases: list[tuple[object, object, type[Exception]]] = [
+        (i64(3).int(), i64(3), errors.IndexDTypeError),
+        (i64(3), i64(3).int(), errors.IndexDTypeError),
+        ([0, 1, 2], i64(3), errors.IndexDTypeError),
+        (i64(3), None, errors.IndexDTypeError),
+        (i64(4).view(2, 2), i64(4), errors.IndexShapeError),
+        (i64(4), i64(4).view(2, 2), errors.IndexShapeError),
+        (i64(6)[::2], i64(3), errors.IndexShapeError),  # not contiguous
+        (i64(3), i64(6)[::2], errors.IndexShapeError),
+        (i64(3), i64(2), errors.IndexShapeError),
+        (i64(3), i64(3).to("meta"), errors.ShapeMismatchError),
+        (i64(3).to("meta"), i64(3).to("meta"), errors.BackendUnavailableError),
+    ]
+    for src, dst, error in cases:
+        with pytest.raises(error):
+            kvcacheio._check_indices(src, dst)  # type: ignore[arg-type]
+    monkeypatch.setattr(kvcacheio, "interpreter_active", lambda: False)
+    with pytest.raises(errors.BackendUnavailableError, match="TRITON_INTERPRET=1"):
+        kvcacheio._check_indices(i64(3), i64(3))
+
+
+def test_check_table_edges() -> None:
+    table = torch.zeros(LAYERS, dtype=torch.uint64)
+    kvcacheio._check_table(table, "t", CPU, LAYERS)
+    kvcacheio._check_table(table, "t", CPU, LAYERS - 1)
+    kvcacheio._check_table(table[:0], "t", CPU, 0)
+    for bad, layers in (
+        (table.view(torch.int64), LAYERS),
+        (table.tolist(), LAYERS),
+        (table.to("meta"), LAYERS),
+        (table.view(1, LAYERS), LAYERS),
+        (torch.zeros(2 * LAYERS, dtype=torch.uint64)[::2], LAYERS),
+        (table[:-1], LAYERS),  # one entry short
+        (table, LAYERS + 1),
+    ):
+        with pytest.raises(errors.ShapeMismatchError, match="t "):
+            kvcacheio._check_table(bad, "t", CPU, layers)  # type: ignore[arg-type]
+
+
+def test_check_buffer_edges() -> None:
+    raw = torch.zeros(64, dtype=torch.uint8)
+    kvcacheio._check_buffer(raw, "b", CPU)
+    kvcacheio._check_buffer(raw[8:], "b", CPU)
+    for offset in (1, 4, 7):
+        with pytest.raises(errors.ShapeMismatchError, match="b must start on an 8-byte boundary"):
+            kvcacheio._check_buffer(raw[offset:], "b", CPU)
+    with pytest.raises(errors.ShapeMismatchError, match=r"b must be a torch\.Tensor"):
+        kvcacheio._check_buffer(raw.tolist(), "b", CPU)  # type: ignore[arg-type]
+    with pytest.raises(errors.ShapeMismatchError, match="b is on meta"):
+        kvcacheio._check_buffer(raw.to("meta"), "b", CPU)
+    # a CUDA kernel reaches CPU memory only when it is pinned
+    with pytest.raises(errors.ShapeMismatchError, match="not pinned host memory"):
+        kvcacheio._check_buffer(raw, "b", torch.device("cuda"))
+    with pytest.raises(errors.ShapeMismatchError, match="b is on cpu"):
+        kvcacheio._check_buffer(raw, "b", torch.device("meta"))
+
+
+def test_check_layers_and_page_size_edges() -> None:
+    assert kvcacheio._check_layers(0) == 0
+    assert kvcacheio._check_layers(LAYERS) == LAYERS
+    for bad in (-1, True, 1.0, None):
+        with pytest.raises(errors.LayerIndexError, match="num_layers must be a non-negative"):
+            kvcacheio._check_layers(bad)  # type: ignore[arg-type]
+    assert _direct._check_page_size(1) == 1
+    assert _direct._check_page_size(64) == 64
+    for bad in (0, -1, True, 2.0, None):
+        with pytest.raises(errors.PageAlignmentError, match="page_size must be a positive int"):
+            _direct._check_page_size(bad)  # type: ignore[arg-type]
+
+
+def page_first() -> tuple[torch.Tensor, torch.Tensor]:
+    """A page-first host buffer (slots, layers, 1, dim) with distinct rows, and a zero layer."""
+    host = torch.arange(8 * LAYERS * DIM, dtype=torch.int16).view(torch.bfloat16)
+    return host.view(8, LAYERS, 1, DIM), torch.zeros(6, 1, DIM, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("layer", [0, LAYERS - 1])
+def test_per_layer_pf_lf_moves_only_the_named_layer(layer: int) -> None:
+    host, dev = page_first()
+    item = DIM * 2
+    src, dst = torch.tensor([5, 0, 7]), torch.tensor([1, 4, 2])
+    kvcacheio.transfer_kv_per_layer_mla_pf_lf(host, dev, src, dst, layer, item, item * LAYERS)
+    expect = torch.zeros_like(dev)
+    expect[dst] = host[src, layer]
+    assert torch.equal(dev.view(torch.int16), expect.view(torch.int16))
+
+
+@pytest.mark.parametrize("layer_id", [-1, -LAYERS, True, 1.0, None])
+def test_per_layer_pf_lf_rejects_bad_layer_ids_before_a_byte_moves(layer_id: object) -> None:
+    host, dev = page_first()
+    item = DIM * 2
+    src, dst = torch.tensor([5, 0]), torch.tensor([1, 4])
+    with pytest.raises(errors.LayerIndexError, match="layer_id must be a non-negative int"):
+        kvcacheio.transfer_kv_per_layer_mla_pf_lf(
+            host,
+            dev,
+            src,
+            dst,
+            layer_id,  # type: ignore[arg-type]
+            item,
+            item * LAYERS,
+        )
+    assert not dev.view(torch.int16).any()
+
+
+def test_per_layer_pf_lf_checks_every_argument() -> None:
+    host, dev = page_first()
+    item = DIM * 2
+    src, dst = torch.tensor([5, 0]), torch.tensor([1, 4])
+    bad_calls = [
+        (host, dev, src, dst, 0, item + 4, item * LAYERS, "^item_size must"),
+        (host, dev, src, dst, 0, item, item * LAYERS + 4, "^src_layout_dim must"),
+        (host, dev, src.int(), dst, 0, item, item * LAYERS, "^src_indices must"),
+        (host, dev, src, dst[:1], 0, item, item * LAYERS, "equal length"),
+        (host.view(-1)[1:], dev, src, dst, 0, item, item * LAYERS, "^src must start"),
+        (host, dev.view(-1)[1:], src, dst, 0, item, item * LAYERS, "^dst must start"),
+    ]
+    for *args, match in bad_calls:
+        with pytest.raises(errors.SGLError, match=match):
+            kvcacheio.transfer_kv_per_layer_mla_pf_lf(*args)  # type: ignore[arg-type]
+    assert not dev.view(torch.int16).any()
+
+
+class ClaimsPinned(torch.Tensor):
+    """CPU memory that reports itself pinned (no GPU here to pin it for real)."""
+
+    def is_pinned(self, device: object = None) -> bool:
+        return True
+
+
+class ClaimsCuda(torch.Tensor):
+    """Indices that report a CUDA device (no GPU here)."""
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("cuda", 0)
+
+
+def test_pinned_host_memory_is_reachable_from_cuda_only() -> None:
+    pinned = torch.zeros(64, dtype=torch.uint8).as_subclass(ClaimsPinned)
+    kvcacheio._check_buffer(pinned, "b", torch.device("cuda", 0))
+    with pytest.raises(errors.ShapeMismatchError, match="b is on cpu"):
+        kvcacheio._check_buffer(pinned, "b", torch.device("meta"))
+    with pytest.raises(errors.ShapeMismatchError, match="b must start on an 8-byte boundary"):
+        kvcacheio._check_buffer(pinned[3:], "b", torch.device("cuda", 0))
+
+
+def test_cuda_indices_need_no_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kvcacheio, "interpreter_active", lambda: False)
+    src, dst = i64(3).as_subclass(ClaimsCuda), i64(3).as_subclass(ClaimsCuda)
+    assert kvcacheio._check_indices(src, dst) == torch.device("cuda", 0)
+
+
+def test_index_errors_name_the_argument() -> None:
+    for src, dst, name in (
+        (i64(3).int(), i64(3), "src_indices"),
+        (i64(3), i64(3).int(), "dst_indices"),
+        (i64(6)[::2], i64(3), "src_indices"),
+        (i64(3), i64(4).view(2, 2), "dst_indices"),
+    ):
+        with pytest.raises(errors.SGLError, match=rf"^{name} must be"):
+            kvcacheio._check_indices(src, dst)
