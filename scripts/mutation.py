@@ -129,24 +129,30 @@ AREAS: dict[str, Area] = {
         ),
     ),
     "kvcacheio": Area(
-        modules=("sgl_cuda/kvcacheio.py", "sgl_cuda/_direct.py"),
+        modules=("sgl_cuda/kvcacheio.py", "sgl_cuda/_kv_checks.py", "sgl_cuda/_direct.py"),
         tests=(
             CUDA + "test_kvcacheio.py",
+            CUDA + "test_kvcacheio_mha.py",
             CUDA + "test_faults_cuda.py",
             CUDA + "test_mutation_kvcacheio.py",
         ),
         functions=(
+            # The O(1) argument checks moved to _kv_checks (kvcacheio re-exports them
+            # under their old names, which the tests use).
             *(
-                f"sgl_cuda.kvcacheio.x_{name}__*"
+                f"sgl_cuda._kv_checks.x_{name}__*"
                 for name in (
-                    "_words",
-                    "_check_indices",
-                    "_check_table",
-                    "_check_buffer",
-                    "_check_layers",
-                    "transfer_kv_per_layer_mla_pf_lf",
+                    "words",
+                    "check_indices",
+                    "check_table",
+                    "check_buffer",
+                    "check_layers",
+                    "check_layer_id",
+                    "check_page_size",
+                    "check_head_num",
                 )
             ),
+            "sgl_cuda.kvcacheio.x_transfer_kv_per_layer_mla_pf_lf__*",
             *(f"sgl_cuda._direct.x_{name}__*" for name in ("_check_page_size",)),
         ),
     ),

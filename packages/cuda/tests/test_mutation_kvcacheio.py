@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sgl_core import errors
-from sgl_cuda import _direct, kvcacheio
+from sgl_cuda import _direct, _kv_checks, kvcacheio
 
 CPU = torch.device("cpu")
 LAYERS, DIM = 3, 8  # bf16 rows of 16 bytes: two int64 words
@@ -47,7 +47,8 @@ def test_check_indices_edges(monkeypatch: pytest.MonkeyPatch) -> None:
     for src, dst, error in cases:
         with pytest.raises(error):
             kvcacheio._check_indices(src, dst)  # type: ignore[arg-type]
-    monkeypatch.setattr(kvcacheio, "interpreter_active", lambda: False)
+    # the checks live in _kv_checks (kvcacheio re-exports them)
+    monkeypatch.setattr(_kv_checks, "interpreter_active", lambda: False)
     with pytest.raises(errors.BackendUnavailableError, match="TRITON_INTERPRET=1"):
         kvcacheio._check_indices(i64(3), i64(3))
 
@@ -179,7 +180,8 @@ def test_pinned_host_memory_is_reachable_from_cuda_only() -> None:
 
 
 def test_cuda_indices_need_no_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kvcacheio, "interpreter_active", lambda: False)
+    # the checks live in _kv_checks (kvcacheio re-exports them)
+    monkeypatch.setattr(_kv_checks, "interpreter_active", lambda: False)
     src, dst = i64(3).as_subclass(ClaimsCuda), i64(3).as_subclass(ClaimsCuda)
     assert kvcacheio._check_indices(src, dst) == torch.device("cuda", 0)
 
