@@ -8,10 +8,11 @@ from typing import ClassVar
 import torch
 
 from sgl_core._copy import byte_view
-from sgl_core._devices import check_fits, usable_device
+from sgl_core._devices import usable_device
 from sgl_core._indexer import IndexerRows, check_indexer
 from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
+from sgl_core._slot_geometry import SlotGeometry, check_pool_geometry
 from sgl_core._validation import (
     check_index_bounds,
     check_index_device,
@@ -30,21 +31,14 @@ __all__ = [
 ]
 
 
-def check_pool_geometry(size: int, page_size: int) -> None:
-    """Positive ints, ``size`` a whole number of pages."""
-    for name, value in (("size", size), ("page_size", page_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise PoolSizeError(f"{name} must be a positive int, got {value!r}")
-    if size % page_size:
-        raise PoolSizeError(f"size={size} is not a multiple of page_size={page_size}")
-
-
-class MLAPoolGeometry:
+class MLAPoolGeometry(SlotGeometry):
     """Geometry every MLA device pool reports (the ``MLADevicePool`` properties).
 
     Backend authors subclass it, call ``__init__`` first, then allocate their
     buffers; override ``device`` to report the buffers' own device.
     """
+
+    shape: MLAShape
 
     def __init__(
         self,
@@ -60,32 +54,7 @@ class MLAPoolGeometry:
     ) -> None:
         check_pool_geometry(size, page_size)
         self.shape = MLAShape(layer_num, kv_lora_rank, qk_rope_head_dim, dtype, kv_cache_dim)
-        self._size = size
-        self._page_size = page_size
-        self._device = device
-        check_fits(self.slot_count * self.shape.layout_dim, device, "device pool")
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def page_size(self) -> int:
-        return self._page_size
-
-    @property
-    def page_num(self) -> int:
-        """Pages per layer, the padding page included."""
-        return (self._size + self._page_size) // self._page_size
-
-    @property
-    def slot_count(self) -> int:
-        """Addressable token slots, padding page included."""
-        return self._size + self._page_size
-
-    @property
-    def layer_num(self) -> int:
-        return self.shape.layer_num
+        self._set_slots(size, page_size, device)
 
     @property
     def kv_lora_rank(self) -> int:
@@ -98,14 +67,6 @@ class MLAPoolGeometry:
     @property
     def kv_cache_dim(self) -> int:
         return self.shape.kv_cache_dim
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.shape.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
 
 class PerLayerMLADevicePool(MLAPoolGeometry, IndexerRows):

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from sgl_core._copy import byte_view
-from sgl_core._device_pool import check_pool_geometry
-from sgl_core._devices import check_fits, usable_device
+from sgl_core._devices import usable_device
 from sgl_core._mha_protocols import MHADevicePool
 from sgl_core._mha_shapes import MHAShape
+from sgl_core._slot_geometry import SlotGeometry, check_pool_geometry
 from sgl_core._validation import (
     check_index_bounds,
     check_index_device,
@@ -28,12 +28,14 @@ from sgl_core.errors import ArgumentTypeError, PoolMismatchError, PoolSizeError
 __all__ = ["MHAPoolGeometry", "PerLayerMHADevicePool", "mha_device_layers"]
 
 
-class MHAPoolGeometry:
+class MHAPoolGeometry(SlotGeometry):
     """Geometry every MHA device pool reports (the ``MHADevicePool`` properties).
 
     Backend authors subclass it, call ``__init__`` first, then allocate their
     buffers; override ``device`` to report the buffers' own device.
     """
+
+    shape: MHAShape
 
     def __init__(
         self,
@@ -50,32 +52,7 @@ class MHAPoolGeometry:
         check_pool_geometry(size, page_size)
         v_dim = head_dim if v_head_dim is None else v_head_dim
         self.shape = MHAShape(layer_num, head_num, head_dim, v_dim, dtype)
-        self._size = size
-        self._page_size = page_size
-        self._device = device
-        check_fits(self.slot_count * self.shape.layout_dim, device, "device pool")
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def page_size(self) -> int:
-        return self._page_size
-
-    @property
-    def page_num(self) -> int:
-        """Pages per layer, the padding page included."""
-        return (self._size + self._page_size) // self._page_size
-
-    @property
-    def slot_count(self) -> int:
-        """Addressable token slots, padding page included."""
-        return self._size + self._page_size
-
-    @property
-    def layer_num(self) -> int:
-        return self.shape.layer_num
+        self._set_slots(size, page_size, device)
 
     @property
     def head_num(self) -> int:
@@ -88,14 +65,6 @@ class MHAPoolGeometry:
     @property
     def v_head_dim(self) -> int:
         return self.shape.v_head_dim
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.shape.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
 
 class PerLayerMHADevicePool(MHAPoolGeometry):

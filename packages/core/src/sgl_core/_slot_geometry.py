@@ -1,0 +1,71 @@
+"""Token slots of a device pool, whatever its kind (MLA or MHA).
+
+A device pool addresses token slots ``[0, size + page_size)``: ``size`` whole
+pages plus the engine's padding page. ``MLAPoolGeometry`` and
+``MHAPoolGeometry`` add their kind's row shape on top of this.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_core._devices import check_fits
+from sgl_core._pool_kinds import PoolShape
+from sgl_core.errors import PoolSizeError
+
+__all__ = ["SlotGeometry", "check_pool_geometry"]
+
+
+def check_pool_geometry(size: int, page_size: int) -> None:
+    """Positive ints, ``size`` a whole number of pages."""
+    for name, value in (("size", size), ("page_size", page_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise PoolSizeError(f"{name} must be a positive int, got {value!r}")
+    if size % page_size:
+        raise PoolSizeError(f"size={size} is not a multiple of page_size={page_size}")
+
+
+class SlotGeometry:
+    """Sizes, slots, dtype and device of a device pool; the row shape is the subclass's.
+
+    A subclass checks ``check_pool_geometry(size, page_size)`` first, sets
+    ``shape``, then calls ``_set_slots`` (which refuses a pool that cannot fit).
+    """
+
+    shape: PoolShape
+
+    def _set_slots(self, size: int, page_size: int, device: torch.device) -> None:
+        self._size = size
+        self._page_size = page_size
+        self._device = device
+        check_fits(self.slot_count * self.shape.layout_dim, device, "device pool")
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def page_num(self) -> int:
+        """Pages per layer, the padding page included."""
+        return (self._size + self._page_size) // self._page_size
+
+    @property
+    def slot_count(self) -> int:
+        """Addressable token slots, padding page included."""
+        return self._size + self._page_size
+
+    @property
+    def layer_num(self) -> int:
+        return self.shape.layer_num
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shape.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
