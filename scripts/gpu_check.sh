@@ -2,10 +2,11 @@
 # One-shot GPU check for a lent device machine (see README "GPU checks").
 # Runs the sgl-cuda tests compiled (no interpreter), the HiCache bench (+ sweep,
 # SM budget), the GGML bench and one ncu profile; every step has its own timeout.
-# Writes at most 8 files under $OUT: gpu.txt (env + step status), cuda_tests.log,
-# hicache.json, hicache.log, ggml.json, ggml.log, ncu.txt. Needs .whl/*.whl
-# (gguf, hatchling). Worst case 7.6 min: 15+25 pip, 15 env, 135 tests, 100 hicache,
-# 130 ggml, 35 ncu (each overridable: TEST_TIMEOUT, HICACHE_TIMEOUT, GGML_TIMEOUT, NCU_TIMEOUT).
+# Writes at most 10 files under $OUT: gpu.txt (env + step status), cuda_tests.log,
+# hicache.json, hicache.log, hicache_mha.json, hicache_mha.log, ggml.json, ggml.log,
+# ncu.txt. Needs .whl/*.whl (gguf, hatchling). Worst case 8.3 min: 15+25 pip, 15 env,
+# 135 tests, 100 hicache, 40 MHA hicache, 130 ggml, 35 ncu (each overridable:
+# TEST_TIMEOUT, HICACHE_TIMEOUT, MHA_TIMEOUT, GGML_TIMEOUT, NCU_TIMEOUT).
 # CPU dry run of the python steps: GPU_CHECK_TINY=1 TRITON_INTERPRET=1 (see tests).
 set -u
 export PYTHONUNBUFFERED=1
@@ -55,6 +56,10 @@ HT=${HICACHE_TIMEOUT:-100}
 timeout $HT $PY packages/cuda/benchmarks/gpu_hicache.py "$OUT/hicache.json" \
   --budget-s $((HT * 7 / 10)) $DEV ${HICACHE_ARGS:-} > "$OUT/hicache.log" 2>&1; step "hicache" $?
 
+# MHA pools (kernel and direct io of every MHA layout), random host pages.
+timeout ${MHA_TIMEOUT:-40} $PY packages/cuda/benchmarks/gpu_hicache_mha.py "$OUT/hicache_mha.json" \
+  --shuffle-host $DEV > "$OUT/hicache_mha.log" 2>&1; step "hicache mha" $?
+
 GGML_DEV=""
 [ "$TINY" = 1 ] && GGML_DEV="--help"
 timeout ${GGML_TIMEOUT:-130} $PY packages/cuda/benchmarks/gpu_ggml_moe.py --json "$OUT/ggml.json" \
@@ -76,6 +81,7 @@ echo "=== ncu (per-layer loads: layer_first, then page_first)"
 grep -E "_copy_rows_kernel|  Duration|DRAM Throughput|  Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread|  Grid Size|Waves Per SM|Mem Busy|Max Bandwidth|L2 Hit Rate|==ERROR" \
   "$OUT/ncu.txt" | cut -c1-110 | head -30
 echo "=== ggml"; tail -10 "$OUT/ggml.log" | cut -c1-160
+echo "=== hicache mha"; tail -16 "$OUT/hicache_mha.log" | cut -c1-160
 echo "=== hicache"
 if grep -q "^=== compact" "$OUT/hicache.log"; then
   sed -n '/^=== compact/,$p' "$OUT/hicache.log"
