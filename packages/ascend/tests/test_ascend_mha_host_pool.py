@@ -349,3 +349,26 @@ def test_engine_layout_name_is_the_same_pool() -> None:
         assert raw(page) == raw(b.get_data_page(start))
         assert raw(page) != raw(torch.zeros_like(page))
     assert a.get_page_buffer_meta(host_idx)[1] == b.get_page_buffer_meta(host_idx)[1]
+
+
+def test_page_first_direct_pages_are_the_torch_pools_pages() -> None:
+    # Both backends file page_first_direct MHA pages under one L3 format, so a page
+    # one stores the other may load: that hit is right only while the bytes match.
+    from sgl_core.l3._format import page_format
+
+    dev = make_dev()
+    ref = sgl_core.get_backend("torch").create_mha_device_pool(
+        size=dev.size, page_size=PS, dtype=dev.dtype, head_num=HEADS, head_dim=DIM,
+        layer_num=LAYERS, v_head_dim=VDIM,
+    )  # fmt: skip
+    loc = page_indices([5, 2], PS)
+    for layer in range(LAYERS):
+        ref.set_kv_buffer(layer, loc, *dev.get_kv_buffer(layer, loc))
+    ours = sgl_ascend.backend.create_host_pool(dev, layout="page_first_direct")
+    theirs = sgl_core.get_backend("torch").create_host_pool(ref, layout="page_first_direct")
+    assert page_format(ours) == page_format(theirs)
+    host_idx = page_indices([0, 1], PS)
+    ours.backup_from_device_all_layer(dev, host_idx, loc, IO)
+    theirs.backup_from_device_all_layer(ref, host_idx, loc, "direct")
+    for start in (0, PS):
+        assert raw(ours.get_data_page(start)) == raw(theirs.get_data_page(start))

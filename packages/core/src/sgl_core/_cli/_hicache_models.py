@@ -35,17 +35,6 @@ class ModelShape:
     def is_mha(self) -> bool:
         return self.head_num > 0
 
-    def describe(self, layers: int, dtype: torch.dtype) -> str:
-        kind = str(dtype).removeprefix("torch.")
-        if self.is_mha:
-            return (
-                f"{self.name}: {layers} layers x K+V {self.head_num} heads x {self.head_dim} {kind}"
-            )
-        dims = f"({self.kv_lora_rank}+{self.qk_rope_head_dim})"
-        if self.kv_cache_dim is not None:
-            dims = f"{self.kv_cache_dim} packed"
-        return f"{self.name}: {layers} layers x {dims} {kind}"
-
 
 MODELS: dict[str, ModelShape] = {
     m.name: m
