@@ -8,6 +8,7 @@ must restore exactly the backed-up rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -144,13 +145,18 @@ def test_one_launch_per_transfer(
 ) -> None:
     """K and V together: one launch per backup and per layer load (two for unequal widths)."""
     calls: list[int] = []
-    real = _mha_movers.transfer_rows
+    real = _mha_movers.prepare_rows
 
-    def counting(*args: Any, **kwargs: Any) -> None:
-        calls.append(1)
-        real(*args, **kwargs)
+    def counting(*args: Any, **kwargs: Any) -> Callable[[], None]:
+        launch = real(*args, **kwargs)
 
-    monkeypatch.setattr(_mha_movers, "transfer_rows", counting)
+        def counted() -> None:
+            calls.append(1)
+            launch()
+
+        return counted
+
+    monkeypatch.setattr(_mha_movers, "prepare_rows", counting)
     dev = make_device(backend, v_head_dim)
     host = backend.create_host_pool(dev, layout="page_head")
     h, d = shuffled_pages(seed=5)

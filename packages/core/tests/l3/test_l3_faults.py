@@ -453,6 +453,7 @@ def test_clear_racing_set_keeps_byte_accounting(tmp_path: Path) -> None:
     stats = store.stats()
     assert stats.stored_bytes == _disk_bytes(root)
     assert stats.stored_bytes is not None and stats.stored_bytes <= cap
+    store.close()  # a bounded store holds its root alone
     assert FilePageStore(root).stats().stored_bytes == _disk_bytes(root)
 
 

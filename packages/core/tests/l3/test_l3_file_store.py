@@ -97,6 +97,7 @@ def test_reopened_store_sees_pages_and_capacity(tmp_path: Path) -> None:
     store, host = _store(tmp_path)
     keys = page_keys(list(range(3 * PAGE)), PAGE)
     store.batch_set(keys, tokens(2, 3))
+    store.close()  # a bounded store needs the root alone
     again = FilePageStore(tmp_path / "l3", capacity_bytes=2 * per_page + 1)
     assert again.stats().stored_pages == 3
     again.register_host_pool(host)

@@ -7,6 +7,8 @@ in ``sgl_cuda.kvcacheio``'s docstring.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from sgl_core.errors import (
@@ -19,6 +21,7 @@ from sgl_core.errors import (
 from sgl_cuda._kernels import interpreter_active
 
 __all__ = [
+    "RowForm",
     "check_buffer",
     "check_head_num",
     "check_indices",
@@ -26,6 +29,7 @@ __all__ = [
     "check_layers",
     "check_page_size",
     "check_table",
+    "side_words",
     "words",
 ]
 
@@ -128,3 +132,40 @@ def check_head_num(head_num: int, **dims: int) -> int:
                 "8 bytes each (heads move as int64 words)"
             )
     return head_num
+
+
+# A side's geometry in int64 words: (row, layer, page, head strides, page_size, page_head).
+_Side = tuple[int, int, int, int, int, bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowForm:
+    """How one side of a transfer addresses its rows (the forms in ``_kvcacheio_mha``'s docstring).
+
+    ``kind`` is ``layer_first``, ``page_first``, ``page_head`` or ``table``;
+    ``layout_dim`` (bytes) is the page-first / page-head token stride, ``page_size``
+    and ``head_num`` matter for ``page_head`` only. ``side`` (``"src"`` or
+    ``"dst"``) names the arguments in error messages as upstream does.
+    """
+
+    kind: str
+    side: str
+    layout_dim: int = 0
+    page_size: int = 1
+    head_num: int = 1
+
+
+def side_words(form: RowForm, item_w: int, item_size: int) -> tuple[_Side, int]:
+    """A side's geometry and its head width in words (the whole row unless page_head)."""
+    if form.kind in ("layer_first", "table"):
+        return (item_w, 0, 0, 0, 1, False), item_w
+    layout_w = words(form.layout_dim, f"{form.side}_layout_dim")
+    if form.kind == "page_first":
+        return (layout_w, item_w, 0, 0, 1, False), item_w
+    ps = check_page_size(form.page_size)
+    heads = check_head_num(
+        form.head_num, item_size=item_size, **{f"{form.side}_layout_dim": form.layout_dim}
+    )
+    head_row_w = layout_w // heads  # one head of one token, all layers
+    side = (head_row_w, item_w // heads, ps * layout_w, ps * head_row_w, ps, True)
+    return side, item_w // heads

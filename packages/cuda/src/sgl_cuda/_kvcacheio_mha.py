@@ -27,9 +27,8 @@ have the same geometry.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import torch
@@ -38,19 +37,20 @@ from sgl_core.backend import byte_view
 from sgl_core.errors import ShapeMismatchError
 from sgl_cuda._kernels import kernels
 from sgl_cuda._kv_checks import (
+    RowForm,
     check_buffer,
-    check_head_num,
     check_indices,
     check_layer_id,
     check_layers,
-    check_page_size,
     check_table,
+    side_words,
     words,
 )
 from sgl_cuda._launch_lock import interpreter_launch
 
 __all__ = [
     "RowForm",
+    "prepare_rows",
     "transfer_kv_all_layer",
     "transfer_kv_all_layer_lf_ph",
     "transfer_kv_all_layer_lf_pf",
@@ -59,42 +59,6 @@ __all__ = [
     "transfer_kv_per_layer_ph_lf",
     "transfer_rows",
 ]
-
-# A side's geometry in int64 words: (row, layer, page, head strides, page_size, page_head).
-_Side = tuple[int, int, int, int, int, bool]
-
-
-@dataclasses.dataclass(frozen=True)
-class RowForm:
-    """How one side of a transfer addresses its rows (the forms in the module docstring).
-
-    ``kind`` is ``layer_first``, ``page_first``, ``page_head`` or ``table``;
-    ``layout_dim`` (bytes) is the page-first / page-head token stride, ``page_size``
-    and ``head_num`` matter for ``page_head`` only. ``side`` (``"src"`` or
-    ``"dst"``) names the arguments in error messages as upstream does.
-    """
-
-    kind: str
-    side: str
-    layout_dim: int = 0
-    page_size: int = 1
-    head_num: int = 1
-
-
-def _side(form: RowForm, item_w: int, item_size: int) -> tuple[_Side, int]:
-    """A side's geometry and its head width in words (the whole row unless page_head)."""
-    if form.kind in ("layer_first", "table"):
-        return (item_w, 0, 0, 0, 1, False), item_w
-    layout_w = words(form.layout_dim, f"{form.side}_layout_dim")
-    if form.kind == "page_first":
-        return (layout_w, item_w, 0, 0, 1, False), item_w
-    ps = check_page_size(form.page_size)
-    heads = check_head_num(
-        form.head_num, item_size=item_size, **{f"{form.side}_layout_dim": form.layout_dim}
-    )
-    head_row_w = layout_w // heads  # one head of one token, all layers
-    side = (head_row_w, item_w // heads, ps * layout_w, ps * head_row_w, ps, True)
-    return side, item_w // heads
 
 
 def transfer_rows(
@@ -112,11 +76,38 @@ def transfer_rows(
     """Checked launch for ``(K,)`` or ``(K, V)`` buffers (or tables) of one row size.
 
     The upstream-named functions below call it with both components; a host
-    pool whose V rows differ in width from its K rows calls it once per component.
+    pool whose V rows differ in width from its K rows prepares one launch per
+    component with ``prepare_rows`` and runs them only once both are checked.
     """
+    prepare_rows(
+        src,
+        dst,
+        src_indices,
+        dst_indices,
+        item_size=item_size,
+        src_form=src_form,
+        dst_form=dst_form,
+        layer_offset=layer_offset,
+        num_layers=num_layers,
+    )()
+
+
+def prepare_rows(
+    src: Sequence[torch.Tensor],
+    dst: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    *,
+    item_size: int,
+    src_form: RowForm,
+    dst_form: RowForm,
+    layer_offset: int = 0,
+    num_layers: int = 1,
+) -> Callable[[], None]:
+    """Every check of ``transfer_rows`` now; the launch itself when the result is called."""
     item_w = words(item_size, "item_size")
-    src_side, src_head_w = _side(src_form, item_w, item_size)
-    dst_side, dst_head_w = _side(dst_form, item_w, item_size)
+    src_side, src_head_w = side_words(src_form, item_w, item_size)
+    dst_side, dst_head_w = side_words(dst_form, item_w, item_size)
     layers = check_layers(num_layers)
     device = check_indices(src_indices, dst_indices)
     if not 1 <= len(src) == len(dst) <= 2:
@@ -132,28 +123,33 @@ def transfer_rows(
     components = len(src)
     if components == 1:
         src, dst = (src[0], src[0]), (dst[0], dst[0])  # the V deltas are then 0, unused
-    kv_mha = _mha_kernels()
     src_k, src_v = (byte_view(t) for t in src)
     dst_k, dst_v = (byte_view(t) for t in dst)
-    with interpreter_launch(bool(kv_mha.INTERPRETED)):
-        kv_mha.launch_copy_kv_rows(
-            src_k,
-            dst_k,
-            src_indices,
-            dst_indices,
-            words=item_w,
-            head_words=min(src_head_w, dst_head_w),
-            layer_offset=layer_offset,
-            num_layers=layers,
-            # V is reached as K's address plus their distance (both 8-byte aligned).
-            src_v_delta=(src_v.data_ptr() - src_k.data_ptr()) // 8,
-            dst_v_delta=(dst_v.data_ptr() - dst_k.data_ptr()) // 8,
-            src_side=src_side,
-            dst_side=dst_side,
-            src_table=src_form.kind == "table",
-            dst_table=dst_form.kind == "table",
-            components=components,
-        )
+
+    kv_mha = _mha_kernels()
+
+    def launch() -> None:
+        with interpreter_launch(bool(kv_mha.INTERPRETED)):
+            kv_mha.launch_copy_kv_rows(
+                src_k,
+                dst_k,
+                src_indices,
+                dst_indices,
+                words=item_w,
+                head_words=min(src_head_w, dst_head_w),
+                layer_offset=layer_offset,
+                num_layers=layers,
+                # V is reached as K's address plus their distance (both 8-byte aligned).
+                src_v_delta=(src_v.data_ptr() - src_k.data_ptr()) // 8,
+                dst_v_delta=(dst_v.data_ptr() - dst_k.data_ptr()) // 8,
+                src_side=src_side,
+                dst_side=dst_side,
+                src_table=src_form.kind == "table",
+                dst_table=dst_form.kind == "table",
+                components=components,
+            )
+
+    return launch
 
 
 def _mha_kernels() -> ModuleType:

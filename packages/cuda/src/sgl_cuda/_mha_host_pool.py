@@ -58,6 +58,8 @@ class CudaMHAHostPool(MHATokenHostPool):
     v_data_ptrs: torch.Tensor
 
     def _allocate_buffers(self, device_pool: MHADevicePool) -> None:
+        if IOBackend.KERNEL in self.supported_pairs[self.layout]:
+            self._check_kernel_rows()
         super()._allocate_buffers(device_pool)
         self.fence = StreamFence()
         self._ptr_values = tuple(
@@ -75,6 +77,26 @@ class CudaMHAHostPool(MHATokenHostPool):
                 f"layout={self.layout.value!r} runs only the 'kernel' io backend, which "
                 "reaches host memory from the GPU and needs it pinned (pin_memory=False given)"
             )
+
+    def _check_kernel_rows(self) -> None:
+        """Refuse rows no ``kernel`` transfer could move, before any memory is taken.
+
+        The kernels move rows (``page_head``: each head's slice of a row) as
+        int64 words; K and V are checked alike, so no transfer can stop
+        between its K and V halves on a row size.
+        """
+        page_head = self.layout is HostLayout.PAGE_HEAD
+        unit = "a head's slice of a row" if page_head else "a row"
+        for name, dim in (("K", self.head_dim), ("V", self.v_head_dim)):
+            heads = 1 if page_head else self.head_num
+            size = heads * dim * self.shape.itemsize
+            if size % 8:
+                raise UnsupportedLayoutError(
+                    f"layout={self.layout.value!r} runs io_backend='kernel', which moves rows "
+                    f"as 8-byte words; {unit} of {name} here is {size} bytes ({heads} x {dim} "
+                    f"x {self.dtype}), not a multiple of 8: use layout 'page_first_direct' "
+                    "(io 'direct') or the 'torch' backend"
+                )
 
     def _layer_view(self, host: torch.Tensor, layer_id: int) -> torch.Tensor:
         if self.layout is HostLayout.LAYER_FIRST:

@@ -14,6 +14,7 @@ readers (the L3 page helpers) wait for queued copies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from sgl_core.backend import HostLayout, MHADevicePool, MHADirectMover, Transfer, mha_device_layers
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError, UnsupportedLayoutError
 from sgl_cuda import kvcacheio
-from sgl_cuda._kvcacheio_mha import RowForm, transfer_rows
+from sgl_cuda._kvcacheio_mha import RowForm, prepare_rows
 from sgl_cuda._mha_device_pool import CudaMHADevicePool
 
 if TYPE_CHECKING:
@@ -83,16 +84,17 @@ class MHAKernelMover:
                 f"io_backend='kernel' needs a CUDA device pool (got {device}); CPU pools "
                 "work only under TRITON_INTERPRET=1"
             )
-        # The kernels step rows by the row size: every layer must be dense (``set_``
-        # can make one strided) and on the pool's device.
+        # The kernels step rows by the row size and move int64 words: every layer
+        # must be dense (``set_`` can make one strided), start on an 8-byte
+        # boundary and be on the pool's device.
         for name, layers in zip(
             ("k_buffer", "v_buffer"), mha_device_layers(device_pool), strict=True
         ):
             for i, layer in enumerate(layers):
-                if not layer.is_contiguous() or layer.device != device:
+                if not layer.is_contiguous() or layer.device != device or layer.data_ptr() % 8:
                     raise PoolMismatchError(
-                        f"device_pool.{name}[{i}] must be contiguous on {device} "
-                        "for io_backend='kernel'"
+                        f"device_pool.{name}[{i}] must be contiguous on {device} and start "
+                        "on an 8-byte boundary for io_backend='kernel'"
                     )
 
     def synchronize(self) -> None:
@@ -147,15 +149,20 @@ class MHAKernelMover:
         host_side: str,
         layer: int | None = None,
     ) -> None:
-        """K and V in one launch when their rows are equally wide, else one launch each."""
+        """K and V in one launch when their rows are equally wide, else one launch each.
+
+        Both launches are checked before the first runs: a refused V never
+        leaves K moved.
+        """
         per_layer = layer is not None
         layers = 1 if per_layer else self.layer_num
         offset = layer or 0
         same = self.rows[0] == self.rows[1]
+        launches: list[Callable[[], None]] = []
         for comps in ((0, 1),) if same else ((0,), (1,)):
             host_form = self._form(comps[0], host_side, layer_view=per_layer)
             forms = (host_form, device_form) if host_side == "src" else (device_form, host_form)
-            transfer_rows(
+            launch = prepare_rows(
                 tuple(src[c] for c in comps),
                 tuple(dst[c] for c in comps),
                 src_idx,
@@ -166,6 +173,9 @@ class MHAKernelMover:
                 layer_offset=offset,
                 num_layers=layers,
             )
+            launches.append(launch)
+        for launch in launches:
+            launch()
 
 
 class MHACudaDirectMover(MHADirectMover):

@@ -34,6 +34,7 @@ from sgl_core.l3._errors import (
     PageStoreError,
     PageStoreNotReadyError,
     PageStoreRootError,
+    PageStoreRootInUseError,
 )
 from sgl_core.l3._file_store import FilePageStore
 from sgl_core.l3._format import PageFormat, page_format
@@ -53,6 +54,7 @@ __all__ = [
     "PageStoreError",
     "PageStoreNotReadyError",
     "PageStoreRootError",
+    "PageStoreRootInUseError",
     "PageStoreStats",
     "page_format",
     "page_keys",

@@ -39,6 +39,7 @@ __all__ = [
     "PageStoreError",
     "PageStoreNotReadyError",
     "PageStoreRootError",
+    "PageStoreRootInUseError",
 ]
 
 
@@ -56,6 +57,15 @@ class PageStoreNotReadyError(PageStoreError):
 
 class PageStoreRootError(PageStoreError):
     """A :class:`~sgl_core.l3.FilePageStore` root that cannot be created or is not a directory."""
+
+
+class PageStoreRootInUseError(PageStoreRootError):
+    """A root held by another live store: a bounded store needs it alone (one capacity).
+
+    A :class:`~sgl_core.l3.FilePageStore` with ``capacity_bytes`` holds its
+    root exclusively, one without it shares the root with other unbounded
+    stores; the hold ends with ``close()`` or the store's process.
+    """
 
 
 class MooncakeUnavailableError(PageStoreError):

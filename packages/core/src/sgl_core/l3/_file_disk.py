@@ -3,6 +3,8 @@
 Page files are ``<root>/pages/<xx>/<64 hex digits>``; temp files end in
 ``.tmp`` and are ``flock``-ed by their writer until the rename, which is how a
 store tells a live writer's temp file from one whose writer died.
+``<root>/store.lock`` is ``flock``-ed by every open store for its lifetime:
+shared by unbounded stores, exclusive by a bounded one (``hold_root``).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import os
 import re
 from pathlib import Path
 
-from sgl_core.l3._errors import PageStoreArgumentError
+from sgl_core.l3._errors import PageStoreArgumentError, PageStoreRootError, PageStoreRootInUseError
 
 __all__ = [
     "PAGE_NAME",
     "TMP_SUFFIX",
     "check_root",
+    "hold_root",
     "fsync_dir",
     "host_view",
     "tmp_state",
@@ -47,6 +50,33 @@ def check_root(root: object) -> Path:
     if "\x00" in text:
         raise PageStoreArgumentError("root must not contain NUL characters")
     return Path(text)
+
+
+def hold_root(root: Path, *, exclusive: bool) -> int:
+    """An fd of ``<root>/store.lock`` holding its ``flock`` (the kernel drops it with the process).
+
+    ``exclusive`` (a bounded store) needs the root alone; otherwise other
+    unbounded stores may hold it too. ``PageStoreRootInUseError`` when not.
+    """
+    path = root / "store.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise PageStoreRootError(f"cannot use {str(root)!r} as an L3 root: {exc}") from exc
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        held = "held by another live store" if exclusive else "held by a live bounded store"
+        raise PageStoreRootInUseError(
+            f"L3 root {str(root)!r} is {held}: a store with capacity_bytes needs its root "
+            "alone (the capacity bounds the whole directory); give each bounded store its "
+            "own root, or close() the other store"
+        ) from None
+    except OSError as exc:
+        os.close(fd)
+        raise PageStoreRootError(f"cannot lock {str(path)!r}: {exc}") from exc
+    return fd
 
 
 def tmp_state(path: Path) -> int | None:

@@ -15,11 +15,12 @@ import logging
 import os
 import threading
 import uuid
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 from sgl_core.l3._errors import PageStoreArgumentError, PageStoreRootError
-from sgl_core.l3._file_disk import PAGE_NAME, TMP_SUFFIX, check_root, tmp_state
+from sgl_core.l3._file_disk import PAGE_NAME, TMP_SUFFIX, check_root, hold_root, tmp_state
 from sgl_core.l3._format import PageFormat
 from sgl_core.l3._protocol import PageStoreStats
 
@@ -50,6 +51,9 @@ class FileIndex:
             raise PageStoreRootError(
                 f"cannot use {str(self._root)!r} as an L3 root: {exc}"
             ) from exc
+        # Before anything on disk is read or removed: a refused open changes nothing.
+        fd = hold_root(self._root, exclusive=capacity_bytes is not None)
+        self._release = weakref.finalize(self, os.close, fd)
         self._capacity = capacity_bytes
         self._lock = threading.RLock()
         # name -> file bytes, least recently used first: pages this store knows are on disk.
@@ -69,6 +73,13 @@ class FileIndex:
     @property
     def capacity_bytes(self) -> int | None:
         return self._capacity
+
+    def close(self) -> None:
+        """Release the root for other stores (also done when the store is collected).
+
+        Pages stay on disk; the store must not be used afterwards.
+        """
+        self._release()
 
     def _name(self, fmt: PageFormat, page_key: str) -> str:
         return hashlib.sha256(fmt.digest + b"\x00" + page_key.encode()).hexdigest()

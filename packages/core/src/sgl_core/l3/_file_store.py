@@ -24,10 +24,14 @@ the payload's CRC-32) followed by the page's memory objects, concatenated.
   temp files being written. Room is reserved before a write; when a page
   does not fit, whole pages are evicted least-recently-used first (a set or
   a get counts as a use). Pages found on disk when the store opens, or
-  written by another process sharing the directory, join the LRU order when
+  put there behind its back, join the LRU order when
   first seen (oldest modification time first) and count from then on.
   ``stats().stored_bytes`` is those bytes; with one store on the directory
-  it equals the bytes on disk whenever no call is in flight.
+  it equals the bytes on disk whenever no call is in flight. A bounded
+  store holds its root alone (an exclusive ``flock`` on
+  ``<root>/store.lock`` until ``close()``, collection or the end of its
+  process); unbounded stores share it. A conflicting open raises
+  ``PageStoreRootInUseError`` before it reads or removes anything.
 * **Crash leftovers.** A writer holds an exclusive ``flock`` on its temp
   file until the rename. Temp files whose writer is gone (a process killed
   mid-write) are removed when a store opens the directory and by
