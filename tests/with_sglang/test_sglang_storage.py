@@ -20,9 +20,10 @@ import torch
 import sgl_core
 from sgl_core.integrations.sglang import SGLangHostPool, wrap_host_pool
 from sgl_core.integrations.sglang_storage import SGLangPageStorage
+from sgl_core.l3 import FilePageStore
 
 from sglang.srt.managers.cache_controller import HiCacheController  # isort: skip
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig  # isort: skip
+from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorage, HiCacheStorageConfig  # isort: skip
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool  # isort: skip
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # isort: skip
 from sglang.srt.mem_cache.utils import get_hash_str  # isort: skip
@@ -199,3 +200,99 @@ def test_factory_builds_backend_and_backend_calls(tmp_path: Path) -> None:
     assert backend.get_stats().pages_set == 3
     backend.clear()
     assert backend.batch_exists(keys) == 0
+
+
+def _rank_configs(path: Path) -> dict[str, HiCacheStorageConfig]:
+    """SGLang's own storage configs for ranks of MLA and MHA deployments."""
+    one = {"tp_rank": 0, "tp_size": 1, "pp_rank": 0, "pp_size": 1, "attn_cp_rank": 0,
+           "attn_cp_size": 1}  # fmt: skip
+    shapes: dict[str, dict[str, Any]] = {
+        "tp1": {},
+        "tp2r0": {"tp_size": 2},
+        "tp2r1": {"tp_rank": 1, "tp_size": 2},
+        "pp2r0": {"pp_size": 2},
+        "pp2r1": {"pp_rank": 1, "pp_size": 2},
+        "cp2r0": {"attn_cp_size": 2},
+        "cp2r1": {"attn_cp_rank": 1, "attn_cp_size": 2},
+        "tp2r1cp2r1": {"tp_rank": 1, "tp_size": 2, "attn_cp_rank": 1, "attn_cp_size": 2},
+        "tp2r1pp2r1cp2r0": {
+            "tp_rank": 1,
+            "tp_size": 2,
+            "pp_rank": 1,
+            "pp_size": 2,
+            "attn_cp_size": 2,
+        },
+    }
+    dcp = {  # SGLang allows DCP for MLA only
+        "tp2dcp2r0": {"tp_size": 2, "dcp_size": 2},
+        "tp2dcp2r1": {"tp_rank": 1, "tp_size": 2, "dcp_size": 2, "dcp_rank": 1},
+        "tp4dcp2r0": {"tp_size": 4, "dcp_size": 2},
+        "tp4dcp2r2": {"tp_rank": 2, "tp_size": 4, "dcp_size": 2},
+        "tp4dcp2r3": {"tp_rank": 3, "tp_size": 4, "dcp_size": 2, "dcp_rank": 1},
+        "tp4dcp2r3cp2r1": {
+            "tp_rank": 3,
+            "tp_size": 4,
+            "dcp_size": 2,
+            "dcp_rank": 1,
+            "attn_cp_rank": 1,
+            "attn_cp_size": 2,
+        },
+    }
+    configs = {}
+    for mla in (True, False):
+        for name, fields in [*shapes.items(), *(dcp.items() if mla else [])]:
+            extra = {"logical_page_size": PAGE} if "dcp_size" in fields else {}
+            configs[("mla-" if mla else "mha-") + name] = HiCacheStorageConfig(
+                **{**one, **fields, **extra}, is_mla_model=mla, enable_storage_metrics=False,
+                is_page_first_layout=True, model_name="m",
+                extra_config={"file_storage_path": str(path)},
+            )  # fmt: skip
+    return configs
+
+
+def test_keys_across_ranks_match_sglangs_sharing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every pair of ranks (TP/PP/attention CP/DCP, MLA and MHA), with SGLang's configs.
+
+    A rank sees another rank's pages exactly when SGLang's own ``HiCacheFile``
+    backend would give both the same file (same ``config_suffix``): ranks whose
+    bytes differ miss (``batch_exists == 0``, nothing loaded), replicas hit.
+    """
+    monkeypatch.delenv("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", raising=False)
+    configs = _rank_configs(tmp_path / "sglang-file")
+    sglang_suffix = {n: HiCacheFile(c).config_suffix for n, c in configs.items()}
+    dev = _device_pool(7)
+    host = wrap_host_pool(
+        sgl_core.get_backend("torch").create_host_pool(dev, layout="page_first_direct")
+    )
+    store = FilePageStore(str(tmp_path / "l3"))
+    backends = {}
+    for name, config in configs.items():
+        backend = SGLangPageStorage(config, {}, store=store)  # one store, shared by all ranks
+        backend.register_mem_pool_host(host)
+        backends[name] = backend
+    src = host.alloc(2 * PAGE)
+    dst = host.alloc(PAGE)
+    assert src is not None and dst is not None
+    host.backup_from_device_all_layer(dev, src, torch.arange(8, 8 + 2 * PAGE), "direct")
+    written = {}
+    for i, (name, backend) in enumerate(backends.items()):
+        keys = get_hash_str(list(range(100 * i, 100 * i + 2 * PAGE)), None, page_size=PAGE)
+        assert backend.batch_set_v1(keys, src) == [True, True]
+        written[name] = keys
+    shared_pairs = 0
+    for writer, keys in written.items():
+        for reader, backend in backends.items():
+            shared = sglang_suffix[writer] == sglang_suffix[reader]
+            shared_pairs += shared and writer != reader
+            host.get_data_page(int(dst[0])).zero_()
+            before = host.get_data_page(int(dst[0])).clone()
+            assert backend.batch_exists(keys) == (2 if shared else 0), (writer, reader)
+            assert backend.batch_get_v1(keys[:1], dst) == [shared], (writer, reader)
+            want = host.get_data_page(int(src[0])) if shared else before
+            assert torch.equal(host.get_data_page(int(dst[0])), want), (writer, reader)
+    # MLA TP replicas (and DCP shards of equal rank across DCP groups) share, as in SGLang.
+    assert (
+        shared_pairs > 0 and backends["mla-tp4dcp2r2"].batch_exists(written["mla-tp4dcp2r0"]) == 2
+    )

@@ -25,8 +25,10 @@ still imports and the class works on its own.
 
 Store keys are SGLang's page hashes (see ``page_keys(..., scheme="sglang")``)
 suffixed with the model name, the host layout (pages of different byte orders
-never meet) and, where pages differ between ranks, the rank: a page of another
-model, layout or shard is a miss, never a wrong hit.
+never meet) and, where pages differ between ranks, the shard (TP rank for
+non-replicated pools, PP stage, attention CP rank, DCP shard; see
+:func:`shard_key_parts`): a page of another model, layout or shard is a miss,
+never a wrong hit.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from sgl_core.l3 import (
     PageStoreStats,
 )
 
-__all__ = ["SGLangPageStorage", "register_with_sglang"]
+__all__ = ["SGLangPageStorage", "register_with_sglang", "shard_key_parts"]
 
 
 def _extra(config: Any) -> Mapping[str, Any]:
@@ -81,6 +83,68 @@ def _build_store(extra: Mapping[str, Any]) -> PageStore:
     raise PageStoreArgumentError(f"extra_config 'store' must be 'file' or 'mooncake', got {kind!r}")
 
 
+def _field(config: Any, name: str) -> Any:
+    if not hasattr(config, name):
+        raise PageStoreArgumentError(
+            f"storage config has no {name!r}: pages could not be keyed per shard"
+        )
+    return getattr(config, name)
+
+
+def _flag(config: Any, name: str) -> bool:
+    value = _field(config, name)
+    if not isinstance(value, bool):
+        raise PageStoreArgumentError(
+            f"storage config {name} must be a bool, got {type(value).__name__}"
+        )
+    return value
+
+
+def _count(config: Any, name: str, low: int) -> int:
+    value = _field(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise PageStoreArgumentError(
+            f"storage config {name} must be an int >= {low}, got {value!r}"
+        )
+    return value
+
+
+def _rank(config: Any, rank: str, size: str) -> tuple[int, int]:
+    r, n = _count(config, rank, 0), _count(config, size, 1)
+    if r >= n:
+        raise PageStoreArgumentError(f"storage config {rank}={r} is not below {size}={n}")
+    return r, n
+
+
+def shard_key_parts(config: Any) -> list[str]:
+    """The key parts naming which slice of a page this rank holds (SGLang 0.5.23's rules).
+
+    Ranks whose page bytes differ get different parts; ranks holding the same
+    bytes share them, as in SGLang's own ``HiCacheFile`` backend: TP ranks share
+    rank-replicated (``is_mla_model``) pages and split the others (heads); every
+    pipeline stage (``pp_size > 1``), attention context-parallel rank
+    (``attn_cp_size > 1``) and decode context-parallel shard (``dcp_size > 1``,
+    with the TP size and the logical page size) holds its own pages. A field
+    missing from ``config`` or out of range raises
+    :class:`~sgl_core.l3.PageStoreArgumentError`: a guessed field could share a
+    key between ranks whose bytes differ.
+    """
+    replicated = _flag(config, "is_mla_model")
+    tp_rank, tp_size = _rank(config, "tp_rank", "tp_size")
+    pp_rank, pp_size = _rank(config, "pp_rank", "pp_size")
+    cp_rank, cp_size = _rank(config, "attn_cp_rank", "attn_cp_size")
+    dcp_rank, dcp_size = _rank(config, "dcp_rank", "dcp_size")
+    parts = [] if replicated else [f"tp{tp_rank}of{tp_size}"]
+    if pp_size > 1:  # each pipeline stage holds other layers
+        parts.append(f"pp{pp_rank}of{pp_size}")
+    if cp_size > 1:  # each attention CP rank holds its own slice of every page
+        parts.append(f"cp{cp_rank}of{cp_size}")
+    if dcp_size > 1:  # a DCP shard of a page, in a TP group of this size
+        page = _count(config, "logical_page_size", 1)
+        parts.append(f"dcp{dcp_rank}of{dcp_size}tp{tp_size}page{page}")
+    return parts
+
+
 class SGLangPageStorage:
     """SGLang's ``HiCacheStorage`` v1 interface on a :class:`sgl_core.l3.PageStore`.
 
@@ -95,14 +159,9 @@ class SGLangPageStorage:
         extra = _extra(storage_config)
         self._store: PageStore = store if store is not None else _build_store(extra)
         model = getattr(storage_config, "model_name", None)
-        parts = [str(model) if model else "-"]
-        if not getattr(storage_config, "is_mla_model", True):
-            # Non-MLA pages differ per TP rank (heads are split).
-            parts.append(f"tp{storage_config.tp_rank}of{storage_config.tp_size}")
-        pp_size = int(getattr(storage_config, "pp_size", 1) or 1)
-        if pp_size > 1:  # each pipeline stage holds other layers
-            parts.append(f"pp{storage_config.pp_rank}of{pp_size}")
-        self._suffix_parts = parts
+        # "@" separates key parts: escaped in the model name, no name forges a shard part.
+        name = str(model).replace("%", "%25").replace("@", "%40") if model else "-"
+        self._suffix_parts = [name, *shard_key_parts(storage_config)]
         self._suffix = ""
         self.mem_pool_host: SGLangHostPool | None = None
 
