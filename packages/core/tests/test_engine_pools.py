@@ -111,3 +111,29 @@ def test_a_host_pools_own_transfers_take_the_engines_pool(kind: str) -> None:
             for a, b in zip(_layers(src), _layers(dst), strict=True):
                 assert a.dtype == b.dtype == src.store_dtype  # the engine's tensors, untouched
                 assert torch.equal(a[src_idx].view(torch.uint8), b[dst_idx].view(torch.uint8))
+
+
+def test_the_views_accessors_write_an_fp8_engines_bytes() -> None:
+    from sgl_core._foreign_pool import as_device_pool
+    from sgl_core.backend import as_mha_device_pool
+
+    gen = torch.Generator().manual_seed(5)
+    loc = torch.tensor([3, 9])
+    mla = _EngineMLAPool(torch.float8_e5m2)
+    view = as_device_pool(mla)
+    assert view.dtype == torch.float8_e5m2 and view.kv_buffer[0].dtype == torch.float8_e5m2
+    nope, rope = _rows(gen, torch.float8_e5m2, 2, 1, 8), _rows(gen, torch.float8_e5m2, 2, 1, 4)
+    view.set_mla_kv_buffer(1, loc, nope, rope)
+    assert torch.equal(mla.kv_buffer[1][loc], torch.cat([nope, rope], -1).view(torch.uint8))
+    got = view.get_mla_kv_buffer(1, loc)
+    assert all(g.dtype == torch.float8_e5m2 for g in got)
+    assert torch.equal(torch.cat(got, -1).view(torch.uint8), mla.kv_buffer[1][loc])
+    mha = _EngineMHAPool(torch.float8_e4m3fn)
+    mview = as_mha_device_pool(mha)
+    k, v = (_rows(gen, torch.float8_e4m3fn, 2, 2, 8) for _ in range(2))
+    mview.set_kv_buffer(0, loc, k, v)
+    assert torch.equal(mha.k_buffer[0][loc], k.view(torch.uint8))
+    assert torch.equal(mha.v_buffer[0][loc], v.view(torch.uint8))
+    gk, gv = mview.get_kv_buffer(0, loc)
+    assert gk.dtype == gv.dtype == torch.float8_e4m3fn
+    assert torch.equal(gk.view(torch.uint8), k.view(torch.uint8))
