@@ -136,7 +136,7 @@ def _theirs(dev: MLATokenToKVPool, layout: str) -> MLATokenToKVPoolHost:
 @pytest.mark.parametrize("which", ["dsa", "fp8", "bf16"])
 @pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
 def test_size_members_equal_sglangs_host_pool(which: str, layout: str) -> None:
-    dev = {"dsa": _dsa, "fp8": lambda: _mla(E4M3), "bf16": lambda: _mla(torch.bfloat16)}[which]()
+    dev = _dsa() if which == "dsa" else _mla(E4M3 if which == "fp8" else torch.bfloat16)
     ours = wrap_host_pool(sgl_core.get_backend("torch").create_host_pool(dev, layout=layout))
     theirs = _theirs(dev, layout)
     for name in (

@@ -114,13 +114,13 @@ def test_a_host_pools_own_transfers_take_the_engines_pool(kind: str) -> None:
 
 
 def test_the_views_accessors_write_an_fp8_engines_bytes() -> None:
-    from sgl_core._foreign_pool import as_device_pool
+    from sgl_core._foreign_pool import ForeignMLADevicePool
     from sgl_core.backend import as_mha_device_pool
 
     gen = torch.Generator().manual_seed(5)
     loc = torch.tensor([3, 9])
     mla = _EngineMLAPool(torch.float8_e5m2)
-    view = as_device_pool(mla)
+    view = ForeignMLADevicePool(mla)
     assert view.dtype == torch.float8_e5m2 and view.kv_buffer[0].dtype == torch.float8_e5m2
     nope, rope = _rows(gen, torch.float8_e5m2, 2, 1, 8), _rows(gen, torch.float8_e5m2, 2, 1, 4)
     view.set_mla_kv_buffer(1, loc, nope, rope)
