@@ -18,10 +18,32 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sgl_core._copy import byte_view
 from sgl_core._protocols import MLADevicePool
 from sgl_core.errors import PoolMismatchError
 
-__all__ = ["ForeignMLADevicePool", "as_device_pool"]
+__all__ = ["ForeignMLADevicePool", "as_device_pool", "engine_dtype", "meant_layers"]
+
+
+def engine_dtype(pool: Any, layers: list[torch.Tensor]) -> torch.dtype:
+    """The element type ``pool`` means: its ``dtype`` when that is a same-width
+    reading of the stored one (SGLang's fp8 over ``uint8``), else the stored one."""
+    stored = layers[0].dtype
+    meant = getattr(pool, "dtype", None)
+    if isinstance(meant, torch.dtype) and meant != stored and meant.itemsize == stored.itemsize:
+        return meant
+    return stored
+
+
+def meant_layers(layers: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """``layers`` itself when stored as ``dtype``, else same-storage views of ``dtype``.
+
+    Views are made on every call (cheap, no copy), so a layer the engine
+    replaced or re-pointed (``Tensor.set_``) is seen as it is now.
+    """
+    if all(t.dtype == dtype for t in layers):
+        return layers
+    return [t.view(dtype) for t in layers]
 
 
 class ForeignMLADevicePool:
@@ -50,7 +72,7 @@ class ForeignMLADevicePool:
     def kv_buffer(self) -> list[torch.Tensor]:
         # The engine's own list (not a copy): a layer it replaces is seen here too.
         layers: list[torch.Tensor] = self._pool.kv_buffer
-        return layers
+        return meant_layers(layers, engine_dtype(self._pool, layers))
 
     @property
     def size(self) -> int:
@@ -78,9 +100,8 @@ class ForeignMLADevicePool:
 
     @property
     def dtype(self) -> torch.dtype:
-        # The dtype the rows are stored in (SGLang's ``store_dtype``: uint8 for fp8).
-        dtype: torch.dtype = self.kv_buffer[0].dtype
-        return dtype
+        # The dtype the engine means (SGLang's ``dtype``), not its ``store_dtype``.
+        return engine_dtype(self._pool, self._pool.kv_buffer)
 
     @property
     def device(self) -> torch.device:
@@ -101,12 +122,15 @@ class ForeignMLADevicePool:
         cache_k_rope: torch.Tensor,
     ) -> None:
         rows = self._rows(layer_id)
-        rows[loc] = torch.cat([cache_k_nope, cache_k_rope], dim=-1).to(rows.dtype)
+        # fp8 has no index kernels everywhere: written as bytes (same storage).
+        byte_view(rows)[loc] = byte_view(
+            torch.cat([cache_k_nope, cache_k_rope], dim=-1).to(rows.dtype)
+        )
 
     def get_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self._rows(layer_id)[loc]
+        rows = byte_view(self._rows(layer_id))[loc].view(self.dtype)
         rank = self.kv_lora_rank
         return rows[..., :rank].clone(), rows[..., rank:].clone()
 

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._foreign_pool import as_device_pool
 from sgl_core._host_args import HostArguments, describe_pairs, size_argument
 from sgl_core._host_slots import HostSlots
 from sgl_core._load_memo import CheckedLoad, tensor_signature
@@ -139,6 +140,10 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     def _check_device_pool_kind(self, device_pool: DevT) -> None:
         """Reject device pools whose storage this host pool cannot address."""
 
+    def _as_device_pool(self, device_pool: DevT) -> DevT:
+        """An engine's own device pool (``device`` a ``str``) seen through the protocol."""
+        return device_pool
+
     def _layer_storage(self, device_pool: DevT, layer_id: int) -> Sequence[torch.Tensor]:
         """The device tensors a load of ``layer_id`` writes (re-checked on the memo path)."""
         return ()
@@ -192,6 +197,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         device_indices: torch.Tensor,
         io_backend: IOBackend | str,
     ) -> None:
+        device_pool = self._as_device_pool(device_pool)
         transfer = self._check_transfer(
             device_pool, host_indices, device_indices, io_backend, "host_indices"
         )
@@ -223,6 +229,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         torch's back between the layers of one batch. See ``sgl_core._load_memo``.
         """
         check_layer_id(layer_id, self.layer_num)
+        device_pool = self._as_device_pool(device_pool)  # a cached view: same object per layer
         checked = self._last_checked
         fingerprint = self._device_pool_fingerprint(device_pool)
         if (
@@ -285,6 +292,10 @@ class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
 
     #: Per host layout this class builds: each io backend it runs and its mover factory.
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
+
+    def _as_device_pool(self, device_pool: MLADevicePool) -> MLADevicePool:
+        # The same view create_host_pool made: SGLang's pool moves its own bytes.
+        return as_device_pool(device_pool)
 
     def _read_shape(self, device_pool: MLADevicePool) -> MLAShape:
         return MLAShape(

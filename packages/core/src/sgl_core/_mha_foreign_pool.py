@@ -6,8 +6,10 @@ but its ``device`` is a ``str`` and its KV accessors take attention-layer
 objects. :func:`as_mha_device_pool` returns a cached view whose ``device`` is
 a ``torch.device`` and whose accessors follow ``MHADevicePool``; the view
 shares the engine's lists, so transfers move the engine's own tensors. The
-dtype reported is the stored one (SGLang's ``store_dtype``, e.g. ``uint8``
-for fp8 caches), which is what the bytes are. Other physical layouts (HND,
+dtype reported is the one the engine means (SGLang's ``dtype``, e.g.
+``float8_e5m2``, not its ``uint8`` ``store_dtype``); K and V layers are then
+shown as same-storage views of it, so the flavour is part of the host pool's
+page format. Other physical layouts (HND,
 page-major) have other ``k_buffer`` shapes and are refused by the host pool's
 shape check.
 """
@@ -20,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sgl_core._copy import byte_view
+from sgl_core._foreign_pool import engine_dtype, meant_layers
 from sgl_core._mha_protocols import MHADevicePool
 from sgl_core.errors import PoolMismatchError
 
@@ -51,12 +55,12 @@ class ForeignMHADevicePool:
     @property
     def k_buffer(self) -> list[torch.Tensor]:
         layers: list[torch.Tensor] = self._pool.k_buffer  # the engine's own list
-        return layers
+        return meant_layers(layers, self.dtype)
 
     @property
     def v_buffer(self) -> list[torch.Tensor]:
         layers: list[torch.Tensor] = self._pool.v_buffer
-        return layers
+        return meant_layers(layers, self.dtype)
 
     @property
     def size(self) -> int:
@@ -84,8 +88,7 @@ class ForeignMHADevicePool:
 
     @property
     def dtype(self) -> torch.dtype:
-        dtype: torch.dtype = self.k_buffer[0].dtype
-        return dtype
+        return engine_dtype(self._pool, self._pool.k_buffer)
 
     @property
     def device(self) -> torch.device:
@@ -102,12 +105,14 @@ class ForeignMHADevicePool:
         self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
     ) -> None:
         i = self._layer(layer_id)
-        self.k_buffer[i][loc] = cache_k.to(self.dtype)
-        self.v_buffer[i][loc] = cache_v.to(self.dtype)
+        # fp8 has no index kernels everywhere: written as bytes (same storage).
+        byte_view(self.k_buffer[i])[loc] = byte_view(cache_k.to(self.dtype))
+        byte_view(self.v_buffer[i])[loc] = byte_view(cache_v.to(self.dtype))
 
     def get_kv_buffer(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         i = self._layer(layer_id)
-        return self.k_buffer[i][loc].clone(), self.v_buffer[i][loc].clone()
+        k = byte_view(self.k_buffer[i])[loc].view(self.dtype)
+        return k, byte_view(self.v_buffer[i])[loc].view(self.dtype)
 
 
 # One view per engine pool, so the per-layer load memo (device pools compared

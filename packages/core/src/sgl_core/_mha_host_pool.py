@@ -17,6 +17,7 @@ import torch
 
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_pool import HostPoolBase
+from sgl_core._mha_foreign_pool import as_mha_device_pool
 from sgl_core._mha_protocols import MHADevicePool
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._transfer import MHAMoverFactory
@@ -32,6 +33,10 @@ class MHAHostPoolBase(HostPoolBase[MHADevicePool, MHAShape]):
 
     #: Per host layout this class builds: each io backend it runs and its mover factory.
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MHAMoverFactory]]]
+
+    def _as_device_pool(self, device_pool: MHADevicePool) -> MHADevicePool:
+        # The same view create_host_pool made: SGLang's pool moves its own bytes.
+        return as_mha_device_pool(device_pool)
 
     def _read_shape(self, device_pool: MHADevicePool) -> MHAShape:
         try:

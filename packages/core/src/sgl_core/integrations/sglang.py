@@ -95,7 +95,9 @@ class SGLangHostPool:
         self.dtype: torch.dtype = pool.dtype
         self.kv_lora_rank: int = pool.shape.kv_lora_rank
         self.qk_rope_head_dim: int = pool.shape.qk_rope_head_dim
-        self.kv_cache_dim: int = self.kv_lora_rank + self.qk_rope_head_dim
+        # The row's width (SGLang's host pool takes the device pool's, e.g. 656
+        # packed fp8 elements of a DeepSeek-V3.2 pool, not kv_lora_rank + rope).
+        self.kv_cache_dim: int = pool.kv_cache_dim
         itemsize = torch.empty((), dtype=pool.dtype).element_size()
         self.token_stride_size: int = self.kv_cache_dim * itemsize
         self.layout_dim: int = self.token_stride_size * self.layer_num
