@@ -39,6 +39,7 @@ from sgl_core._validation import (
     check_layer_id,
     check_page_runs,
     check_unique,
+    differing_fields,
 )
 from sgl_core.errors import (
     PoolMismatchError,
@@ -321,8 +322,15 @@ class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
         except AttributeError as exc:
             raise PoolMismatchError(f"device_pool is not an MLA device pool: {exc}") from None
         if mine != theirs:
+            names = (
+                "layer_num",
+                "kv_lora_rank",
+                "qk_rope_head_dim",
+                "dtype",
+                "page_size",
+                "kv_cache_dim",
+            )
             raise PoolMismatchError(
-                "device_pool does not match the host pool: (layer_num, kv_lora_rank, "
-                f"qk_rope_head_dim, dtype, page_size, kv_cache_dim) = {theirs}, expected {mine}"
+                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
             )
         self._check_device_pool_kind(device_pool)
