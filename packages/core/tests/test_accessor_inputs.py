@@ -212,3 +212,44 @@ def test_pool_mismatch_names_the_field_that_differs() -> None:
     )
     with pytest.raises(errors.PoolMismatchError, match=r"head_num is 4, expected 2$"):
         mh_host.backup_from_device_all_layer(wide, idx, idx, "direct")
+
+
+# ------------------------------------------------- create_host_pool io_backend
+def test_created_io_backend_is_the_default_for_transfers() -> None:
+    dev = mla()
+    fill_device_random(dev, 5)
+    host = BK.create_host_pool(dev, layout="page_first", io_backend="direct")
+    assert host.default_io_backend is sgl_core.IOBackend.DIRECT
+    idx = page_indices([1, 2], PS)
+    host.backup_from_device_all_layer(dev, idx, idx)  # no io given: the pool's
+    twin = mla()
+    for layer in range(3):
+        host.load_to_device_per_layer(twin, idx, idx, layer)
+        got, want = twin.kv_buffer[layer][idx], dev.kv_buffer[layer][idx]
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert host.moves_whole_pages() is host.moves_whole_pages("direct")
+    # An explicit io_backend still wins (and is still checked).
+    refused(
+        errors.UnsupportedLayoutError,
+        lambda: host.backup_from_device_all_layer(dev, idx, idx, "kernel_ascend"),
+        host,
+        dev,
+    )
+
+
+def test_no_io_backend_anywhere_is_a_typed_error() -> None:
+    dev = mla()
+    fill_device_random(dev, 6)
+    host = BK.create_host_pool(dev, layout="layer_first")
+    assert host.default_io_backend is None
+    idx = page_indices([1], PS)
+    refused(
+        errors.ArgumentTypeError,
+        lambda: host.backup_from_device_all_layer(dev, idx, idx),
+        host,
+        dev,
+        match="io_backend",
+    )
+    refused(
+        errors.ArgumentTypeError, lambda: host.load_to_device_per_layer(dev, idx, idx, 0), host, dev
+    )

@@ -42,6 +42,7 @@ from sgl_core._validation import (
     differing_fields,
 )
 from sgl_core.errors import (
+    ArgumentTypeError,
     PoolMismatchError,
     PoolSizeError,
 )
@@ -84,6 +85,10 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         #: Path choices of this pool's direct copies; None: the device pool's preset.
         self.tuning = tuning
         self._layout = self._check_layout(layout, io_backend)
+        #: The io backend transfers use when they are given none (None: they must name one).
+        self.default_io_backend: IOBackend | None = (
+            None if io_backend is None else self._check_io_backend(self._layout, io_backend)
+        )
         self._configure(device_pool)
         self.shape = self._read_shape(device_pool)
         self._page_size = device_pool.page_size
@@ -150,9 +155,21 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         for mover in self._movers.values():
             mover.synchronize()
 
-    def moves_whole_pages(self, io_backend: IOBackend | str) -> bool:
-        """True when ``io_backend`` on this layout takes whole, aligned pages only."""
-        return self._is_page_granular(self._check_io_backend(self._layout, io_backend))
+    def moves_whole_pages(self, io_backend: IOBackend | str | None = None) -> bool:
+        """True when ``io_backend`` (None: the pool's default) takes whole, aligned pages only."""
+        io = self._given_io(io_backend)
+        return self._is_page_granular(self._check_io_backend(self._layout, io))
+
+    def _given_io(self, io_backend: IOBackend | str | None) -> IOBackend | str:
+        """``io_backend``, or the pool's default when None (``ArgumentTypeError`` if none)."""
+        if io_backend is not None:
+            return io_backend
+        if self.default_io_backend is None:
+            raise ArgumentTypeError(
+                "io_backend is None and this host pool was created without an io_backend: "
+                "pass one to the call or to create_host_pool"
+            )
+        return self.default_io_backend
 
     def layer_views(
         self, device_pool: DevT, layer_id: int
@@ -191,8 +208,9 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         device_pool: DevT,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
-        io_backend: IOBackend | str,
+        io_backend: IOBackend | str | None = None,
     ) -> None:
+        """Device -> host, every layer; ``io_backend`` None: the pool's default."""
         transfer = self._check_transfer(
             device_pool, host_indices, device_indices, io_backend, "host_indices"
         )
@@ -205,9 +223,11 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
         layer_id: int,
-        io_backend: IOBackend | str,
+        io_backend: IOBackend | str | None = None,
     ) -> None:
         """Host -> device for one layer; validated once per batch of layers.
+
+        ``io_backend`` None: the ``io_backend`` the pool was created with.
 
         Engines call this once per layer with the same index tensors. The first
         call validates every argument; a later call re-checks only ``layer_id``
@@ -224,6 +244,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         torch's back between the layers of one batch. See ``sgl_core._load_memo``.
         """
         check_layer_id(layer_id, self.layer_num)
+        io_backend = self._given_io(io_backend)
         checked = self._last_checked
         fingerprint = self._device_pool_fingerprint(device_pool)
         if (
@@ -255,11 +276,11 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         device_pool: DevT,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
-        io_backend: IOBackend | str,
+        io_backend: IOBackend | str | None,
         destination: str,
     ) -> Transfer[DevT]:
         """Every check of a transfer, before any byte moves; the typed result."""
-        io = self._check_io_backend(self._layout, io_backend)
+        io = self._check_io_backend(self._layout, self._given_io(io_backend))
         self.check_device_pool(device_pool)
         host_indices, device_indices = check_index_pair(
             host_indices, "host_indices", device_indices, "device_indices"
