@@ -253,3 +253,24 @@ def test_no_io_backend_anywhere_is_a_typed_error() -> None:
     refused(
         errors.ArgumentTypeError, lambda: host.load_to_device_per_layer(dev, idx, idx, 0), host, dev
     )
+
+
+# ------------------------------------------------------------------ reprs
+def test_pool_reprs_show_kind_layout_sizes_dtype_device() -> None:
+    dev = mla()
+    assert repr(dev) == (
+        "PerLayerMLADevicePool(kind=mla, size=16, page_size=4, layer_num=3, "
+        "kv_lora_rank=16, qk_rope_head_dim=8, dtype=torch.bfloat16, device=cpu)"
+    )
+    host = BK.create_host_pool(mha(), layout="page_first")
+    assert repr(host) == (
+        f"{type(host).__name__}(kind=mha, layout=page_first, size=32, page_size=4, "
+        "layer_num=3, head_num=2, head_dim=8, v_head_dim=8, dtype=torch.bfloat16, "
+        "device=cpu, pin_memory=False)"
+    )
+    assert "kv_cache_dim=40" in repr(dsa())
+
+
+def test_create_device_pool_is_documented() -> None:
+    doc = sgl_core.TorchBackend.create_device_pool.__doc__ or ""
+    assert "padding page, page 0" in doc and "kv_cache_dim" in doc

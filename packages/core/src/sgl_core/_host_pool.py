@@ -30,6 +30,7 @@ from sgl_core._memory import should_pin
 from sgl_core._pool_kinds import DevicePoolGeometry, PoolShape
 from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
+from sgl_core._slot_geometry import pool_repr
 from sgl_core._transfer import Mover, MoverFactory, Transfer
 from sgl_core._tuning import CopyTuning
 from sgl_core._validation import (
@@ -178,6 +179,11 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         raise NotImplementedError(f"{type(self).__name__} does not show layer views")
 
     # ------------------------------------------------------------ properties
+    def __repr__(self) -> str:
+        return pool_repr(
+            self, {"layout": self._layout.value, "device": "cpu", "pin_memory": self.pin_memory}
+        )
+
     @property
     def layout(self) -> HostLayout:
         return self._layout
