@@ -110,6 +110,18 @@ class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
         indexer_layer_ids: Iterable[int] | None = None,
         with_index_k_scale: bool = False,
     ) -> DeviceT:
+        """An MLA (or DeepSeek-V3.2 DSA) device pool of this backend.
+
+        ``size`` tokens (a whole number of ``page_size`` pages) per layer, plus
+        the padding page, page 0: slots ``[0, size + page_size)``. Each token
+        row is ``kv_lora_rank + qk_rope_head_dim`` elements of ``dtype``, or
+        ``kv_cache_dim`` packed elements when given (e.g. ``torch.uint8``,
+        656 for DSA's fp8 rows with scales). ``index_head_dim`` adds the DSA
+        indexer cache for ``indexer_layer_ids`` (default every layer), with
+        fp32 scales when ``with_index_k_scale``. ``device`` None: the
+        backend's default device. Raises ``PoolSizeError`` (sizes, or a pool
+        that does not fit), ``DeviceError`` (an unusable device).
+        """
         return self._device_pool_class(
             size=size,
             page_size=page_size,

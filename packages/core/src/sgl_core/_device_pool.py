@@ -18,8 +18,9 @@ from sgl_core._validation import (
     check_index_device,
     check_index_tensor,
     check_layer_id,
+    check_value_rows,
 )
-from sgl_core.errors import ArgumentTypeError, PoolMismatchError, PoolSizeError
+from sgl_core.errors import PoolMismatchError, PoolSizeError
 
 __all__ = [
     "MLAPoolGeometry",
@@ -159,16 +160,9 @@ class PerLayerMLADevicePool(MLAPoolGeometry, IndexerRows):
             ("cache_k_nope", cache_k_nope, self.kv_lora_rank),
             ("cache_k_rope", cache_k_rope, self.qk_rope_head_dim),
         ):
-            if not isinstance(tensor, torch.Tensor):
-                raise ArgumentTypeError(
-                    f"{name} must be a torch.Tensor, got {type(tensor).__name__}"
-                )
-            if tuple(tensor.shape) != (n, 1, dim):
-                raise PoolMismatchError(
-                    f"{name} must have shape {(n, 1, dim)}, got {tuple(tensor.shape)}"
-                )
-        # fp8 caches move as bytes (no fp8 index kernels); values convert first.
-        parts = [byte_view(t.to(self.device, self.dtype)) for t in (cache_k_nope, cache_k_rope)]
+            check_value_rows(tensor, name, (n, 1, dim), self.dtype)
+        # fp8 caches move as bytes (no fp8 index kernels).
+        parts = [byte_view(t.to(self.device)) for t in (cache_k_nope, cache_k_rope)]
         byte_view(self.kv_buffer[layer_id]).index_copy_(0, loc, torch.cat(parts, dim=-1))
 
     def get_mla_kv_buffer(
@@ -194,6 +188,7 @@ class PerLayerMLADevicePool(MLAPoolGeometry, IndexerRows):
         The bytes land as given (no conversion): rows of another dtype or
         shape are ``PoolMismatchError``, before anything is written.
         """
+        layer_id = check_layer_id(layer_id, self.layer_num)
         loc = self._check_loc(layer_id, loc)
         check_raw_rows(rows, loc.numel(), self.kv_cache_dim, self.dtype)
         byte_view(self.kv_buffer[layer_id][:, 0]).index_copy_(
@@ -207,14 +202,9 @@ class PerLayerMLADevicePool(MLAPoolGeometry, IndexerRows):
 
 
 def check_raw_rows(rows: object, n: int, dim: int, dtype: torch.dtype) -> None:
-    """``rows`` is an ``(n, dim)`` tensor of ``dtype``, else a typed error."""
-    if not isinstance(rows, torch.Tensor):
-        raise ArgumentTypeError(f"rows must be a torch.Tensor, got {type(rows).__name__}")
-    if tuple(rows.shape) != (n, dim) or rows.dtype != dtype:
-        raise PoolMismatchError(
-            f"rows must be an {(n, dim)} {dtype} tensor (raw rows are not converted), "
-            f"got {tuple(rows.shape)} {rows.dtype}"
-        )
+    """``rows`` is an ``(n, dim)`` tensor of ``dtype`` with values, else a typed error
+    (``ShapeMismatchError`` for shape or dtype, ``DeviceError`` for a meta tensor)."""
+    check_value_rows(rows, "rows", (n, dim), dtype)
 
 
 def stacked_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor | None:

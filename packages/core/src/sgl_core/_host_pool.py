@@ -31,6 +31,7 @@ from sgl_core._memory import should_pin
 from sgl_core._pool_kinds import DevicePoolGeometry, PoolShape
 from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
+from sgl_core._slot_geometry import pool_repr
 from sgl_core._transfer import Mover, MoverFactory, Transfer
 from sgl_core._tuning import CopyTuning
 from sgl_core._validation import (
@@ -40,8 +41,10 @@ from sgl_core._validation import (
     check_layer_id,
     check_page_runs,
     check_unique,
+    differing_fields,
 )
 from sgl_core.errors import (
+    ArgumentTypeError,
     PoolMismatchError,
     PoolSizeError,
 )
@@ -84,6 +87,10 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         #: Path choices of this pool's direct copies; None: the device pool's preset.
         self.tuning = tuning
         self._layout = self._check_layout(layout, io_backend)
+        #: The io backend transfers use when they are given none (None: they must name one).
+        self.default_io_backend: IOBackend | None = (
+            None if io_backend is None else self._check_io_backend(self._layout, io_backend)
+        )
         self._configure(device_pool)
         self.shape = self._read_shape(device_pool)
         self._page_size = device_pool.page_size
@@ -154,9 +161,21 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         for mover in self._movers.values():
             mover.synchronize()
 
-    def moves_whole_pages(self, io_backend: IOBackend | str) -> bool:
-        """True when ``io_backend`` on this layout takes whole, aligned pages only."""
-        return self._is_page_granular(self._check_io_backend(self._layout, io_backend))
+    def moves_whole_pages(self, io_backend: IOBackend | str | None = None) -> bool:
+        """True when ``io_backend`` (None: the pool's default) takes whole, aligned pages only."""
+        io = self._given_io(io_backend)
+        return self._is_page_granular(self._check_io_backend(self._layout, io))
+
+    def _given_io(self, io_backend: IOBackend | str | None) -> IOBackend | str:
+        """``io_backend``, or the pool's default when None (``ArgumentTypeError`` if none)."""
+        if io_backend is not None:
+            return io_backend
+        if self.default_io_backend is None:
+            raise ArgumentTypeError(
+                "io_backend is None and this host pool was created without an io_backend: "
+                "pass one to the call or to create_host_pool"
+            )
+        return self.default_io_backend
 
     def layer_views(
         self, device_pool: DevT, layer_id: int
@@ -165,6 +184,11 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         raise NotImplementedError(f"{type(self).__name__} does not show layer views")
 
     # ------------------------------------------------------------ properties
+    def __repr__(self) -> str:
+        return pool_repr(
+            self, {"layout": self._layout.value, "device": "cpu", "pin_memory": self.pin_memory}
+        )
+
     @property
     def layout(self) -> HostLayout:
         return self._layout
@@ -195,8 +219,9 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         device_pool: DevT,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
-        io_backend: IOBackend | str,
+        io_backend: IOBackend | str | None = None,
     ) -> None:
+        """Device -> host, every layer; ``io_backend`` None: the pool's default."""
         device_pool = self._as_device_pool(device_pool)
         transfer = self._check_transfer(
             device_pool, host_indices, device_indices, io_backend, "host_indices"
@@ -210,9 +235,11 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
         layer_id: int,
-        io_backend: IOBackend | str,
+        io_backend: IOBackend | str | None = None,
     ) -> None:
         """Host -> device for one layer; validated once per batch of layers.
+
+        ``io_backend`` None: the ``io_backend`` the pool was created with.
 
         Engines call this once per layer with the same index tensors. The first
         call validates every argument; a later call re-checks only ``layer_id``
@@ -230,6 +257,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         """
         check_layer_id(layer_id, self.layer_num)
         device_pool = self._as_device_pool(device_pool)  # a cached view: same object per layer
+        io_backend = self._given_io(io_backend)
         checked = self._last_checked
         fingerprint = self._device_pool_fingerprint(device_pool)
         if (
@@ -261,11 +289,11 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         device_pool: DevT,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
-        io_backend: IOBackend | str,
+        io_backend: IOBackend | str | None,
         destination: str,
     ) -> Transfer[DevT]:
         """Every check of a transfer, before any byte moves; the typed result."""
-        io = self._check_io_backend(self._layout, io_backend)
+        io = self._check_io_backend(self._layout, self._given_io(io_backend))
         self.check_device_pool(device_pool)
         host_indices, device_indices = check_index_pair(
             host_indices, "host_indices", device_indices, "device_indices"
@@ -332,8 +360,15 @@ class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
         except AttributeError as exc:
             raise PoolMismatchError(f"device_pool is not an MLA device pool: {exc}") from None
         if mine != theirs:
+            names = (
+                "layer_num",
+                "kv_lora_rank",
+                "qk_rope_head_dim",
+                "dtype",
+                "page_size",
+                "kv_cache_dim",
+            )
             raise PoolMismatchError(
-                "device_pool does not match the host pool: (layer_num, kv_lora_rank, "
-                f"qk_rope_head_dim, dtype, page_size, kv_cache_dim) = {theirs}, expected {mine}"
+                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
             )
         self._check_device_pool_kind(device_pool)

@@ -18,14 +18,15 @@ from sgl_core._validation import (
     check_index_bounds,
     check_index_tensor,
     check_page_runs,
+    check_value_tensor,
 )
 from sgl_core.errors import (
     ArgumentTypeError,
     FreeError,
     IndexOutOfRangeError,
     PageAlignmentError,
-    PoolMismatchError,
     PoolSizeError,
+    ShapeMismatchError,
 )
 
 __all__ = ["HostSlots"]
@@ -113,12 +114,9 @@ class HostSlots:
         self, data_page: torch.Tensor, expected_numel: int, dtype: torch.dtype | None = None
     ) -> None:
         dtype = self.dtype if dtype is None else dtype
-        if not isinstance(data_page, torch.Tensor):
-            raise ArgumentTypeError(
-                f"data_page must be a torch.Tensor, got {type(data_page).__name__}"
-            )
+        check_value_tensor(data_page, "data_page")
         if data_page.dtype != dtype or data_page.numel() != expected_numel:
-            raise PoolMismatchError(
+            raise ShapeMismatchError(
                 f"data_page must hold {expected_numel} elements of {dtype}, "
                 f"got {data_page.numel()} of {data_page.dtype}"
             )

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import torch
 
 from sgl_core._copy import byte_view
-from sgl_core._validation import check_layer_id
+from sgl_core._validation import check_layer_id, check_value_rows
 from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
 
 __all__ = ["IndexerConfig", "IndexerRows", "check_indexer", "indexer_of"]
@@ -170,11 +170,10 @@ class IndexerRows:
         return slot
 
     @staticmethod
-    def _check_rows(name: str, tensor: object, n: int, dim: int) -> torch.Tensor:
-        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != (n, 1, dim):
-            got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor)
-            raise PoolMismatchError(f"{name} must have shape {(n, 1, dim)}, got {got}")
-        return tensor
+    def _check_rows(
+        name: str, tensor: object, n: int, dim: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        return check_value_rows(tensor, name, (n, 1, dim), dtype)
 
     def set_index_k_buffer(
         self,
@@ -192,16 +191,16 @@ class IndexerRows:
         cfg, keys = self.indexer, self.index_k_buffer
         assert cfg is not None and keys is not None
         n = loc.numel()
-        self._check_rows("index_k", index_k, n, cfg.index_head_dim)
+        self._check_rows("index_k", index_k, n, cfg.index_head_dim, self.dtype)
         scales = self.index_k_scale_buffer
         if (index_k_scale is None) != (scales is None):
             raise PoolMismatchError(
                 "index_k_scale must be given exactly when the pool has index_k_scale_buffer"
             )
         if index_k_scale is not None and scales is not None:
-            self._check_rows("index_k_scale", index_k_scale, n, 1)
-            scales[slot].index_copy_(0, loc, index_k_scale.to(self.device, torch.float32))
-        byte_view(keys[slot]).index_copy_(0, loc, byte_view(index_k.to(self.device, self.dtype)))
+            self._check_rows("index_k_scale", index_k_scale, n, 1, torch.float32)
+            scales[slot].index_copy_(0, loc, index_k_scale.to(self.device))
+        byte_view(keys[slot]).index_copy_(0, loc, byte_view(index_k.to(self.device)))
 
     def get_index_k_buffer(
         self, layer_id: int, loc: torch.Tensor

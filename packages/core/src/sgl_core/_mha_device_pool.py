@@ -22,8 +22,9 @@ from sgl_core._validation import (
     check_index_device,
     check_index_tensor,
     check_layer_id,
+    check_value_rows,
 )
-from sgl_core.errors import ArgumentTypeError, PoolMismatchError, PoolSizeError
+from sgl_core.errors import PoolMismatchError, PoolSizeError
 
 __all__ = ["MHAPoolGeometry", "PerLayerMHADevicePool", "mha_device_layers"]
 
@@ -145,17 +146,10 @@ class PerLayerMHADevicePool(MHAPoolGeometry):
             ("cache_k", cache_k, self.head_dim),
             ("cache_v", cache_v, self.v_head_dim),
         ):
-            if not isinstance(tensor, torch.Tensor):
-                raise ArgumentTypeError(
-                    f"{name} must be a torch.Tensor, got {type(tensor).__name__}"
-                )
-            if tuple(tensor.shape) != (n, self.head_num, dim):
-                raise PoolMismatchError(
-                    f"{name} must have shape {(n, self.head_num, dim)}, got {tuple(tensor.shape)}"
-                )
-        # fp8 caches move as bytes (no fp8 index kernels); values convert first.
+            check_value_rows(tensor, name, (n, self.head_num, dim), self.dtype)
+        # fp8 caches move as bytes (no fp8 index kernels).
         for layers, tensor in ((self.k_buffer, cache_k), (self.v_buffer, cache_v)):
-            rows = byte_view(tensor.to(self.device, self.dtype).contiguous())
+            rows = byte_view(tensor.to(self.device).contiguous())
             byte_view(layers[layer_id]).index_copy_(0, loc, rows)
 
     def get_kv_buffer(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

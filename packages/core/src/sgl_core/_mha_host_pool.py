@@ -21,6 +21,7 @@ from sgl_core._mha_foreign_pool import as_mha_device_pool
 from sgl_core._mha_protocols import MHADevicePool
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._transfer import MHAMoverFactory
+from sgl_core._validation import differing_fields
 from sgl_core.errors import PoolMismatchError
 
 __all__ = ["MHAHostPoolBase"]
@@ -110,7 +111,7 @@ class MHAHostPoolBase(HostPoolBase[MHADevicePool, MHAShape]):
             raise PoolMismatchError(f"device_pool is not an MHA device pool: {exc}") from None
         if mine != theirs:
             raise PoolMismatchError(
-                f"device_pool does not match the host pool: ({', '.join(_FIELDS)}) = "
-                f"{theirs}, expected {mine}"
+                "device_pool does not match the host pool: "
+                + differing_fields(_FIELDS, theirs, mine)
             )
         self._check_device_pool_kind(device_pool)

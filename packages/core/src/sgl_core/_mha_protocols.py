@@ -23,8 +23,8 @@ __all__ = ["MHADevicePool", "MHAHostPool"]
 class MHADevicePool(Protocol):
     """An accelerator-side MHA/GQA KV cache: a K and a V row per token per layer.
 
-    Token slots are ``[0, size + page_size)`` (one padding page beyond
-    ``size``, as for MLA). ``loc`` arguments are 1-D ``torch.int64`` token
+    Token slots are ``[0, size + page_size)``: pages ``1 .. size // page_size``
+    plus the padding page, page 0, as for MLA. ``loc`` arguments are 1-D ``torch.int64`` token
     indices. K rows are ``(head_num, head_dim)``, V rows
     ``(head_num, v_head_dim)``.
     """

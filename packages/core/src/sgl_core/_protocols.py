@@ -35,9 +35,10 @@ __all__ = [
 class MLADevicePool(Protocol):
     """An accelerator-side MLA KV cache: one ``kv_cache_dim`` row per token per layer.
 
-    Token slots are ``[0, size + page_size)``: the pool keeps one padding page
-    beyond ``size`` (slot 0 is the engine's padding slot). ``loc`` arguments
-    are 1-D ``torch.int64`` token indices.
+    Token slots are ``[0, size + page_size)``: ``size`` tokens of pages
+    ``1 .. size // page_size`` plus one extra page, page 0 (slots
+    ``[0, page_size)``), the engine's padding page (valid to address, never
+    handed out). ``loc`` arguments are 1-D ``torch.int64`` token indices.
     """
 
     @property

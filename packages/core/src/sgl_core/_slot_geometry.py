@@ -7,6 +7,9 @@ pages plus the engine's padding page. ``MLAPoolGeometry`` and
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 
 from sgl_core._devices import check_fits
@@ -40,6 +43,9 @@ class SlotGeometry:
         self._device = device
         check_fits(self.slot_count * self.shape.layout_dim, device, "device pool")
 
+    def __repr__(self) -> str:
+        return pool_repr(self, {"device": self.device})
+
     @property
     def size(self) -> int:
         return self._size
@@ -69,3 +75,25 @@ class SlotGeometry:
     @property
     def device(self) -> torch.device:
         return self._device
+
+
+def pool_repr(pool: Any, extra: dict[str, object]) -> str:
+    """``Name(kind=..., [layout=...,] size=..., page_size=..., <row dims>, dtype=..., ...)``.
+
+    The kind and row dims come from the pool's ``shape`` (an ``MLAShape`` or
+    ``MHAShape``); ``extra`` adds the device (and a host pool's layout first).
+    """
+    shape = pool.shape
+    kind = type(shape).__name__.removesuffix("Shape").lower()
+    fields: dict[str, object] = {"kind": kind}
+    if "layout" in extra:
+        fields["layout"] = extra["layout"]
+    fields.update(size=pool.size, page_size=pool.page_size)
+    for f in dataclasses.fields(shape):
+        value = getattr(shape, f.name)
+        if f.name != "dtype" and value is not None:
+            fields["kv_cache_dim" if f.name == "row_dim" else f.name] = value
+    fields["dtype"] = shape.dtype
+    fields.update((k, v) for k, v in extra.items() if k != "layout")
+    body = ", ".join(f"{k}={v}" for k, v in fields.items())
+    return f"{type(pool).__name__}({body})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,6 +18,7 @@ from sgl_core.errors import (
     LayerIndexError,
     PageAlignmentError,
     PoolMismatchError,
+    ShapeMismatchError,
 )
 
 __all__ = [
@@ -29,6 +31,9 @@ __all__ = [
     "check_layer_id",
     "check_page_runs",
     "check_unique",
+    "check_value_rows",
+    "check_value_tensor",
+    "differing_fields",
 ]
 
 
@@ -140,12 +145,43 @@ def check_page_runs(indices: torch.Tensor, page_size: int, argument: str) -> Non
 
 
 def check_layer_id(layer_id: object, layer_num: int) -> int:
-    """An int in ``[0, layer_num)``."""
-    if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+    """Any integer (``operator.index``: int, numpy integer, 0-d integer tensor;
+    not ``bool``) in ``[0, layer_num)``, returned as a plain int."""
+    if isinstance(layer_id, (bool, np.bool_)) or (
+        isinstance(layer_id, torch.Tensor) and layer_id.dtype == torch.bool
+    ):
         raise ArgumentTypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
-    if not 0 <= layer_id < layer_num:
-        raise LayerIndexError(f"layer_id={layer_id} is outside [0, {layer_num})")
-    return layer_id
+    try:
+        value = operator.index(layer_id)  # type: ignore[arg-type]
+    except (TypeError, RuntimeError):
+        raise ArgumentTypeError(f"layer_id must be an int, got {type(layer_id).__name__}") from None
+    if not 0 <= value < layer_num:
+        raise LayerIndexError(f"layer_id={value} is outside [0, {layer_num})")
+    return value
+
+
+def check_value_tensor(t: object, name: str) -> torch.Tensor:
+    """A tensor with values to write: ``ArgumentTypeError`` for a non-tensor,
+    ``DeviceError`` for a meta tensor (as for meta indices)."""
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type == "meta":
+        raise DeviceError(f"{name} is a meta tensor: it has no values to write")
+    return t
+
+
+def check_value_rows(
+    t: object, name: str, shape: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
+    """Rows to write of exactly ``shape`` and the pool's ``dtype`` (no conversion):
+    ``ShapeMismatchError`` (a ``PoolMismatchError``) otherwise."""
+    rows = check_value_tensor(t, name)
+    if tuple(rows.shape) != shape or rows.dtype != dtype:
+        raise ShapeMismatchError(
+            f"{name} must be a {shape} {dtype} tensor (values are not converted), "
+            f"got {tuple(rows.shape)} {rows.dtype}"
+        )
+    return rows
 
 
 def check_backed(t: torch.Tensor, name: str) -> None:
@@ -163,3 +199,12 @@ def check_backed(t: torch.Tensor, name: str) -> None:
     )
     if (extent + 1) * t.element_size() > t.untyped_storage().nbytes():
         raise PoolMismatchError(f"{name} reaches past the end of its storage")
+
+
+def differing_fields(names: Sequence[str], theirs: Sequence[object], mine: Sequence[object]) -> str:
+    """``"dtype is torch.float32, expected torch.bfloat16; ..."`` for each field that differs."""
+    return "; ".join(
+        f"{name} is {a}, expected {b}"
+        for name, a, b in zip(names, theirs, mine, strict=True)
+        if a != b
+    )

@@ -88,8 +88,12 @@ class QuantTypeError(SGLError, ValueError):
     """A quantization type id that the kernel does not implement."""
 
 
-class ShapeMismatchError(SGLError, ValueError):
-    """Tensors passed together disagree on shape or dtype."""
+class ShapeMismatchError(PoolMismatchError):
+    """Tensors passed together (or rows passed to a pool) disagree on shape or dtype.
+
+    A subclass of ``PoolMismatchError`` so that ``except PoolMismatchError``
+    written for the row accessors before this class was used there still catches it.
+    """
 
 
 class AmbiguousBackendError(SGLError, LookupError):
