@@ -117,7 +117,7 @@ def test_readme_capability_table_matches_the_backends() -> None:
 
 
 def _shape(line: str) -> str:
-    """A line's structure: numbers masked, column runs of blanks as one, a goal line up to its verdict."""
+    """A line's structure: numbers masked, blank runs as one, a goal line up to its verdict."""
     line = line.rstrip()
     if line.lstrip().startswith("goal "):
         line = line.split(": ")[0]  # the verdict and the worst case depend on the run
