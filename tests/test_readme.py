@@ -89,7 +89,7 @@ def test_readme_links_the_design_doc_and_license() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "](docs/design.md)" in text
     assert "](LICENSE)" in text
-    assert "python -m pip install ./packages/core ./packages/cuda" in text  # the real install
+    assert "python -m pip install -c constraints.txt ./packages/core ./packages/cuda" in text
 
 
 def _pairs(cell: str) -> set[str]:
@@ -142,3 +142,19 @@ def test_readme_sample_output_has_the_structure_the_cli_prints_now(
         sgl_core.clear_backend_cache()
     printed = capsys.readouterr().out.strip("\n").splitlines()
     assert [_shape(x) for x in sample] == [_shape(x) for x in printed]
+
+
+def test_readme_installs_use_the_tested_pins() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    pins = dict(
+        line.split("==")
+        for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    )
+    hatch = (ROOT / "hatch.toml").read_text(encoding="utf-8")
+    for name in ("torch", "triton"):
+        assert f'"{name}=={pins[name]}"' in hatch, f"constraints.txt vs hatch.toml: {name}"
+    installs = re.findall(r"^python -m pip install (.*\./packages/.*)$", text, re.M)
+    assert installs
+    for line in installs:
+        assert line.startswith("-c constraints.txt "), line
