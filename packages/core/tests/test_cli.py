@@ -314,3 +314,20 @@ def test_l3_lists_the_stores_it_left_out(
     assert "note: store 'mooncake' left out: its client does not import" in out
     assert "pip install 'sgl-core[mooncake]'" in out
     assert "stores run: file" in out and "stores left out: mooncake" in out
+
+
+# ------------------------------------------------------------ modes stated, not implied
+def test_quick_and_full_together_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hicache", "--quick", "--full"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "selection", [["--backend", "torch"], ["--page-size", "16"], ["--layout", "page_first"]]
+)
+def test_a_selection_keeps_the_quick_mode(
+    selection: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["hicache", *selection, *TINY]) == 0
+    header = capsys.readouterr().out.splitlines()[1]
+    assert "; quick: " in header and "full:" not in header

@@ -65,10 +65,19 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
         "--pages",
         type=int,
         help="pages per call (default: 2048 tokens' worth with --quick and in the default "
-        "run, else 4096)",
+        "run, else 4096 with --full)",
     )
-    p.add_argument("--quick", action="store_true", help="2048 tokens, 3 repeats (< 1 minute)")
-    p.add_argument("--full", action="store_true", help="all backends, page sizes 1,16,64,128")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--quick",
+        action="store_true",
+        help="the default, also with --backend/--layout/--page-size: 2048 tokens, 3 repeats",
+    )
+    mode.add_argument(
+        "--full",
+        action="store_true",
+        help="all backends, page sizes 1,16,64,128, 4096 tokens, 5 repeats (unless given)",
+    )
     p.add_argument("--json", metavar="PATH", help="write {machine, records} as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of GB/s by page size")
     p.add_argument("--no-baselines", action="store_true", help="skip per_token/per_page")
