@@ -122,7 +122,7 @@ def check_plot_available() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError(
-            "--plot needs matplotlib: install sgl-core[bench] (pip install 'sgl-core[bench]')"
+            "--plot needs matplotlib: install sgl-core[bench] (pip install './packages/core[bench]')"
         ) from None
 
 

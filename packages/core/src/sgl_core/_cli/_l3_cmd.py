@@ -56,7 +56,7 @@ def left_out_stores() -> dict[str, str]:
         hint = (
             "install libibverbs1 (apt-get install -y libibverbs1)"
             if "libibverbs" in str(exc)
-            else "pip install 'sgl-core[mooncake]'"
+            else "from the repository: pip install './packages/core[mooncake]'"
         )
         return {"mooncake": f"its client does not import ({exc}); {hint}"}
     return {}
