@@ -332,3 +332,10 @@ def test_a_selection_keeps_the_quick_mode(
     assert main(["hicache", *selection, *TINY]) == 0
     header = capsys.readouterr().out.splitlines()[1]
     assert "; quick: " in header and "full:" not in header
+
+
+def test_l3_help_describes_only_l3(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["l3", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "MoE" not in text
+    assert "exit status: 0 = every result was verified (every page read back bit for bit)" in text
