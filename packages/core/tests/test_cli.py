@@ -339,3 +339,11 @@ def test_l3_help_describes_only_l3(capsys: pytest.CaptureFixture[str]) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert "MoE" not in text
     assert "exit status: 0 = every result was verified (every page read back bit for bit)" in text
+
+
+def test_moe_says_goal_and_what_rel_err_is(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["moe", "--quick", "--no-device-methods", "--tokens", "8", "--hidden", "64"]
+    assert main([*argv, "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "goal combine fused >= 1.3x unfused" in out and "target " not in out
+    assert "rel err = max |result - reference| / max |reference|" in out
