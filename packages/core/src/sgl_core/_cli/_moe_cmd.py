@@ -111,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
     fused = records[0]
     goal = "met" if (fused.speedup or 0.0) >= 1.3 else "NOT met"
     print(
-        f"goal combine fused >= 1.3x unfused at {fused.shape}: {goal} "
-        f"({fused.speedup or 0.0:.2f}x)"
+        f"goal combine fused >= 1.3x unfused at {fused.shape}: {goal} ({fused.speedup or 0.0:.2f}x)"
     )
     ok = all(r.verified is not False for r in records)
     print(f"verified: {'yes' if ok else 'NO'}")
