@@ -141,6 +141,7 @@ def test_readme_sample_output_has_the_structure_the_cli_prints_now(
     finally:
         sgl_core.clear_backend_cache()
     printed = capsys.readouterr().out.strip("\n").splitlines()
+    printed = [x for x in printed if not x.startswith("warning: the machine was busy")]
     assert [_shape(x) for x in sample] == [_shape(x) for x in printed]
 
 

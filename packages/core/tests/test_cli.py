@@ -347,3 +347,16 @@ def test_moe_says_goal_and_what_rel_err_is(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert "goal combine fused >= 1.3x unfused" in out and "target " not in out
     assert "rel err = max |result - reference| / max |reference|" in out
+
+
+@pytest.mark.parametrize("load", [0.0, 1e6])
+def test_hicache_states_the_load_and_warns_when_busy(
+    load: float, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert main(["hicache", "--backend", "torch", "--layout", "page_first", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert f"machine load (1-minute average) {load:.2f} at start, {load:.2f} at end" in out
+    assert ("warning: the machine was busy" in out) == (load > 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -119,12 +120,21 @@ def _header(plan: Plan) -> str:
     )
 
 
+def _load() -> float:
+    """The machine's 1-minute load average (0.0 where the OS does not report one)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
 def run(args: argparse.Namespace) -> int:
     plan = plan_run(args)  # every argument is checked here, before any work
     cfg = plan.cfg
     for note in plan.notes:
         print(f"note: {note}")
     print(_header(plan))
+    load_start = _load()
     started = time.perf_counter()
     progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), "hicache")
     records: list[Record] = []
@@ -146,7 +156,16 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     exact = all(r.bit_exact is not False for r in records)
     print(f"bit-exact: {'yes' if exact else 'NO (exit status 1)'}")
-    print(f"wall time: {time.perf_counter() - started:.1f} s")
+    load_end, cpus = _load(), os.cpu_count() or 1
+    print(
+        f"wall time: {time.perf_counter() - started:.1f} s; machine load (1-minute average) "
+        f"{load_start:.2f} at start, {load_end:.2f} at end, {cpus} CPU(s)"
+    )
+    if max(load_start, load_end) > cpus:
+        print(
+            f"warning: the machine was busy (load above its {cpus} CPU(s)): other processes "
+            "shared the CPUs, so GB/s and ratios of this run are not reliable; rerun when idle"
+        )
     if args.json:
         write_json(args.json, machine_info(), records, command="hicache", quick=plan.quick)
         print(f"wrote {args.json}")
