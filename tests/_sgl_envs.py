@@ -1,6 +1,6 @@
 """Fresh virtual environments built from the three wheels (issue 6, "isolation").
 
-Layout under the cache root (``$SGL_TEST_CACHE`` or ``~/.cache/sgl-tests``):
+Layout under the cache root (``$SGLTEST_CACHE`` or ``~/.cache/sgl-tests``):
 
 * ``shared/torch-<ver>-<py>-<hash>/``: ``pip install --target`` of the pinned CPU
   torch, numpy, pytest and hypothesis (what every environment needs: sgl-core's

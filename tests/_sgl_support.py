@@ -44,8 +44,8 @@ def skip_or_fail(reason: str) -> NoReturn:
 
 
 def cache_root() -> Path:
-    """``$SGL_TEST_CACHE``, else ``$XDG_CACHE_HOME/sgl-tests``, else ``~/.cache/sgl-tests``."""
-    explicit = os.environ.get("SGL_TEST_CACHE")
+    """``$SGLTEST_CACHE``, else ``$XDG_CACHE_HOME/sgl-tests``, else ``~/.cache/sgl-tests``."""
+    explicit = os.environ.get("SGLTEST_CACHE")
     if explicit:
         root = Path(explicit)
     else:

@@ -89,4 +89,73 @@ def test_readme_links_the_design_doc_and_license() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "](docs/design.md)" in text
     assert "](LICENSE)" in text
-    assert "python -m pip install ./packages/core ./packages/cuda" in text  # the real install
+    assert "python -m pip install -c constraints.txt ./packages/core ./packages/cuda" in text
+
+
+def _pairs(cell: str) -> set[str]:
+    return set(re.findall(r"`([a-z_]+/[a-z_]+)`", cell))
+
+
+def _as_pairs(mapping: object) -> set[str]:
+    assert isinstance(mapping, dict)
+    return {f"{layout.value}/{io.value}" for layout, ios in mapping.items() for io in ios}
+
+
+def test_readme_capability_table_matches_the_backends() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\s*\| `(\w+)` \| (.*?) \| (.*?) \|\s*$", text, re.M)
+    table = {name: (mla, mha) for name, mla, mha in rows}
+    assert set(table) == {"torch", "cuda", "ascend"}, "README's capability table lost a backend"
+    for name, (mla, mha) in table.items():
+        try:
+            backend = sgl_core.get_backend(name)
+        except sgl_core.errors.BackendUnavailableError:
+            continue  # its package is not installed in this environment
+        assert _pairs(mla) == _as_pairs(backend.supported_pairs), name
+        assert _pairs(mha) == _as_pairs(backend.supported_mha_pairs), name
+    assert "report empty" not in text  # the old, wrong claim
+
+
+def _shape(line: str) -> str:
+    """A line's structure: numbers masked, blank runs as one, a goal line up to its verdict."""
+    line = line.rstrip()
+    if line.lstrip().startswith("goal "):
+        line = line.split(": ")[0]  # the verdict and the worst case depend on the run
+    indent = line[: len(line) - len(line.lstrip())]
+    return indent + " ".join(re.sub(r"\d+(?:\.\d+)?", "#", line).split())  # widths follow numbers
+
+
+def test_readme_sample_output_has_the_structure_the_cli_prints_now(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sgl_core._cli.main import main
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("```\nsgl-bench hicache: ") + 4
+    sample = text[start : text.index("```", start)].strip("\n").splitlines()
+    tiny = ["--layers", "3", "--pages", "4", "--repeats", "1", "--warmup", "0"]
+    monkeypatch.setenv("SGL_BACKEND", "torch")  # the README's machine: the embedded default
+    sgl_core.clear_backend_cache()
+    try:
+        assert main(["hicache", *tiny]) == 0
+    finally:
+        sgl_core.clear_backend_cache()
+    printed = capsys.readouterr().out.strip("\n").splitlines()
+    printed = [x for x in printed if not x.startswith("warning: the machine was busy")]
+    assert [_shape(x) for x in sample] == [_shape(x) for x in printed]
+
+
+def test_readme_installs_use_the_tested_pins() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    pins = dict(
+        line.split("==")
+        for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    )
+    hatch = (ROOT / "hatch.toml").read_text(encoding="utf-8")
+    for name in ("torch", "triton"):
+        assert f'"{name}=={pins[name]}"' in hatch, f"constraints.txt vs hatch.toml: {name}"
+    installs = re.findall(r"^python -m pip install (.*\./packages/.*)$", text, re.M)
+    assert installs
+    for line in installs:
+        assert line.startswith("-c constraints.txt "), line

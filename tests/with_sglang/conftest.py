@@ -2,7 +2,7 @@
 
 These tests need ``sglang`` (0.5.23, installed without its dependencies by
 ``hatch run sglang:test``). Elsewhere (the default env, which has no sglang)
-this directory is skipped at collection. Where ``SGL_REQUIRE_SGLANG=1`` (set
+this directory is skipped at collection. Where ``SGLTEST_REQUIRE_SGLANG=1`` (set
 by the sglang env) a missing sglang is an error, not a skip.
 
 The directory is not named ``sglang``: with ``tests/`` on ``sys.path`` (the
@@ -22,9 +22,9 @@ import pytest
 _HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
 
 if not _HAVE_SGLANG:
-    if os.environ.get("SGL_REQUIRE_SGLANG") == "1":
+    if os.environ.get("SGLTEST_REQUIRE_SGLANG") == "1":
         raise pytest.UsageError(
-            "SGL_REQUIRE_SGLANG=1 but sglang is not installed: run `hatch run sglang:test`, "
+            "SGLTEST_REQUIRE_SGLANG=1 but sglang is not installed: run `hatch run sglang:test`, "
             "which installs tests/with_sglang/requirements-nodeps.txt"
         )
     collect_ignore_glob = ["test_*.py"]

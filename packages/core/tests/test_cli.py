@@ -312,5 +312,51 @@ def test_l3_lists_the_stores_it_left_out(
     assert main(["l3", "--pages", "2", "--layers", "2", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "note: store 'mooncake' left out: its client does not import" in out
-    assert "pip install 'sgl-core[mooncake]'" in out
+    assert out.count("store 'mooncake' left out") == 1, out  # one note, not two
+    assert "pip install './packages/core[mooncake]'" in out  # the README's install, not an index
     assert "stores run: file" in out and "stores left out: mooncake" in out
+
+
+# ------------------------------------------------------------ modes stated, not implied
+def test_quick_and_full_together_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hicache", "--quick", "--full"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "selection", [["--backend", "torch"], ["--page-size", "16"], ["--layout", "page_first"]]
+)
+def test_a_selection_keeps_the_quick_mode(
+    selection: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["hicache", *selection, *TINY]) == 0
+    header = capsys.readouterr().out.splitlines()[1]
+    assert "; quick: " in header and "full:" not in header
+
+
+def test_l3_help_describes_only_l3(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["l3", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "MoE" not in text
+    assert "exit status: 0 = every result was verified (every page read back bit for bit)" in text
+
+
+def test_moe_says_goal_and_what_rel_err_is(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["moe", "--quick", "--no-device-methods", "--tokens", "8", "--hidden", "64"]
+    assert main([*argv, "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "goal combine fused >= 1.3x unfused" in out and "target " not in out
+    assert "rel err = max |result - reference| / max |reference|" in out
+
+
+@pytest.mark.parametrize("load", [0.0, 1e6])
+def test_hicache_states_the_load_and_warns_when_busy(
+    load: float, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert main(["hicache", "--backend", "torch", "--layout", "page_first", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert f"machine load (1-minute average) {load:.2f} at start, {load:.2f} at end" in out
+    assert ("warning: the machine was busy" in out) == (load > 1)

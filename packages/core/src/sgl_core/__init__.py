@@ -47,6 +47,16 @@ from sgl_core._torch_backend import TorchBackend
 
 __version__ = "0.1.0"
 
+# The engine-facing Protocols are public names: report the public path in repr,
+# pickling and runtime tools (``sgl_core.MLAHostPool``, not ``sgl_core._protocols...``).
+# ``MoEMethod`` keeps its defining module: its ``ClassVar`` annotation is resolved
+# there by ``typing.get_type_hints``. mypy names the defining module in any case.
+_public: tuple[type, ...] = (Backend, MLADevicePool, MLAHostPool, MoEExperts)
+_public += (MHADevicePool, MHAHostPool, IndexerCache, KVRows)
+for _protocol in _public:
+    _protocol.__module__ = __name__
+del _protocol, _public
+
 __all__ = [
     "Backend",
     "ENTRY_POINT_GROUP",

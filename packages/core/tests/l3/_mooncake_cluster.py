@@ -19,8 +19,11 @@ SEGMENT_BYTES = 256 << 20
 
 
 def enter_private_netns() -> bool:
-    """Move this process into a new network namespace with only ``lo`` (``SGL_L3_NETNS=0``: no)."""
-    if os.environ.get("SGL_L3_NETNS", "1") == "0":
+    """Move this process into a new network namespace with only ``lo``.
+
+    ``SGLTEST_L3_NETNS=0``: do not (stay in the current namespace).
+    """
+    if os.environ.get("SGLTEST_L3_NETNS", "1") == "0":
         return False
     from sgl_core.l3._netns import enter_private_netns as enter
 

@@ -5,8 +5,8 @@ The Mooncake client's transfer-engine listeners bind every interface (see
 allows it, the first Mooncake fixture moves this test process (and so every
 process it starts) into a private network namespace whose only interface is
 loopback, so nothing can be reached or listened on beyond 127.0.0.1. Set
-``SGL_L3_NETNS=0`` to skip that. Without the Mooncake client installed the
-Mooncake tests skip, unless ``SGL_REQUIRE_MOONCAKE=1`` (CI), where they fail.
+``SGLTEST_L3_NETNS=0`` to skip that. Without the Mooncake client installed the
+Mooncake tests skip, unless ``SGLTEST_REQUIRE_MOONCAKE=1`` (CI), where they fail.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from _mooncake_cluster import MooncakeCluster, enter_private_netns
 
 def _require_mooncake() -> None:
     if importlib.util.find_spec("mooncake") is None:
-        if os.environ.get("SGL_REQUIRE_MOONCAKE") == "1":
-            pytest.fail("SGL_REQUIRE_MOONCAKE=1 but the Mooncake client is not installed")
+        if os.environ.get("SGLTEST_REQUIRE_MOONCAKE") == "1":
+            pytest.fail("SGLTEST_REQUIRE_MOONCAKE=1 but the Mooncake client is not installed")
         pytest.skip("Mooncake client not installed (pip install 'sgl-core[mooncake]')")
     try:
         import mooncake.store  # noqa: F401
     except ImportError as exc:
-        if os.environ.get("SGL_REQUIRE_MOONCAKE") == "1":
+        if os.environ.get("SGLTEST_REQUIRE_MOONCAKE") == "1":
             pytest.fail(f"cannot import mooncake.store: {exc}")
         pytest.skip(f"cannot import mooncake.store: {exc} (apt-get install -y libibverbs1)")
 

@@ -20,6 +20,7 @@ from sgl_core._memory import available_host_bytes
 
 __all__ = [
     "EXIT_STATUS",
+    "exit_status",
     "CliParser",
     "MEMORY_HEADROOM",
     "UsageError",
@@ -36,6 +37,16 @@ EXIT_STATUS = (
     "1 = a verification failed; 2 = bad usage or argument (one line on stderr, "
     "checked before any work starts)."
 )
+
+
+def exit_status(verified: str) -> str:
+    """The exit-status epilog of one command, naming what that command verifies."""
+    return (
+        f"exit status: 0 = every result was verified ({verified}), whether or not any "
+        "performance goal printed at the end was met; 1 = a verification failed; 2 = bad "
+        "usage or argument (one line on stderr, checked before any work starts)."
+    )
+
 
 # Leave this much host memory to the rest of the machine when sizing a run.
 MEMORY_HEADROOM = 1 << 30
@@ -122,7 +133,8 @@ def check_plot_available() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError(
-            "--plot needs matplotlib: install sgl-core[bench] (pip install 'sgl-core[bench]')"
+            "--plot needs matplotlib: install sgl-core[bench] "
+            "(pip install './packages/core[bench]')"
         ) from None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -65,10 +66,19 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
         "--pages",
         type=int,
         help="pages per call (default: 2048 tokens' worth with --quick and in the default "
-        "run, else 4096)",
+        "run, else 4096 with --full)",
     )
-    p.add_argument("--quick", action="store_true", help="2048 tokens, 3 repeats (< 1 minute)")
-    p.add_argument("--full", action="store_true", help="all backends, page sizes 1,16,64,128")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--quick",
+        action="store_true",
+        help="the default, also with --backend/--layout/--page-size: 2048 tokens, 3 repeats",
+    )
+    mode.add_argument(
+        "--full",
+        action="store_true",
+        help="all backends, page sizes 1,16,64,128, 4096 tokens, 5 repeats (unless given)",
+    )
     p.add_argument("--json", metavar="PATH", help="write {machine, records} as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of GB/s by page size")
     p.add_argument("--no-baselines", action="store_true", help="skip per_token/per_page")
@@ -110,12 +120,21 @@ def _header(plan: Plan) -> str:
     )
 
 
+def _load() -> float:
+    """The machine's 1-minute load average (0.0 where the OS does not report one)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
 def run(args: argparse.Namespace) -> int:
     plan = plan_run(args)  # every argument is checked here, before any work
     cfg = plan.cfg
     for note in plan.notes:
         print(f"note: {note}")
     print(_header(plan))
+    load_start = _load()
     started = time.perf_counter()
     progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), "hicache")
     records: list[Record] = []
@@ -137,7 +156,16 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     exact = all(r.bit_exact is not False for r in records)
     print(f"bit-exact: {'yes' if exact else 'NO (exit status 1)'}")
-    print(f"wall time: {time.perf_counter() - started:.1f} s")
+    load_end, cpus = _load(), os.cpu_count() or 1
+    print(
+        f"wall time: {time.perf_counter() - started:.1f} s; machine load (1-minute average) "
+        f"{load_start:.2f} at start, {load_end:.2f} at end, {cpus} CPU(s)"
+    )
+    if max(load_start, load_end) > cpus:
+        print(
+            f"warning: the machine was busy (load above its {cpus} CPU(s)): other processes "
+            "shared the CPUs, so GB/s and ratios of this run are not reliable; rerun when idle"
+        )
     if args.json:
         write_json(args.json, machine_info(), records, command="hicache", quick=plan.quick)
         print(f"wrote {args.json}")

@@ -114,8 +114,7 @@ def _check_args(args: argparse.Namespace) -> torch.device | None:
 
 
 def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list[int], bool]:
-    selected = args.backend is not None or args.page_size is not None or args.layout is not None
-    quick = args.quick or not (args.full or selected)
+    quick = not args.full  # a selection (--backend/--layout/--page-size) narrows the quick run
     page_sizes = args.page_size or (FULL_PAGE_SIZES if args.full else [64])
     sized = args.layers is not None or args.tokens is not None or args.pages is not None
     model = MODELS[args.model]

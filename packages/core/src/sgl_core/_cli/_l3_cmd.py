@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 from sgl_core._cli._checks import (
-    EXIT_STATUS,
     CliParser,
     UsageError,
     check_memory,
     check_output_path,
     check_positive,
+    exit_status,
 )
 from sgl_core._cli._report import machine_info, print_table
 from sgl_core._enums import HostLayout
@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
             "into other host pages, check them bit for bit, and compare GB/s with a memcpy of "
             "the same bytes. Stores that cannot run are listed with the reason."
         ),
-        epilog=EXIT_STATUS,
+        epilog=exit_status("every page read back bit for bit"),
     )
     p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
     p.add_argument("--pages", type=int, default=32, help="pages per batch (default 32)")
@@ -56,7 +56,7 @@ def left_out_stores() -> dict[str, str]:
         hint = (
             "install libibverbs1 (apt-get install -y libibverbs1)"
             if "libibverbs" in str(exc)
-            else "pip install 'sgl-core[mooncake]'"
+            else "from the repository: pip install './packages/core[mooncake]'"
         )
         return {"mooncake": f"its client does not import ({exc}); {hint}"}
     return {}
