@@ -349,6 +349,33 @@ def test_moe_says_goal_and_what_rel_err_is(capsys: pytest.CaptureFixture[str]) -
     assert "rel err = max |result - reference| / max |reference|" in out
 
 
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_moe_flags_interpreted_timings(
+    interpret: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from sgl_core import MoEBenchCase, MoEWeights
+    from sgl_core._cli import _moe_bench
+    from sgl_core._moe import TorchMoEMethod
+
+    def fake(device: torch.device, small: bool) -> MoEBenchCase:
+        gen = torch.Generator().manual_seed(0)
+        w = MoEWeights(torch.randn(4, 64, 64, generator=gen), torch.randn(4, 64, 32, generator=gen))
+        bf16 = MoEWeights(w.w13_weight.bfloat16(), w.w2_weight.bfloat16())
+        return MoEBenchCase("fake_q", TorchMoEMethod(), bf16, w)
+
+    monkeypatch.setattr(_moe_bench, "moe_bench_factories", lambda: {"fake": fake})
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    argv = ["moe", "--quick", "--device", "cpu", "--tokens", "8", "--hidden", "64"]
+    assert main([*argv, "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    flagged = "* fake_q: Triton interpreter on CPU: ms, GB/s and speedup not meaningful"
+    assert (flagged in out) == (interpret == "1"), out
+    assert (" fake_q* " in out) == (interpret == "1")
+    assert "torch_dense*" not in out and "fused*" not in out  # torch ops are real timings
+
+
 @pytest.mark.parametrize("load", [0.0, 1e6])
 def test_hicache_states_the_load_and_warns_when_busy(
     load: float, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

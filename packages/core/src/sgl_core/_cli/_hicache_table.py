@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sgl_core._cli._report import Record
+from sgl_core._cli._report import Record, interpreted_note
 
 __all__ = ["GOALS_NOTE", "batch_line", "legend", "summarize", "target_lines"]
 
@@ -75,10 +75,7 @@ def legend(records: Sequence[Record], interpreted: set[str] | frozenset[str]) ->
         "trip (backup then load) returned every byte, checked before timing"
     )
     if interpreted:
-        names = ", ".join(sorted(interpreted))
-        lines.append(
-            f"* {names}: Triton interpreter on CPU: GB/s not meaningful (correctness only)"
-        )
+        lines.append(interpreted_note(interpreted))
     return ["columns:", *(f"  {line}" for line in lines)]
 
 
