@@ -302,6 +302,24 @@ def test_goal_lines_leave_out_interpreted_backends() -> None:
     assert not any(ln.startswith("  *") for ln in legend(records, set()))
 
 
+def test_ratios_against_a_near_zero_baseline_are_marked() -> None:
+    from sgl_core._cli._hicache_table import MIN_BASELINE_GBPS, legend, summarize
+    from sgl_core._cli._report import Record
+
+    def rec(impl: str, gbps: float) -> Record:
+        return Record(impl, "torch", "page_first", "direct", 64, "backup", 1, 1.0, gbps, 4.0,
+                      gbps / 4.0, 1, True, tokens=64, layers=1)  # fmt: skip
+
+    slow = MIN_BASELINE_GBPS / 2
+    records = [rec("sgl", 0.6), rec("copy", 4.0), rec("per_page", slow), rec("per_token", 0.3)]
+    header, rows = summarize(records)
+    cell = dict(zip(header, rows[0], strict=True))
+    assert cell["sgl/per_page"] == f"{0.6 / slow:.2f}?"  # marked: the baseline barely moved bytes
+    assert cell["sgl/per_token"] == "2.00" and cell["sgl/copy"] == "0.15"  # real baselines: plain
+    note = f"? after a ratio = its baseline ran below {MIN_BASELINE_GBPS} GB/s"
+    assert any(ln.strip().startswith(note) for ln in legend(records, set()))
+
+
 def test_l3_lists_the_stores_it_left_out(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

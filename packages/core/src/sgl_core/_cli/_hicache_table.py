@@ -6,7 +6,20 @@ from collections.abc import Callable, Sequence
 
 from sgl_core._cli._report import Record, interpreted_note
 
-__all__ = ["GOALS_NOTE", "batch_line", "legend", "summarize", "target_lines"]
+__all__ = [
+    "GOALS_NOTE",
+    "MIN_BASELINE_GBPS",
+    "batch_line",
+    "legend",
+    "summarize",
+    "target_lines",
+]
+
+#: A baseline slower than this moves almost no bytes per unit of time: its time is
+#: Python per-call overhead (one slice copy per page, each ~10 us), so ``sgl/X`` against
+#: it measures that loop, swings several-fold between runs, and reads as a huge speedup.
+#: Ratios against such a baseline are printed with a trailing ``?``.
+MIN_BASELINE_GBPS = 0.1
 
 GOALS_NOTE = (
     "goals (the project's performance targets; informational: they do not change the exit status)"
@@ -25,6 +38,11 @@ _COLUMNS = {
 
 def _fmt(x: float) -> str:
     return f"{x:.2f}"
+
+
+def _ratio(ratio: float, baseline_gbps: float) -> str:
+    """A ratio, marked ``?`` when its baseline is too slow to compare with."""
+    return _fmt(ratio) + ("?" if baseline_gbps < MIN_BASELINE_GBPS else "")
 
 
 def _key(r: Record) -> tuple[str, str, str, int, str]:
@@ -46,9 +64,9 @@ def summarize(
         name = f"{r.backend}*" if r.backend in interpreted else r.backend
         rows.append(
             [name, f"{r.layout}/{r.io_backend}", str(r.page_size), r.direction]
-            + [_fmt(r.gbps), _fmt(r.copy_gbps), _fmt(r.ratio)]
+            + [_fmt(r.gbps), _fmt(r.copy_gbps), _ratio(r.ratio, r.copy_gbps)]
             + [_fmt(base[b].gbps) if b in base else "-" for b in baselines]
-            + [_fmt(r.gbps / base[b].gbps) if b in base else "-" for b in baselines]
+            + [_ratio(r.gbps / base[b].gbps, base[b].gbps) if b in base else "-" for b in baselines]
             + ["yes" if all(b.bit_exact is not False for b in base.values()) else "NO"]
         )
     return header, rows
@@ -73,6 +91,10 @@ def legend(records: Sequence[Record], interpreted: set[str] | frozenset[str]) ->
     lines.append(
         "sgl/X = sgl GB/s divided by X GB/s (above 1: sgl is faster); bit-exact = the round "
         "trip (backup then load) returned every byte, checked before timing"
+    )
+    lines.append(
+        f"? after a ratio = its baseline ran below {MIN_BASELINE_GBPS} GB/s (Python overhead, "
+        "not bytes moved): the ratio is not meaningful"
     )
     if interpreted:
         lines.append(interpreted_note(interpreted))
