@@ -320,6 +320,30 @@ def test_ratios_against_a_near_zero_baseline_are_marked() -> None:
     assert any(ln.strip().startswith(note) for ln in legend(records, set()))
 
 
+def test_sgl_copy_spread_over_the_paired_rounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sgl_core._cli._hicache_table import summarize
+    from sgl_core._cli._report import Record
+
+    out = tmp_path / "h.json"
+    argv = ["hicache", "--backend", "torch", "--layout", "page_first", "--page-size", "16"]
+    assert main([*argv, *TINY[:-4], "--repeats", "3", "--warmup", "0", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for r in json.loads(out.read_text())["records"]:
+        assert len(r["ratio_rounds"]) == r["samples"]  # one paired ratio per round
+        if r["impl"] == "sgl":
+            lo, hi = min(r["ratio_rounds"]), max(r["ratio_rounds"])
+            assert f" {lo:.2f}-{hi:.2f} " in printed
+    assert "min-max = the lowest and highest sgl/copy over the paired rounds" in printed
+    rec = Record("sgl", "torch", "page_first", "direct", 64, "load", 1, 1.0, 1.0, 2.0, 0.5, 3,
+                 True, extra={"ratio_rounds": [0.6, 0.4, 0.5]})  # fmt: skip
+    header, rows = summarize([rec])
+    assert dict(zip(header, rows[0], strict=True))["min-max"] == "0.40-0.60"
+    rec.extra.clear()  # records without rounds (older JSON): no spread invented
+    assert dict(zip(header, summarize([rec])[1][0], strict=True))["min-max"] == "-"
+
+
 def test_l3_lists_the_stores_it_left_out(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

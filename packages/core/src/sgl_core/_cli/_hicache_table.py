@@ -45,6 +45,12 @@ def _ratio(ratio: float, baseline_gbps: float) -> str:
     return _fmt(ratio) + ("?" if baseline_gbps < MIN_BASELINE_GBPS else "")
 
 
+def _spread(r: Record) -> str:
+    """The lowest and highest per-round sgl/copy (``-`` where the rounds were not kept)."""
+    rounds = r.extra.get("ratio_rounds")
+    return f"{_fmt(min(rounds))}-{_fmt(max(rounds))}" if rounds else "-"
+
+
 def _key(r: Record) -> tuple[str, str, str, int, str]:
     return (r.backend, r.layout, r.io_backend, r.page_size, r.direction)
 
@@ -54,6 +60,7 @@ def summarize(
 ) -> tuple[list[str], list[list[str]]]:
     """One row per (backend, layout/io, page, direction); ``*`` marks interpreted backends."""
     header = ["backend", "layout/io", "page", "dir", "sgl GB/s", "copy GB/s", "sgl/copy"]
+    header.append("min-max")
     baselines = sorted({r.impl for r in records} - {"sgl", "copy"})
     header += [f"{b} GB/s" for b in baselines] + [f"sgl/{b}" for b in baselines] + ["bit-exact"]
     rows: list[list[str]] = []
@@ -65,6 +72,7 @@ def summarize(
         rows.append(
             [name, f"{r.layout}/{r.io_backend}", str(r.page_size), r.direction]
             + [_fmt(r.gbps), _fmt(r.copy_gbps), _ratio(r.ratio, r.copy_gbps)]
+            + [_spread(r)]
             + [_fmt(base[b].gbps) if b in base else "-" for b in baselines]
             + [_ratio(r.gbps / base[b].gbps, base[b].gbps) if b in base else "-" for b in baselines]
             + ["yes" if all(b.bit_exact is not False for b in base.values()) else "NO"]
@@ -91,6 +99,10 @@ def legend(records: Sequence[Record], interpreted: set[str] | frozenset[str]) ->
     lines.append(
         "sgl/X = sgl GB/s divided by X GB/s (above 1: sgl is faster); bit-exact = the round "
         "trip (backup then load) returned every byte, checked before timing"
+    )
+    lines.append(
+        "min-max = the lowest and highest sgl/copy over the paired rounds (each round times "
+        "copy and sgl back to back); sgl/copy is the ratio of the medians"
     )
     lines.append(
         f"? after a ratio = its baseline ran below {MIN_BASELINE_GBPS} GB/s (Python overhead, "
