@@ -302,6 +302,48 @@ def test_goal_lines_leave_out_interpreted_backends() -> None:
     assert not any(ln.startswith("  *") for ln in legend(records, set()))
 
 
+def test_ratios_against_a_near_zero_baseline_are_marked() -> None:
+    from sgl_core._cli._hicache_table import MIN_BASELINE_GBPS, legend, summarize
+    from sgl_core._cli._report import Record
+
+    def rec(impl: str, gbps: float) -> Record:
+        return Record(impl, "torch", "page_first", "direct", 64, "backup", 1, 1.0, gbps, 4.0,
+                      gbps / 4.0, 1, True, tokens=64, layers=1)  # fmt: skip
+
+    slow = MIN_BASELINE_GBPS / 2
+    records = [rec("sgl", 0.6), rec("copy", 4.0), rec("per_page", slow), rec("per_token", 0.3)]
+    header, rows = summarize(records)
+    cell = dict(zip(header, rows[0], strict=True))
+    assert cell["sgl/per_page"] == f"{0.6 / slow:.2f}?"  # marked: the baseline barely moved bytes
+    assert cell["sgl/per_token"] == "2.00" and cell["sgl/copy"] == "0.15"  # real baselines: plain
+    note = f"? after a ratio = its baseline ran below {MIN_BASELINE_GBPS} GB/s"
+    assert any(ln.strip().startswith(note) for ln in legend(records, set()))
+
+
+def test_sgl_copy_spread_over_the_paired_rounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sgl_core._cli._hicache_table import summarize
+    from sgl_core._cli._report import Record
+
+    out = tmp_path / "h.json"
+    argv = ["hicache", "--backend", "torch", "--layout", "page_first", "--page-size", "16"]
+    assert main([*argv, *TINY[:-4], "--repeats", "3", "--warmup", "0", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for r in json.loads(out.read_text())["records"]:
+        assert len(r["ratio_rounds"]) == r["samples"]  # one paired ratio per round
+        if r["impl"] == "sgl":
+            lo, hi = min(r["ratio_rounds"]), max(r["ratio_rounds"])
+            assert f" {lo:.2f}-{hi:.2f} " in printed
+    assert "min-max = the lowest and highest sgl/copy over the paired rounds" in printed
+    rec = Record("sgl", "torch", "page_first", "direct", 64, "load", 1, 1.0, 1.0, 2.0, 0.5, 3,
+                 True, extra={"ratio_rounds": [0.6, 0.4, 0.5]})  # fmt: skip
+    header, rows = summarize([rec])
+    assert dict(zip(header, rows[0], strict=True))["min-max"] == "0.40-0.60"
+    rec.extra.clear()  # records without rounds (older JSON): no spread invented
+    assert dict(zip(header, summarize([rec])[1][0], strict=True))["min-max"] == "-"
+
+
 def test_l3_lists_the_stores_it_left_out(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -347,6 +389,33 @@ def test_moe_says_goal_and_what_rel_err_is(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert "goal combine fused >= 1.3x unfused" in out and "target " not in out
     assert "rel err = max |result - reference| / max |reference|" in out
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_moe_flags_interpreted_timings(
+    interpret: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from sgl_core import MoEBenchCase, MoEWeights
+    from sgl_core._cli import _moe_bench
+    from sgl_core._moe import TorchMoEMethod
+
+    def fake(device: torch.device, small: bool) -> MoEBenchCase:
+        gen = torch.Generator().manual_seed(0)
+        w = MoEWeights(torch.randn(4, 64, 64, generator=gen), torch.randn(4, 64, 32, generator=gen))
+        bf16 = MoEWeights(w.w13_weight.bfloat16(), w.w2_weight.bfloat16())
+        return MoEBenchCase("fake_q", TorchMoEMethod(), bf16, w)
+
+    monkeypatch.setattr(_moe_bench, "moe_bench_factories", lambda: {"fake": fake})
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    argv = ["moe", "--quick", "--device", "cpu", "--tokens", "8", "--hidden", "64"]
+    assert main([*argv, "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    flagged = "* fake_q: Triton interpreter on CPU: ms, GB/s and speedup not meaningful"
+    assert (flagged in out) == (interpret == "1"), out
+    assert (" fake_q* " in out) == (interpret == "1")
+    assert "torch_dense*" not in out and "fused*" not in out  # torch ops are real timings
 
 
 @pytest.mark.parametrize("load", [0.0, 1e6])

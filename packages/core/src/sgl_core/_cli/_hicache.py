@@ -261,6 +261,10 @@ def run_case(case: Case, cfg: HicacheConfig, progress: Progress) -> list[Record]
                 extra={
                     "best_gbps": bench.nbytes / min(times) / 1e9,
                     "best_ratio": copy_best[direction] / min(times),
+                    # copy and this impl are timed back to back in each round: paired ratios
+                    "ratio_rounds": [
+                        c / t for c, t in zip(samples[("copy", direction)], times, strict=False)
+                    ],
                     "model": cfg.model,
                 },
             )

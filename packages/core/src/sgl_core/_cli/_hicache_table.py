@@ -4,9 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sgl_core._cli._report import Record
+from sgl_core._cli._report import Record, interpreted_note
 
-__all__ = ["GOALS_NOTE", "batch_line", "legend", "summarize", "target_lines"]
+__all__ = [
+    "GOALS_NOTE",
+    "MIN_BASELINE_GBPS",
+    "batch_line",
+    "legend",
+    "summarize",
+    "target_lines",
+]
+
+#: A baseline slower than this moves almost no bytes per unit of time: its time is
+#: Python per-call overhead (one slice copy per page, each ~10 us), so ``sgl/X`` against
+#: it measures that loop, swings several-fold between runs, and reads as a huge speedup.
+#: Ratios against such a baseline are printed with a trailing ``?``.
+MIN_BASELINE_GBPS = 0.1
 
 GOALS_NOTE = (
     "goals (the project's performance targets; informational: they do not change the exit status)"
@@ -27,6 +40,17 @@ def _fmt(x: float) -> str:
     return f"{x:.2f}"
 
 
+def _ratio(ratio: float, baseline_gbps: float) -> str:
+    """A ratio, marked ``?`` when its baseline is too slow to compare with."""
+    return _fmt(ratio) + ("?" if baseline_gbps < MIN_BASELINE_GBPS else "")
+
+
+def _spread(r: Record) -> str:
+    """The lowest and highest per-round sgl/copy (``-`` where the rounds were not kept)."""
+    rounds = r.extra.get("ratio_rounds")
+    return f"{_fmt(min(rounds))}-{_fmt(max(rounds))}" if rounds else "-"
+
+
 def _key(r: Record) -> tuple[str, str, str, int, str]:
     return (r.backend, r.layout, r.io_backend, r.page_size, r.direction)
 
@@ -36,6 +60,7 @@ def summarize(
 ) -> tuple[list[str], list[list[str]]]:
     """One row per (backend, layout/io, page, direction); ``*`` marks interpreted backends."""
     header = ["backend", "layout/io", "page", "dir", "sgl GB/s", "copy GB/s", "sgl/copy"]
+    header.append("min-max")
     baselines = sorted({r.impl for r in records} - {"sgl", "copy"})
     header += [f"{b} GB/s" for b in baselines] + [f"sgl/{b}" for b in baselines] + ["bit-exact"]
     rows: list[list[str]] = []
@@ -46,9 +71,10 @@ def summarize(
         name = f"{r.backend}*" if r.backend in interpreted else r.backend
         rows.append(
             [name, f"{r.layout}/{r.io_backend}", str(r.page_size), r.direction]
-            + [_fmt(r.gbps), _fmt(r.copy_gbps), _fmt(r.ratio)]
+            + [_fmt(r.gbps), _fmt(r.copy_gbps), _ratio(r.ratio, r.copy_gbps)]
+            + [_spread(r)]
             + [_fmt(base[b].gbps) if b in base else "-" for b in baselines]
-            + [_fmt(r.gbps / base[b].gbps) if b in base else "-" for b in baselines]
+            + [_ratio(r.gbps / base[b].gbps, base[b].gbps) if b in base else "-" for b in baselines]
             + ["yes" if all(b.bit_exact is not False for b in base.values()) else "NO"]
         )
     return header, rows
@@ -74,11 +100,16 @@ def legend(records: Sequence[Record], interpreted: set[str] | frozenset[str]) ->
         "sgl/X = sgl GB/s divided by X GB/s (above 1: sgl is faster); bit-exact = the round "
         "trip (backup then load) returned every byte, checked before timing"
     )
+    lines.append(
+        "min-max = the lowest and highest sgl/copy over the paired rounds (each round times "
+        "copy and sgl back to back); sgl/copy is the ratio of the medians"
+    )
+    lines.append(
+        f"? after a ratio = its baseline ran below {MIN_BASELINE_GBPS} GB/s (Python overhead, "
+        "not bytes moved): the ratio is not meaningful"
+    )
     if interpreted:
-        names = ", ".join(sorted(interpreted))
-        lines.append(
-            f"* {names}: Triton interpreter on CPU: GB/s not meaningful (correctness only)"
-        )
+        lines.append(interpreted_note(interpreted))
     return ["columns:", *(f"  {line}" for line in lines)]
 
 

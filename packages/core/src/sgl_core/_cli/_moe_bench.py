@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, ClassVar
 
 import torch
@@ -35,6 +36,8 @@ class MoERecord:
     max_err: float | None = None
     speedup: float | None = None
     note: str = ""
+    #: Ran in Triton's interpreter (``TRITON_INTERPRET=1``): checked, but its timing is moot.
+    interpreted: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -242,6 +245,7 @@ def check_case(case: MoEBenchCase, device: torch.device, repeats: int) -> list[M
                 verified=err <= (case.tolerance if impl == case.name else 3e-2),
                 max_err=err,
                 note=case.note,
+                interpreted=impl == case.name and os.environ.get("TRITON_INTERPRET") == "1",
             )
         )
     records[0].speedup = records[1].seconds / records[0].seconds

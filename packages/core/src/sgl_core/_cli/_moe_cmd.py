@@ -24,7 +24,7 @@ from sgl_core._cli._moe_bench import (
     check_torch_moe,
     device_cases,
 )
-from sgl_core._cli._report import machine_info, print_table
+from sgl_core._cli._report import interpreted_note, machine_info, print_table
 
 __all__ = ["add_parser", "run"]
 
@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
 def _row(r: MoERecord) -> list[str]:
     return [
         r.op,
-        r.impl,
+        f"{r.impl}*" if r.interpreted else r.impl,
         r.shape,
         r.device,
         f"{r.seconds * 1e3:.3f}",
@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         "rel err = max |result - reference| / max |reference|, the reference computed in "
         "float64 from the same inputs"
     )
+    interpreted = {r.impl for r in records if r.interpreted}
+    if interpreted:
+        print(interpreted_note(interpreted, "ms, GB/s and speedup"))
     for note in notes:
         print(f"note: {note}")
     fused = records[0]

@@ -8,13 +8,20 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
-__all__ = ["Progress", "Record", "machine_info", "print_table", "write_json"]
+__all__ = [
+    "Progress",
+    "Record",
+    "interpreted_note",
+    "machine_info",
+    "print_table",
+    "write_json",
+]
 
 
 @dataclasses.dataclass
@@ -43,6 +50,12 @@ class Record:
         extra = data.pop("extra")
         data.update(extra)
         return data
+
+
+def interpreted_note(names: Iterable[str], measured: str = "GB/s") -> str:
+    """The footnote for rows marked ``*``: they ran in Triton's interpreter, timing is moot."""
+    listed = ", ".join(sorted(names))
+    return f"* {listed}: Triton interpreter on CPU: {measured} not meaningful (correctness only)"
 
 
 def _cpu_model() -> str:
