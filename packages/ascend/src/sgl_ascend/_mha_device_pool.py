@@ -84,7 +84,7 @@ class AscendMHADevicePool(MHAPoolGeometry):
 
     def indexer_slot(self, layer_id: int) -> int | None:
         """Always None: an MHA pool has no indexer cache (the kv-split mover asks)."""
-        check_layer_id(layer_id, self.layer_num)
+        layer_id = check_layer_id(layer_id, self.layer_num)
         return None
 
     # ------------------------------------------------------------ token rows
@@ -101,7 +101,7 @@ class AscendMHADevicePool(MHAPoolGeometry):
         return byte_view(buffer[layer_id].view(self.slot_count, self.head_num, buffer.shape[-1]))
 
     def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
-        check_layer_id(layer_id, self.layer_num)
+        layer_id = check_layer_id(layer_id, self.layer_num)
         check_index_tensor(loc, "loc")
         check_index_device(loc, "loc", self.device)
         check_index_bounds(loc, self.slot_count, "loc")

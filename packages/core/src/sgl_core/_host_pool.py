@@ -255,7 +255,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         does not see are not detected: do not modify index tensors behind
         torch's back between the layers of one batch. See ``sgl_core._load_memo``.
         """
-        check_layer_id(layer_id, self.layer_num)
+        layer_id = check_layer_id(layer_id, self.layer_num)
         device_pool = self._as_device_pool(device_pool)  # a cached view: same object per layer
         io_backend = self._given_io(io_backend)
         checked = self._last_checked

@@ -157,7 +157,7 @@ class IndexerRows:
 
     def indexer_slot(self, layer_id: int) -> int | None:
         """Row of ``layer_id`` in the indexer buffers, or None if it has no indexer."""
-        check_layer_id(layer_id, self.layer_num)
+        layer_id = check_layer_id(layer_id, self.layer_num)
         return None if self.indexer is None else self.indexer.slot(layer_id)
 
     def _indexer_row(self, layer_id: int) -> int:

@@ -127,7 +127,7 @@ class PerLayerMHADevicePool(MHAPoolGeometry):
         return self.v_buffer[check_layer_id(layer_id, self.layer_num)]
 
     def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
-        check_layer_id(layer_id, self.layer_num)
+        layer_id = check_layer_id(layer_id, self.layer_num)
         check_index_tensor(loc, "loc")
         check_index_device(loc, "loc", self.device)
         check_index_bounds(loc, self.slot_count, "loc")

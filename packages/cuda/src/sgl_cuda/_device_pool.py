@@ -170,7 +170,7 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
 
     def set_kv_buffer(self, layer_id: int, tensor: torch.Tensor) -> None:
         """Replace layer ``layer_id``'s buffer; ``data_ptrs`` is updated in place."""
-        check_layer_id(layer_id, self.layer_num)
+        layer_id = check_layer_id(layer_id, self.layer_num)
         self._check_layer_tensor(layer_id, tensor, self.device)
         assert self._layers is not None
         self._layers._store(layer_id, tensor)
