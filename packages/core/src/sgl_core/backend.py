@@ -111,6 +111,8 @@ from sgl_core._validation import (
     check_layer_id,
     check_page_runs,
     check_unique,
+    check_value_rows,
+    check_value_tensor,
 )
 
 __all__ = [
@@ -166,6 +168,8 @@ __all__ = [
     "check_raw_rows",
     "check_routing",
     "check_unique",
+    "check_value_rows",
+    "check_value_tensor",
     "copy_batched",
     "copy_blocks",
     "copy_each",
