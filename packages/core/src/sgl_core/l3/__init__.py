@@ -27,6 +27,7 @@ Typical use::
 
 from __future__ import annotations
 
+from sgl_core._public import publish_names as _publish_names
 from sgl_core.l3._errors import (
     MooncakeSetupError,
     MooncakeUnavailableError,
@@ -59,3 +60,6 @@ __all__ = [
     "page_format",
     "page_keys",
 ]
+
+_publish_names(__name__, globals())  # sgl_core.l3.PageStore, not sgl_core.l3._protocol...
+del _publish_names

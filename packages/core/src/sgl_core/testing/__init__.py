@@ -5,6 +5,7 @@ Install with ``pip install sgl-core[testing]``; see :class:`BackendConformanceSu
 
 from __future__ import annotations
 
+from sgl_core._public import publish_names as _publish_names
 from sgl_core.testing._helpers import (
     device_rows,
     fill_device_random,
@@ -28,3 +29,6 @@ __all__ = [
     "same_bytes",
     "snapshot",
 ]
+
+_publish_names(__name__, globals())  # sgl_core.testing.BackendConformanceSuite in reports
+del _publish_names
