@@ -1,6 +1,7 @@
 """Conformance suite and helpers for sgl backends (needs pytest and hypothesis).
 
-Install with ``pip install sgl-core[testing]``; see :class:`BackendConformanceSuite`.
+Install with ``pip install './packages/core[testing]'`` (from the repository);
+see :class:`BackendConformanceSuite`.
 """
 
 from __future__ import annotations
