@@ -274,3 +274,17 @@ def test_pool_reprs_show_kind_layout_sizes_dtype_device() -> None:
 def test_create_device_pool_is_documented() -> None:
     doc = sgl_core.TorchBackend.create_device_pool.__doc__ or ""
     assert "padding page, page 0" in doc and "kv_cache_dim" in doc
+
+
+@pytest.mark.parametrize("name", ["torch", "cuda", "ascend"])
+def test_every_backend_documents_its_pool_factories(name: str) -> None:
+    """The padding page and the errors, on each shipped backend's own factories."""
+    if name not in sgl_core.available_backends():
+        pytest.skip(f"backend {name!r} is not installed here")
+    backend = sgl_core.get_backend(name)
+    for factory in (backend.create_device_pool, backend.create_mha_device_pool):
+        doc = " ".join((factory.__doc__ or "").split())
+        assert "padding page, page 0" in doc, f"{name}.{factory.__name__}"
+        assert "PoolSizeError" in doc, f"{name}.{factory.__name__}"
+    doc = " ".join((backend.create_host_pool.__doc__ or "").split())
+    assert "UnsupportedLayoutError" in doc and "default_io_backend" in doc
