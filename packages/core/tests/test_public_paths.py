@@ -131,3 +131,20 @@ def test_sglang_doc_imports_only_public_modules() -> None:
     if not doc.exists():  # an installed wheel's tests, without the repository
         pytest.skip("docs/sglang.md is not here")
     assert "sgl_core._" not in doc.read_text(encoding="utf-8")
+
+
+def test_user_docs_import_only_public_modules() -> None:
+    """Code in the READMEs and docs/sglang.md imports public modules only."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    docs = [root / "README.md", root / "docs" / "sglang.md", *root.glob("packages/*/README.md")]
+    docs = [d for d in docs if d.exists()]
+    if not docs:
+        pytest.skip("the repository's docs are not here")
+    private = re.compile(r"(from|import)\s+sgl_(core|cuda|ascend)(\.\w+)*\._\w+")
+    found = [
+        f"{d.name}: {m.group(0)}" for d in docs for m in private.finditer(d.read_text("utf-8"))
+    ]
+    assert not found, found
