@@ -4,6 +4,8 @@ The accessors take rows of the pool's dtype and nothing else (docs/design.md
 section 7): another dtype, another shape or a meta tensor is a typed error
 before any byte moves, never a silent conversion. ``layer_id`` is any integer
 (``operator.index``: numpy integers, 0-d integer tensors), never a ``bool``.
+Pools say what they are (``repr``), a host pool remembers the ``io_backend``
+it was built with, and a mismatched device pool is named field by field.
 These build their own small pools, so every backend runs them whatever its
 class attributes say.
 """
@@ -19,7 +21,7 @@ import torch
 
 from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._protocols import Backend, MLADevicePool
-from sgl_core.errors import ArgumentTypeError, DeviceError, ShapeMismatchError
+from sgl_core.errors import ArgumentTypeError, DeviceError, PoolMismatchError, ShapeMismatchError
 from sgl_core.testing._helpers import device_rows, fill_device_random, page_indices, same_bytes
 from sgl_core.testing._mha_helpers import fill_mha_device_random, mha_device_rows
 from sgl_core.testing._suite_mha_base import MHASuiteBase
@@ -150,3 +152,43 @@ class ValueChecks(MHASuiteBase):
         read = self.mla_bytes(dev)
         for bad in (True, np.bool_(True), torch.tensor(True), 1.0, "1"):
             self.refused(ArgumentTypeError, read, dev.set_mla_kv_buffer, bad, loc, ones, twos)
+
+    def test_pools_say_what_they_are(self, backend: Backend) -> None:
+        dev = self.value_pool(backend)
+        text = repr(dev)
+        assert text.startswith(f"{type(dev).__name__}(kind=mla, size={dev.size}, "), text
+        assert f"dtype={dev.dtype}" in text and f"device={dev.device}" in text, text
+        for layout in backend.supported_pairs:
+            host = backend.create_host_pool(dev, layout=layout)
+            text = repr(host)
+            assert text.startswith(f"{type(host).__name__}(kind=mla, layout={layout.value}, ")
+            assert f"page_size={dev.page_size}" in text and f"dtype={dev.dtype}" in text, text
+
+    def test_host_pool_remembers_its_io_backend(self, backend: Backend) -> None:
+        """``create_host_pool(..., io_backend=io)`` is the default of its transfers."""
+        loc = page_indices([1], PAGE)
+        for layout, io in self.pairs(backend):
+            dev = self.value_pool(backend)
+            host = backend.create_host_pool(dev, layout=layout, io_backend=io)
+            assert getattr(host, "default_io_backend", None) is io, f"{layout}/{io}"
+            host.backup_from_device_all_layer(dev, loc, loc)  # no io: the pool's own
+            twin = self.value_pool(backend)
+            fill_device_random(twin, 33)
+            for layer in range(self.layer_num):
+                host.load_to_device_per_layer(twin, loc, loc, layer)
+                assert torch.equal(device_rows(twin, layer, loc), device_rows(dev, layer, loc))
+            bare = backend.create_host_pool(dev, layout=layout)
+            read = self.mla_bytes(dev)
+            self.refused(ArgumentTypeError, read, bare.backup_from_device_all_layer, dev, loc, loc)
+
+    def test_mismatch_names_the_field(self, backend: Backend) -> None:
+        dev = self.value_pool(backend)
+        other_dtype = torch.float16 if self.dtype != torch.float16 else torch.bfloat16
+        other = self.value_pool(backend, dtype=other_dtype)
+        loc = page_indices([1], PAGE)
+        for layout, io in self.pairs(backend):
+            host = backend.create_host_pool(dev, layout=layout)
+            with pytest.raises(PoolMismatchError) as info:
+                host.backup_from_device_all_layer(other, loc, loc, io)
+            assert f"dtype is {other_dtype}, expected {self.dtype}" in str(info.value)
+            assert "layer_num" not in str(info.value), str(info.value)
