@@ -8,7 +8,8 @@ cache transfers)::
     v_buffer (layer_num, page_num, page_size, head_num, v_head_dim)
 
 ``page_num = size // page_size + 1``: token slots ``[0, size + page_size)``
-are valid (slot 0 is the engine's padding slot) and token ``t`` lives at page
+are valid (page 0, slots ``[0, page_size)``, is the engine's padding page)
+and token ``t`` lives at page
 ``t // page_size``, offset ``t % page_size``. One token of one layer is a
 ``(head_num, head_dim)`` K row and a ``(head_num, v_head_dim)`` V row. For GQA
 ``head_num`` is the number of KV heads. There is no ``data_ptrs`` table and no
