@@ -199,7 +199,7 @@ def test_bad_geometry(kwargs: dict[str, object], error: type[Exception]) -> None
 
 
 def test_npu_without_torch_npu_says_what_to_install() -> None:
-    with pytest.raises(BackendUnavailableError, match=r"pip install sgl-ascend\[npu\]"):
+    with pytest.raises(BackendUnavailableError, match=r"pip install './packages/ascend\[npu\]'"):
         AscendMHADevicePool(
             size=8, page_size=PS, dtype=torch.bfloat16, head_num=1, head_dim=4, layer_num=1,
             device="npu:0",

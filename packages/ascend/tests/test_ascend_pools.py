@@ -173,7 +173,9 @@ def test_device_pool_bad_arguments(kwargs: dict[str, object], error: type[Except
 
 def test_npu_without_torch_npu_says_what_to_install() -> None:
     assert not sgl_ascend.backend.is_available()
-    with pytest.raises(BackendUnavailableError, match=r"pip install sgl-ascend\[npu\]") as info:
+    with pytest.raises(
+        BackendUnavailableError, match=r"pip install './packages/ascend\[npu\]'"
+    ) as info:
         make_dev_on("npu:0")
     assert "CANN" in str(info.value)
 

@@ -174,8 +174,8 @@ class ValueChecks(MHASuiteBase):
             host.backup_from_device_all_layer(dev, loc, loc)  # no io: the pool's own
             twin = self.value_pool(backend)
             fill_device_random(twin, 33)
-            for layer in range(self.layer_num):
-                host.load_to_device_per_layer(twin, loc, loc, layer)
+            for layer in range(self.layer_num):  # an engine's numpy layer index is an int
+                host.load_to_device_per_layer(twin, loc, loc, np.int64(layer))  # type: ignore[arg-type]
                 assert torch.equal(device_rows(twin, layer, loc), device_rows(dev, layer, loc))
             bare = backend.create_host_pool(dev, layout=layout)
             read = self.mla_bytes(dev)
