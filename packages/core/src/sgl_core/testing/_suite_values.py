@@ -171,11 +171,14 @@ class ValueChecks(MHASuiteBase):
             dev = self.value_pool(backend)
             host = backend.create_host_pool(dev, layout=layout, io_backend=io)
             assert getattr(host, "default_io_backend", None) is io, f"{layout}/{io}"
-            host.backup_from_device_all_layer(dev, loc, loc)  # no io: the pool's own
+            # No io: the pool's own (the protocol keeps io_backend required, for
+            # portability to other implementations; every shipped pool defaults it).
+            host.backup_from_device_all_layer(dev, loc, loc)  # type: ignore[call-arg]
             twin = self.value_pool(backend)
             fill_device_random(twin, 33)
             for layer in range(self.layer_num):  # an engine's numpy layer index is an int
-                host.load_to_device_per_layer(twin, loc, loc, np.int64(layer))  # type: ignore[arg-type]
+                layer_id: Any = np.int64(layer)
+                host.load_to_device_per_layer(twin, loc, loc, layer_id)  # type: ignore[call-arg]
                 assert torch.equal(device_rows(twin, layer, loc), device_rows(dev, layer, loc))
             bare = backend.create_host_pool(dev, layout=layout)
             read = self.mla_bytes(dev)
