@@ -15,7 +15,8 @@ Each venv is created without pip (``python -m venv --without-pip``); a
 ``sys.path``, so pip (run as ``pip --python <venv>``), ``importlib.metadata``
 and ``pip check`` all see torch/numpy (and triton in the cuda env) as installed
 distributions with their metadata. The wheels are then installed with
-``--no-index`` and normal dependency resolution: the install succeeds only if
+``--no-index``, ``-c constraints.txt`` (as the README's install lines) and normal
+dependency resolution: the install succeeds only if
 every ``Requires-Dist`` is already satisfied, and pip must install nothing but
 the sgl wheels.
 """
@@ -40,7 +41,7 @@ import venv
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from _sgl_support import PACKAGES, TORCH_VERSION, TRITON_VERSION, python_tag, skip_or_fail
+from _sgl_support import PACKAGES, REPO, TORCH_VERSION, TRITON_VERSION, python_tag, skip_or_fail
 
 BASE_REQUIREMENTS = (f"torch=={TORCH_VERSION}", "numpy>=1.24", "pytest>=8", "hypothesis>=6.100")
 TRITON_REQUIREMENT = f"triton=={TRITON_VERSION}"
@@ -280,8 +281,13 @@ def create_env(
     (Path(purelib) / "_sgl_shared.pth").write_text("".join(f"{p}\n" for p in shared))
     # --no-index: every requirement of the wheels must already be satisfied by
     # what the env holds; nothing is downloaded or taken from a local index.
+    # -c constraints.txt as the README's install lines: the tested pins must
+    # agree with the wheels' requirements and with the torch/triton installed.
+    constraints = ("-c", str(REPO / "constraints.txt"))
     result = run(
-        pip("install", "--no-index", "--no-compile", *map(str, wheels), python=python),
+        pip(
+            "install", "--no-index", "--no-compile", *constraints, *map(str, wheels), python=python
+        ),
         env=clean_env(),
         timeout=600,
     )

@@ -16,6 +16,7 @@ from sgl_core.errors import (
     LayerIndexError,
     PoolMismatchError,
     PoolSizeError,
+    ShapeMismatchError,
 )
 from sgl_core.testing import random_bits
 
@@ -99,15 +100,21 @@ def test_token_maps_to_page_and_offset(dtype: torch.dtype) -> None:
         assert not dev.v_buffer[layer].view(torch.uint8).any()
 
 
-def test_rows_convert_to_the_pool_dtype() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float16])
+def test_rows_of_another_dtype_are_refused_not_converted(dtype: torch.dtype) -> None:
     dev = make_dev()
+    dev.k_buffer.copy_(random_bits(tuple(dev.k_buffer.shape), dev.dtype, torch.Generator()))
     loc = torch.tensor([3, 4], dtype=torch.int64)
-    k = torch.randn(2, HEADS, DIM)
-    v = torch.randn(2, HEADS, VDIM)
-    dev.set_kv_buffer(0, loc, k, v)
+    k = torch.ones(2, HEADS, DIM, dtype=torch.bfloat16)
+    v = torch.ones(2, HEADS, VDIM, dtype=torch.bfloat16)
+    before = snapshot(dev)
+    for args in ((k.to(dtype), v), (k, v.to(dtype))):
+        with pytest.raises(ShapeMismatchError, match="not converted"):
+            dev.set_kv_buffer(0, loc, *args)
+        assert unchanged(dev, before)
+    dev.set_kv_buffer(0, loc, k, 2 * v)  # the pool's dtype lands as given
     got_k, got_v = dev.get_kv_buffer(0, loc)
-    assert torch.equal(got_k, k.bfloat16())
-    assert torch.equal(got_v, v.bfloat16())
+    assert torch.equal(got_k, k) and torch.equal(got_v, 2 * v)
 
 
 def _rows(n: int, dim: int) -> torch.Tensor:
@@ -192,7 +199,7 @@ def test_bad_geometry(kwargs: dict[str, object], error: type[Exception]) -> None
 
 
 def test_npu_without_torch_npu_says_what_to_install() -> None:
-    with pytest.raises(BackendUnavailableError, match=r"pip install sgl-ascend\[npu\]"):
+    with pytest.raises(BackendUnavailableError, match=r"pip install './packages/ascend\[npu\]'"):
         AscendMHADevicePool(
             size=8, page_size=PS, dtype=torch.bfloat16, head_num=1, head_dim=4, layer_num=1,
             device="npu:0",

@@ -10,10 +10,12 @@ import sgl_core
 from sgl_ascend import AscendMLADevicePool, AscendMLAHostPool
 from sgl_core.errors import (
     BackendUnavailableError,
+    DeviceError,
     LayerIndexError,
     PageAlignmentError,
     PoolMismatchError,
     PoolSizeError,
+    ShapeMismatchError,
     UnsupportedLayoutError,
 )
 from sgl_core.testing import page_indices, random_bits, read_memory
@@ -115,6 +117,35 @@ def test_index_k_rows() -> None:
         dev.set_index_k_buffer(0, loc, keys)
 
 
+def device_bytes(dev: AscendMLADevicePool) -> list[torch.Tensor]:
+    return [b.clone().view(torch.uint8) for b in dev.components if b is not None]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.float16])
+def test_rows_of_another_dtype_are_refused_not_converted(dtype: torch.dtype) -> None:
+    """No silent cast into the pool (issue 28): ShapeMismatchError, every byte unchanged."""
+    dev = make_dev()
+    fill(dev, 7)
+    loc = torch.tensor([1, 9], dtype=torch.int64)
+    nope = torch.ones(2, 1, RANK, dtype=torch.bfloat16)
+    rope = torch.ones(2, 1, ROPE, dtype=torch.bfloat16)
+    keys = torch.ones(2, 1, IDX, dtype=torch.bfloat16)
+    scales = torch.ones(2, 1, 1, dtype=torch.float32)
+    calls = [
+        (dev.set_mla_kv_buffer, (0, loc, nope.to(dtype), rope)),
+        (dev.set_mla_kv_buffer, (0, loc, nope, rope.to(dtype))),
+        (dev.set_index_k_buffer, (2, loc, keys.to(dtype), scales)),
+        (dev.set_index_k_buffer, (2, loc, keys, scales.to(torch.bfloat16))),
+        (dev.set_mla_kv_buffer, (0, loc, nope.to("meta"), rope)),
+    ]
+    before = device_bytes(dev)
+    for call, args in calls:
+        meta = any(isinstance(a, torch.Tensor) and a.is_meta for a in args)
+        with pytest.raises(DeviceError if meta else ShapeMismatchError):
+            call(*args)  # type: ignore[operator]
+        assert all(same(a, b) for a, b in zip(before, device_bytes(dev), strict=True))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
@@ -142,7 +173,9 @@ def test_device_pool_bad_arguments(kwargs: dict[str, object], error: type[Except
 
 def test_npu_without_torch_npu_says_what_to_install() -> None:
     assert not sgl_ascend.backend.is_available()
-    with pytest.raises(BackendUnavailableError, match=r"pip install sgl-ascend\[npu\]") as info:
+    with pytest.raises(
+        BackendUnavailableError, match=r"pip install './packages/ascend\[npu\]'"
+    ) as info:
         make_dev_on("npu:0")
     assert "CANN" in str(info.value)
 

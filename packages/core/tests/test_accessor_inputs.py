@@ -6,6 +6,7 @@ Meta tensors as data (issue 24, item 7), rows of another dtype than the pool's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -274,3 +275,33 @@ def test_pool_reprs_show_kind_layout_sizes_dtype_device() -> None:
 def test_create_device_pool_is_documented() -> None:
     doc = sgl_core.TorchBackend.create_device_pool.__doc__ or ""
     assert "padding page, page 0" in doc and "kv_cache_dim" in doc
+
+
+@pytest.mark.parametrize("name", ["torch", "cuda", "ascend"])
+def test_every_backend_documents_its_pool_factories(name: str) -> None:
+    """The padding page and the errors, on each shipped backend's own factories."""
+    if name not in sgl_core.available_backends():
+        pytest.skip(f"backend {name!r} is not installed here")
+    backend = sgl_core.get_backend(name)
+    for factory in (backend.create_device_pool, backend.create_mha_device_pool):
+        doc = " ".join((factory.__doc__ or "").split())
+        assert "padding page, page 0" in doc, f"{name}.{factory.__name__}"
+        assert "PoolSizeError" in doc, f"{name}.{factory.__name__}"
+    doc = " ".join((backend.create_host_pool.__doc__ or "").split())
+    assert "UnsupportedLayoutError" in doc and "default_io_backend" in doc
+
+
+def test_the_padding_page_is_page_0_everywhere() -> None:
+    """One description of the padding page (issue 28): page 0, never "one page beyond size"."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    texts = [*root.glob("packages/*/src/**/*.py"), *root.glob("docs/*.md"), root / "README.md"]
+    texts = [t for t in texts if t.is_file()]
+    if len(texts) < 10:
+        pytest.skip("the repository's sources are not here")
+    other = re.compile(
+        r"padding slot|one page beyond|page beyond size|last page is .*padding", re.I
+    )
+    found = [f"{t.name}: {m.group(0)}" for t in texts for m in other.finditer(t.read_text("utf-8"))]
+    assert not found, found

@@ -52,6 +52,7 @@ from sgl_ascend._moe import (
     quantize_per_channel,
     quantize_per_token,
 )
+from sgl_core.backend import publish_names as _publish_names
 
 __version__ = "0.1.0"
 
@@ -69,3 +70,6 @@ __all__ = [
     "quantize_per_channel",
     "quantize_per_token",
 ]
+
+_publish_names(__name__, globals())  # sgl_ascend.AscendBackend, not sgl_ascend._backend...
+del _publish_names

@@ -63,8 +63,17 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
         indexer_layer_ids: Iterable[int] | None = None,
         with_index_k_scale: bool = False,
     ) -> AscendMLADevicePool:
-        """A pool of 5-D layer-major tensors; ``kv_cache_dim`` for packed rows (one
-        component), ``index_head_dim`` for an indexer cache."""
+        """An MLA (or DSA) pool of contiguous 5-D layer-major tensors.
+
+        ``size`` tokens (whole ``page_size`` pages) per layer plus the padding
+        page, page 0: slots ``[0, size + page_size)``, in ``size // page_size + 1``
+        pages. ``kv_cache_dim`` gives packed rows (one component, no
+        ``v_buffer``); ``index_head_dim`` adds the indexer cache for
+        ``indexer_layer_ids`` (fp32 scales with ``with_index_k_scale``).
+        ``device`` None: the NPU when usable, else CPU. Raises, before
+        allocating, ``PoolSizeError`` (sizes), ``DeviceError`` (an unusable
+        device) or ``BackendUnavailableError`` (``"npu"`` without torch_npu).
+        """
         return AscendMLADevicePool(
             size=size,
             page_size=page_size,
@@ -91,7 +100,14 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
         device: str | torch.device | None = None,
         v_head_dim: int | None = None,
     ) -> AscendMHADevicePool:
-        """MHA / GQA pool: 5-D layer-major K and V tensors (the Ascend engine's layout)."""
+        """An MHA / GQA pool: 5-D layer-major K and V tensors (the Ascend engine's layout).
+
+        ``size`` tokens (whole ``page_size`` pages) per layer plus the padding
+        page, page 0: slots ``[0, size + page_size)``; K rows ``(head_num,
+        head_dim)``, V rows ``(head_num, v_head_dim)`` (None: ``head_dim``).
+        Raises ``PoolSizeError``, ``DeviceError`` or ``BackendUnavailableError``
+        as ``create_device_pool`` does, before allocating.
+        """
         return AscendMHADevicePool(
             size=size,
             page_size=page_size,

@@ -32,6 +32,7 @@ from sgl_core.backend import (
     check_index_tensor,
     check_layer_id,
     check_raw_rows,
+    check_value_rows,
 )
 from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
 
@@ -177,10 +178,11 @@ class AscendMLADevicePool(MLAPoolGeometry):
         return loc.to(self.device)
 
     @staticmethod
-    def _check_rows(name: str, tensor: torch.Tensor, n: int, dim: int) -> None:
-        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != (n, 1, dim):
-            got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor)
-            raise PoolMismatchError(f"{name} must have shape {(n, 1, dim)}, got {got}")
+    def _check_rows(
+        name: str, tensor: object, n: int, dim: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """``(n, 1, dim)`` rows of ``dtype`` with values (no conversion), else a typed error."""
+        return check_value_rows(tensor, name, (n, 1, dim), dtype)
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         """``(page_num, page_size, 1, kv_lora_rank)`` view of one layer's latent cache."""
@@ -210,12 +212,13 @@ class AscendMLADevicePool(MLAPoolGeometry):
         loc = self._check_loc(layer_id, loc)
         v_buffer = self._split_v("set_mla_kv_buffer")
         n = loc.numel()
-        self._check_rows("cache_k_nope", cache_k_nope, n, self.kv_lora_rank)
-        self._check_rows("cache_k_rope", cache_k_rope, n, self.qk_rope_head_dim)
+        nope = self._check_rows("cache_k_nope", cache_k_nope, n, self.kv_lora_rank, self.dtype)
+        rope = self._check_rows("cache_k_rope", cache_k_rope, n, self.qk_rope_head_dim, self.dtype)
         k_rows = self._rows(self.k_buffer, layer_id)
         v_rows = self._rows(v_buffer, layer_id)
-        k_rows.index_copy_(0, loc, byte_view(cache_k_nope.to(self.device, self.dtype)))
-        v_rows.index_copy_(0, loc, byte_view(cache_k_rope.to(self.device, self.dtype)))
+        # fp8 caches move as bytes (no fp8 index kernels); values are never converted.
+        k_rows.index_copy_(0, loc, byte_view(nope.to(self.device)))
+        v_rows.index_copy_(0, loc, byte_view(rope.to(self.device)))
 
     def get_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor
@@ -271,20 +274,16 @@ class AscendMLADevicePool(MLAPoolGeometry):
         slot = self._indexer_row(layer_id)
         assert self.index_k_buffer is not None
         assert self._index_head_dim is not None
-        self._check_rows("index_k", index_k, loc.numel(), self._index_head_dim)
+        keys = self._check_rows("index_k", index_k, loc.numel(), self._index_head_dim, self.dtype)
         scale_buf = self.index_k_scale_buffer
         if (index_k_scale is None) != (scale_buf is None):
             raise PoolMismatchError(
                 "index_k_scale must be given exactly when the pool has index_k_scale_buffer"
             )
         if index_k_scale is not None and scale_buf is not None:
-            self._check_rows("index_k_scale", index_k_scale, loc.numel(), 1)
-            self._rows(scale_buf, slot).index_copy_(
-                0, loc, index_k_scale.to(self.device, torch.float32)
-            )
-        self._rows(self.index_k_buffer, slot).index_copy_(
-            0, loc, byte_view(index_k.to(self.device, self.dtype))
-        )
+            scales = self._check_rows("index_k_scale", index_k_scale, loc.numel(), 1, torch.float32)
+            self._rows(scale_buf, slot).index_copy_(0, loc, scales.to(self.device))
+        self._rows(self.index_k_buffer, slot).index_copy_(0, loc, byte_view(keys.to(self.device)))
 
     def get_index_k_buffer(
         self, layer_id: int, loc: torch.Tensor

@@ -8,7 +8,8 @@ cache transfers)::
     v_buffer (layer_num, page_num, page_size, head_num, v_head_dim)
 
 ``page_num = size // page_size + 1``: token slots ``[0, size + page_size)``
-are valid (slot 0 is the engine's padding slot) and token ``t`` lives at page
+are valid (page 0, slots ``[0, page_size)``, is the engine's padding page)
+and token ``t`` lives at page
 ``t // page_size``, offset ``t % page_size``. One token of one layer is a
 ``(head_num, head_dim)`` K row and a ``(head_num, v_head_dim)`` V row. For GQA
 ``head_num`` is the number of KV heads. There is no ``data_ptrs`` table and no
@@ -27,8 +28,9 @@ from sgl_core.backend import (
     check_index_device,
     check_index_tensor,
     check_layer_id,
+    check_value_rows,
 )
-from sgl_core.errors import ArgumentTypeError, PoolMismatchError, PoolSizeError
+from sgl_core.errors import PoolSizeError
 
 __all__ = ["AscendMHADevicePool"]
 
@@ -108,13 +110,13 @@ class AscendMHADevicePool(MHAPoolGeometry):
         return loc.to(self.device)
 
     def _check_rows(self, name: str, tensor: object, n: int, dim: int) -> torch.Tensor:
-        if not isinstance(tensor, torch.Tensor):
-            raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        expected = (n, self.head_num, dim)
-        if tuple(tensor.shape) != expected:
-            raise PoolMismatchError(f"{name} must have shape {expected}, got {tuple(tensor.shape)}")
-        # fp8 caches move as bytes (no fp8 index kernels); values convert first.
-        return byte_view(tensor.to(self.device, self.dtype))
+        """``(n, head_num, dim)`` rows of the pool's dtype with values, as bytes on the device.
+
+        Another dtype, shape or a meta tensor is a typed error (``check_value_rows``):
+        values are never converted; fp8 caches move as bytes (no fp8 index kernels).
+        """
+        rows = check_value_rows(tensor, name, (n, self.head_num, dim), self.dtype)
+        return byte_view(rows.to(self.device).contiguous())
 
     def set_kv_buffer(
         self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor

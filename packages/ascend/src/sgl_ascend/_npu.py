@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 _INSTALL_HINT = (
-    "device 'npu' needs torch_npu: pip install sgl-ascend[npu] "
+    "device 'npu' needs torch_npu: pip install './packages/ascend[npu]' "
     "(torch-npu also requires Ascend's CANN toolkit to be installed and sourced)"
 )
 

@@ -41,21 +41,12 @@ from sgl_core._moe import (
     silu_and_mul,
 )
 from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool, MoEExperts, MoEMethod
+from sgl_core._public import publish_names as _publish_names
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import TokenRowHostPool
 from sgl_core._torch_backend import TorchBackend
 
 __version__ = "0.1.0"
-
-# The engine-facing Protocols are public names: report the public path in repr,
-# pickling and runtime tools (``sgl_core.MLAHostPool``, not ``sgl_core._protocols...``).
-# ``MoEMethod`` keeps its defining module: its ``ClassVar`` annotation is resolved
-# there by ``typing.get_type_hints``. mypy names the defining module in any case.
-_public: tuple[type, ...] = (Backend, MLADevicePool, MLAHostPool, MoEExperts)
-_public += (MHADevicePool, MHAHostPool, IndexerCache, KVRows)
-for _protocol in _public:
-    _protocol.__module__ = __name__
-del _protocol, _public
 
 __all__ = [
     "Backend",
@@ -96,3 +87,8 @@ __all__ = [
     "maybe_fuse_routed_scale_and_shared_add",
     "silu_and_mul",
 ]
+
+# Every class and function above reports this public path in repr, pickles and
+# runtime tools (``sgl_core.MoEMethod``, not ``sgl_core._protocols.MoEMethod``).
+_publish_names(__name__, globals())
+del _publish_names

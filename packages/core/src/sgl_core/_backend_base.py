@@ -170,7 +170,17 @@ class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
         pin_memory: bool | None = None,
         io_backend: IOBackend | str | None = None,
     ) -> HostT | MHAHostPool:
-        """A host pool of ``device_pool``'s kind (MHA or MLA), checked against its pairs."""
+        """A host pool of ``device_pool``'s kind (MHA or MLA), checked against its pairs.
+
+        ``layout`` (a ``HostLayout`` or its string) must be one of this backend's
+        ``supported_pairs`` (``supported_mha_pairs`` for an MHA pool), else
+        ``UnsupportedLayoutError``. Its size is ``host_size_gb`` when positive,
+        else ``device_pool.size * host_to_device_ratio`` tokens, in whole pages
+        (``PoolSizeError`` for zero pages or more than the free host memory).
+        ``pin_memory`` None pins when the device pool is on CUDA. ``io_backend``,
+        when given, is checked against ``layout`` and becomes the pool's
+        ``default_io_backend`` for transfers that omit theirs.
+        """
         args: dict[str, Any] = {
             "layout": layout,
             "host_to_device_ratio": host_to_device_ratio,

@@ -67,7 +67,17 @@ class MHABackendMixin:
         device: str | torch.device | None = None,
         v_head_dim: int | None = None,
     ) -> MHADevicePool:
-        """An MHA/GQA device pool: token slots ``[0, size + page_size)``, K and V per layer."""
+        """An MHA/GQA device pool of this backend: K and V rows per token per layer.
+
+        ``size`` tokens (a whole number of ``page_size`` pages) per layer, plus
+        the padding page, page 0: slots ``[0, size + page_size)``. A token's K
+        row is ``(head_num, head_dim)`` elements of ``dtype`` and its V row
+        ``(head_num, v_head_dim)`` (``v_head_dim`` None: ``head_dim``); for GQA
+        ``head_num`` is the number of KV heads. ``device`` None: the backend's
+        default device. Raises ``PoolSizeError`` (sizes, or a pool that does
+        not fit), ``DeviceError`` (an unusable device), and
+        ``UnsupportedLayoutError`` on a backend that builds no MHA pools.
+        """
         factory = self._mha_device_pool_class
         if factory is None:
             raise self._no_mha()

@@ -94,7 +94,7 @@ class Mover(Protocol[PoolT_contra]):
 #: Builds a pool's mover once the pool has its buffers; takes the pool.
 MoverFactory = Callable[[Any], Mover]
 #: The same for an MHA host pool's movers.
-MHAMoverFactory = Callable[[Any], "Mover[MHADevicePool]"]
+MHAMoverFactory = Callable[[Any], Mover[MHADevicePool]]
 
 PlanT = TypeVar("PlanT")
 

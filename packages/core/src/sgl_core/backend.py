@@ -97,6 +97,7 @@ from sgl_core._protocols import (
     MLADevicePool,
     MLAHostPool,
 )
+from sgl_core._public import publish_names
 from sgl_core._row_mover import RowDirectMover
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import TokenRowHostPool
@@ -111,6 +112,8 @@ from sgl_core._validation import (
     check_layer_id,
     check_page_runs,
     check_unique,
+    check_value_rows,
+    check_value_tensor,
 )
 
 __all__ = [
@@ -166,6 +169,8 @@ __all__ = [
     "check_raw_rows",
     "check_routing",
     "check_unique",
+    "check_value_rows",
+    "check_value_tensor",
     "copy_batched",
     "copy_blocks",
     "copy_each",
@@ -181,9 +186,12 @@ __all__ = [
     "mha_device_layers",
     "page_aligned_zeros",
     "parse_device",
+    "publish_names",
     "should_pin",
     "stacked_layers",
     "tuning_for",
     "usable_device",
     "widen_rows",
 ]
+
+publish_names(__name__, globals())  # names first exported here report sgl_core.backend

@@ -29,7 +29,7 @@ def _require_mooncake() -> None:
     if importlib.util.find_spec("mooncake") is None:
         if os.environ.get("SGLTEST_REQUIRE_MOONCAKE") == "1":
             pytest.fail("SGLTEST_REQUIRE_MOONCAKE=1 but the Mooncake client is not installed")
-        pytest.skip("Mooncake client not installed (pip install 'sgl-core[mooncake]')")
+        pytest.skip("Mooncake client not installed (pip install './packages/core[mooncake]')")
     try:
         import mooncake.store  # noqa: F401
     except ImportError as exc:

@@ -16,6 +16,7 @@ first transfer.
 
 from __future__ import annotations
 
+from sgl_core.backend import publish_names as _publish_names
 from sgl_cuda import kvcacheio
 from sgl_cuda._backend import CudaBackend, backend
 from sgl_cuda._device_pool import CudaMLADevicePool
@@ -35,3 +36,6 @@ __all__ = [
     "backend",
     "kvcacheio",
 ]
+
+_publish_names(__name__, globals())  # sgl_cuda.CudaBackend, not sgl_cuda._backend...
+del _publish_names

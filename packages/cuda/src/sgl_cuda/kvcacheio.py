@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_core.backend import byte_view
+from sgl_core.backend import byte_view, publish_names
 from sgl_core.errors import LayerIndexError
 from sgl_cuda._direct import (
     transfer_kv_all_layer_direct_lf_pf,
@@ -242,3 +242,6 @@ def transfer_kv_all_layer_mla_lf_pf(
         src_table=True,
         dst_table=False,
     )
+
+
+publish_names(__name__, globals())  # the kernels' entry points report sgl_cuda.kvcacheio

@@ -50,13 +50,15 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
 
 def left_out_stores() -> dict[str, str]:
     """Stores the benchmark cannot run here, each with the reason (and how to add it)."""
+    from sgl_core.l3._mooncake_lib import MOONCAKE_INSTALL
+
     try:
         importlib.import_module("mooncake.store")
     except ImportError as exc:
         hint = (
             "install libibverbs1 (apt-get install -y libibverbs1)"
             if "libibverbs" in str(exc)
-            else "from the repository: pip install './packages/core[mooncake]'"
+            else MOONCAKE_INSTALL
         )
         return {"mooncake": f"its client does not import ({exc}); {hint}"}
     return {}

@@ -6,7 +6,8 @@
   :mod:`sgl_core.l3._protocol` for the semantics every store keeps.
 * :class:`FilePageStore` — the embedded default, a local directory.
 * :class:`MooncakePageStore` — the Mooncake distributed store (extra
-  ``sgl-core[mooncake]``; ``mooncake`` is imported only when one is built).
+  ``mooncake``: ``pip install './packages/core[mooncake]'``; ``mooncake`` is
+  imported only when one is built).
 * :class:`PageFormat` / :func:`page_format` — what a pool's page bytes mean
   (layout byte order, dtype, dims, ...). Stores file each page under its key
   and the format of the pool that stored it: a pool of another format gets a
@@ -27,6 +28,7 @@ Typical use::
 
 from __future__ import annotations
 
+from sgl_core._public import publish_names as _publish_names
 from sgl_core.l3._errors import (
     MooncakeSetupError,
     MooncakeUnavailableError,
@@ -59,3 +61,6 @@ __all__ = [
     "page_format",
     "page_keys",
 ]
+
+_publish_names(__name__, globals())  # sgl_core.l3.PageStore, not sgl_core.l3._protocol...
+del _publish_names

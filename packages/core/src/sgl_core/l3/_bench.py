@@ -115,13 +115,13 @@ def default_store_factories(
                 "file": lambda: FilePageStore(tmp / "file"),
             }
             if mooncake:
-                from sgl_core.l3._mooncake_lib import mooncake_available
+                from sgl_core.l3._mooncake_lib import MOONCAKE_INSTALL, mooncake_available
 
                 isolated, how = False, ""
                 if not mooncake_available():
                     notes.append(
-                        "mooncake: skipped, client not installed "
-                        "(pip install 'sgl-core[mooncake]'; apt-get install libibverbs1)"
+                        f"mooncake: skipped, client not installed ({MOONCAKE_INSTALL}; "
+                        "apt-get install libibverbs1)"
                     )
                 else:
                     isolated, how = isolate_network()

@@ -69,7 +69,10 @@ class PageStoreRootInUseError(PageStoreRootError):
 
 
 class MooncakeUnavailableError(PageStoreError):
-    """The Mooncake client cannot be imported (install ``sgl-core[mooncake]``, libibverbs1)."""
+    """The Mooncake client cannot be imported.
+
+    Install it with ``pip install './packages/core[mooncake]'`` (and libibverbs1).
+    """
 
 
 class MooncakeSetupError(PageStoreError):

@@ -77,6 +77,9 @@ __all__ = [
     "mooncake_version",
 ]
 
+#: How to get the client: the README's install (sgl-core is on no package index yet).
+MOONCAKE_INSTALL = "from the repository: pip install './packages/core[mooncake]'"
+
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
 NO_AVAILABLE_HANDLE = -200
@@ -135,7 +138,7 @@ def _import(name: str) -> Any:
         hint = (
             "install libibverbs1 (apt-get install -y libibverbs1)"
             if "libibverbs" in str(exc)
-            else "pip install 'sgl-core[mooncake]'"
+            else MOONCAKE_INSTALL
         )
         raise MooncakeUnavailableError(f"cannot import {name}: {exc}; {hint}") from exc
 
@@ -171,9 +174,7 @@ def master_binary() -> str:
                 return str(cand)
     found = shutil.which("mooncake_master")
     if found is None:
-        raise MooncakeUnavailableError(
-            "mooncake_master not found; pip install 'sgl-core[mooncake]'"
-        )
+        raise MooncakeUnavailableError(f"mooncake_master not found; {MOONCAKE_INSTALL}")
     return found
 
 

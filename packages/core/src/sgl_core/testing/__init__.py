@@ -1,10 +1,12 @@
 """Conformance suite and helpers for sgl backends (needs pytest and hypothesis).
 
-Install with ``pip install sgl-core[testing]``; see :class:`BackendConformanceSuite`.
+Install with ``pip install './packages/core[testing]'`` (from the repository);
+see :class:`BackendConformanceSuite`.
 """
 
 from __future__ import annotations
 
+from sgl_core._public import publish_names as _publish_names
 from sgl_core.testing._helpers import (
     device_rows,
     fill_device_random,
@@ -28,3 +30,6 @@ __all__ = [
     "same_bytes",
     "snapshot",
 ]
+
+_publish_names(__name__, globals())  # sgl_core.testing.BackendConformanceSuite in reports
+del _publish_names

@@ -36,16 +36,18 @@ from sgl_core.testing._helpers import (
 )
 from sgl_core.testing._suite_mha import MHAChecks
 from sgl_core.testing._suite_rows import RowChecks
+from sgl_core.testing._suite_values import ValueChecks
 
 __all__ = ["BackendConformanceSuite"]
 
 
-class BackendConformanceSuite(MHAChecks, RowChecks):
+class BackendConformanceSuite(MHAChecks, RowChecks, ValueChecks):
     """Subclass with ``backend_name`` set; pytest collects the ``test_*`` methods.
 
     Hooks, class attributes and helpers: ``SuiteBase``; pool and L3 checks:
     ``PoolChecks``; bad calls and concurrency: ``MisuseChecks``; packed rows
-    and the indexer cache: ``RowChecks``; the transfer checks are here. MHA
+    and the indexer cache: ``RowChecks``; rows of another dtype or shape,
+    meta rows and integer layer ids: ``ValueChecks``; the transfer checks are here. MHA
     pools: ``MHAChecks`` (``test_mha_*``, every pair of
     ``supported_mha_pairs``; skipped where it is empty; hook
     ``make_mha_device_pool``, class attributes in ``MHASuiteBase``).

@@ -8,6 +8,7 @@ is imported at the first launch and ``gguf`` inside the loader.
 
 from __future__ import annotations
 
+from sgl_core.backend import publish_names as _publish_names
 from sgl_cuda.quantization._align import moe_align_block_size
 from sgl_cuda.quantization._dequant import dequantize_ggml
 from sgl_cuda.quantization._gguf_loader import load_ggml_expert_bank
@@ -27,3 +28,6 @@ __all__ = [
     "load_ggml_expert_bank",
     "moe_align_block_size",
 ]
+
+_publish_names(__name__, globals())  # sgl_cuda.quantization.GGMLMoEMethod in reports
+del _publish_names

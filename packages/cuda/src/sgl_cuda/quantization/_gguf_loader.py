@@ -26,7 +26,7 @@ def _import_gguf() -> Any:
         import gguf
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "loading GGUF files needs the 'gguf' package: pip install 'sgl-cuda[gguf]'"
+            "loading GGUF files needs the 'gguf' package: pip install './packages/cuda[gguf]'"
         ) from exc
     return gguf
 
