@@ -109,6 +109,8 @@ def test_v2_set_get_and_hit_policies(tmp_path: Path) -> None:
         [_t("nope", ["k"], tokens(0, 1))],  # not registered
         [_t("kv", ["a"], tokens(0, 1)), _t("indexer", ["a", "b"], tokens(2, 1))],  # short
         [_t("kv", ["a"], None)],  # no host indices
+        [_t("kv", ["a"], tokens(4, 1)), _t("indexer", ["a"], torch.zeros(PAGE, dtype=torch.int64))],
+        [_t("kv", ["a"], tokens(4, 1)), _t("indexer", ["a"], tokens(4, 1) + 1)],  # unaligned
         [_t("kv", "a", tokens(0, 1))],  # keys as one str
         "kv",
         None,

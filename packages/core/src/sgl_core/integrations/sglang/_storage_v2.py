@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sgl_core.integrations.sglang._host import SGLangHostPool
-from sgl_core.l3 import PageStore, PageStoreArgumentError
+from sgl_core.l3 import PageStore, PageStoreArgumentError, page_format
+from sgl_core.l3._pages import resolve_pages
 
 __all__ = ["PoolTransferResultLike", "StorageV2Members"]
 
@@ -180,6 +181,9 @@ class StorageV2Members:
                     f"pool {name!r}: {idx.numel()} host indices for {len(keys)} pages of "
                     f"{host.page_size} tokens"
                 )
+            # The store's own checks (key form, index dtype, range, whole pages,
+            # duplicates) for every transfer before the first one moves a byte.
+            resolve_pages(host.pool, page_format(host.pool), self._scoped(name, keys), idx)
             out.append((t, name, host, store, list(keys), idx))
         return out
 
