@@ -32,13 +32,12 @@ Stand-ins, and why:
 
 from __future__ import annotations
 
-import json
-import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _sglang_stack as st
 import pytest
 import torch
 
@@ -46,77 +45,15 @@ import sgl_core
 from sgl_core.integrations.sglang import SGLangHostPool, kv_host_pool_builder
 from sgl_core.integrations.sglang_storage import SGLangPageStorage
 
-from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # isort: skip
 from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, EvictParams  # isort: skip
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams  # isort: skip
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # isort: skip
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # isort: skip
 from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as asm  # isort: skip
 from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController  # isort: skip
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool  # isort: skip
+from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool  # isort: skip
 from sglang.srt.mem_cache.pool_host import HostPoolGroup  # isort: skip
 from sglang.srt.mem_cache.pool_host import common as host_common  # isort: skip
 from sglang.srt.mem_cache.radix_cache import RadixKey  # isort: skip
-from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_unified_radix_cache  # isort: skip
 from sglang.srt.runtime_context import get_context, get_parallel  # isort: skip
-from sglang.srt.server_args import prepare_server_args  # isort: skip
-
-PAGE, LAYERS, SLOTS = 4, 3, 64
-TOKENS = list(range(100, 116))  # four pages
-SINGLE_RANK = {
-    "tp_rank": 0, "tp_size": 1, "pp_rank": 0, "pp_size": 1, "attn_dcp_size": 1,
-    "attn_dcp_rank": 0, "attn_tp_rank": 0, "attn_tp_size": 1, "attn_dp_rank": 0,
-}  # fmt: skip
-TIMEOUT = 30.0
-
-
-def _flags(path: Path, layout: str, io: str) -> list[str]:
-    extra = {
-        "backend_name": "sgl_l3",
-        "module_path": "sgl_core.integrations.sglang_storage",
-        "class_name": "SGLangPageStorage",
-        "interface_v1": 1,
-        "store": "file",
-        "path": str(path),
-        "prefetch_threshold": PAGE,
-    }
-    return [
-        "--model-path", "unused", "--device", "cpu", "--page-size", str(PAGE),
-        "--enable-hierarchical-cache", "--hicache-ratio", "2",
-        "--hicache-mem-layout", layout, "--hicache-io-backend", io,
-        "--hicache-write-policy", "write_through",
-        "--hicache-storage-prefetch-policy", "wait_complete",
-        "--hicache-storage-backend", "dynamic",
-        "--hicache-storage-backend-extra-config", json.dumps(extra),
-    ]  # fmt: skip
-
-
-def _mla() -> MLATokenToKVPool:
-    return MLATokenToKVPool(
-        size=SLOTS, page_size=PAGE, dtype=torch.bfloat16, kv_lora_rank=8,
-        qk_rope_head_dim=4, layer_num=LAYERS, device="cpu", enable_memory_saver=False,
-    )  # fmt: skip
-
-
-def _mha(v_head_dim: int | None = None) -> Callable[[], MHATokenToKVPool]:
-    def make() -> MHATokenToKVPool:
-        return MHATokenToKVPool(
-            size=SLOTS, page_size=PAGE, dtype=torch.bfloat16, head_num=2, head_dim=8,
-            layer_num=LAYERS, device="cpu", enable_memory_saver=False, v_head_dim=v_head_dim,
-        )  # fmt: skip
-
-    return make
-
-
-def _device_buffers(dev: Any) -> list[torch.Tensor]:
-    return (
-        list(dev.kv_buffer) if isinstance(dev, MLATokenToKVPool) else [*dev.k_buffer, *dev.v_buffer]
-    )
-
-
-def _fill(dev: Any, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    for buf in _device_buffers(dev):
-        buf.copy_(torch.randn(buf.shape, generator=gen).to(buf.dtype))
 
 
 @pytest.fixture
@@ -131,67 +68,14 @@ def published() -> Iterator[None]:
         ctx.parallel._config = saved[2]
 
 
-class _Worker:
-    """The scheduler's tp_worker: only records the layer counter SGLang hands it."""
-
-    def register_hicache_layer_transfer_counter(self, counter: object) -> None:
-        self.counter = counter
-
-
-def _build(dev: Any, flags: list[str]) -> tuple[Any, Any]:
-    server_args = prepare_server_args(flags)
-    get_context().set_server_args(server_args)
-    dtype = dev.dtype
-    allocator = PagedTokenToKVPoolAllocator(SLOTS, PAGE, dtype, "cpu", dev, need_sort=False)
-    req_to_token = ReqToTokenPool(
-        size=4, max_context_len=SLOTS, device="cpu", enable_memory_saver=False
-    )
-    params = CacheInitParams(
-        disable=False, req_to_token_pool=req_to_token,
-        token_to_kv_pool_allocator=allocator, page_size=PAGE,
-    )  # fmt: skip
-    ctx = TreeCacheBuildContext(
-        server_args=server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=False,
-        enable_hierarchical_cache=True, disable_radix_cache=False, tp_worker=_Worker(),
-        model_config=None, tp_size=1, tp_rank=0, tp_group=None,
-    )  # fmt: skip
-    return create_unified_radix_cache(ctx), allocator
-
-
-def _until(step: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not step():
-        assert time.monotonic() < deadline, "SGLang's controller did not finish"
-        time.sleep(0.01)
-
-
-def _match(cache: Any) -> Any:
-    return cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", TOKENS))))
-
-
-def _load_back(cache: Any, node: Any) -> torch.Tensor:
-    assert cache.load_back(node)
-    cache.cache_controller.start_loading()
-
-    def done() -> bool:
-        cache.loading_check()
-        return not cache.ongoing_load_back
-
-    _until(done)
-    m = _match(cache)
-    assert (m.device_prefix_len, m.host_hit_length) == (len(TOKENS), 0)
-    indices: torch.Tensor = cache.path_device_indices(m.last_device_node)
-    return indices
-
-
 def _reference_host(dev: Any, host_idx: torch.Tensor, dev_idx: torch.Tensor) -> Any:
     """SGLang's own host pool (its build_kv_host_pool, same server args), with these rows."""
-    theirs = _ORIGINAL_BUILD(kv_pool=dev, page_size=PAGE)
+    theirs = _ORIGINAL_BUILD(kv_pool=dev, page_size=st.PAGE)
     if isinstance(dev, MLATokenToKVPool):
-        pairs = [(theirs.data_refs[layer], dev.kv_buffer[layer]) for layer in range(LAYERS)]
+        pairs = [(theirs.data_refs[layer], dev.kv_buffer[layer]) for layer in range(st.LAYERS)]
     else:
-        pairs = [(theirs.k_data_refs[i], dev.k_buffer[i]) for i in range(LAYERS)] + [
-            (theirs.v_data_refs[i], dev.v_buffer[i]) for i in range(LAYERS)
+        pairs = [(theirs.k_data_refs[i], dev.k_buffer[i]) for i in range(st.LAYERS)] + [
+            (theirs.v_data_refs[i], dev.v_buffer[i]) for i in range(st.LAYERS)
         ]
     for host_view, device_layer in pairs:  # what SGLang's copy kernels write
         host_view[host_idx] = device_layer[dev_idx].view(host_view.dtype)
@@ -200,7 +84,7 @@ def _reference_host(dev: Any, host_idx: torch.Tensor, dev_idx: torch.Tensor) -> 
 
 _ORIGINAL_BUILD = asm.build_kv_host_pool
 
-_KINDS = {"mla": _mla, "gqa": _mha(), "gqa_narrow_v": _mha(v_head_dim=4)}
+_KINDS = {"mla": st.mla, "gqa": st.mha(), "gqa_narrow_v": st.mha(v_head_dim=4)}
 _CASES = [
     ("torch", "mla", "page_first", "kernel"),
     ("torch", "mla", "layer_first", "direct"),
@@ -227,10 +111,10 @@ def test_default_stack_round_trip(
     builder = kv_host_pool_builder(sgl_core.get_backend(backend), layout=layout)
     monkeypatch.setattr(asm, "build_kv_host_pool", builder)
     dev = _KINDS[kind]()
-    _fill(dev, seed=7)
-    snapshot = [buf.clone() for buf in _device_buffers(dev)]
-    with get_parallel().override(**SINGLE_RANK):
-        cache, allocator = _build(dev, _flags(tmp_path / "l3", layout, io))
+    st.fill(dev, seed=7)
+    snapshot = [buf.clone() for buf in st.device_buffers(dev)]
+    with get_parallel().override(**st.SINGLE_RANK):
+        cache, allocator = st.build(dev, st.flags(tmp_path / "l3", layout, io))
         try:
             _round_trip(cache, allocator, dev, snapshot, layout)
         finally:
@@ -251,7 +135,7 @@ def _spy_backups(host: SGLangHostPool) -> list[tuple[torch.Tensor, torch.Tensor]
 
 
 def _zero_rows(dev: Any, rows: torch.Tensor) -> None:
-    for buf in _device_buffers(dev):
+    for buf in st.device_buffers(dev):
         buf[rows] = 0
 
 
@@ -260,7 +144,7 @@ def _rows_equal(
 ) -> bool:
     return all(
         torch.equal(buf[now], old[then])
-        for buf, old in zip(_device_buffers(dev), snapshot, strict=True)
+        for buf, old in zip(st.device_buffers(dev), snapshot, strict=True)
     )
 
 
@@ -293,7 +177,7 @@ def _compare_with_sglang(dev: Any, ours: SGLangHostPool, h: torch.Tensor, d: tor
             x - bases_b[i % 2] for i, x in enumerate(b)
         ] and sa == sb
         return
-    for p in h[::PAGE].tolist():
+    for p in h[:: st.PAGE].tolist():
         mine = ours.get_data_page(p).view(torch.uint8)
         assert torch.equal(mine, theirs.get_data_page(p).view(torch.uint8))
     if ours.kv_buffer is not None and theirs.kv_buffer is not None:
@@ -317,8 +201,8 @@ def _round_trip(
     backups = _spy_backups(ours)
 
     # insert -> write-through: HybridCacheController.write -> L2TransferEngine -> our pool
-    dev_idx = allocator.alloc(len(TOKENS))
-    cache.insert(InsertParams(key=RadixKey(array("q", TOKENS)), value=dev_idx))
+    dev_idx = allocator.alloc(len(st.TOKENS))
+    cache.insert(InsertParams(key=RadixKey(array("q", st.TOKENS)), value=dev_idx))
     cache.writing_check(write_back=True)
     assert len(backups) == 1 and torch.equal(backups[0][1], dev_idx)
     host_idx = backups[0][0]
@@ -329,37 +213,37 @@ def _round_trip(
         cache.check_hicache_events()
         return not cache.ongoing_backup
 
-    _until(backed_up)
-    assert storage.store.stats().stored_pages == len(TOKENS) // PAGE
+    st.until(backed_up)
+    assert storage.store.stats().stored_pages == len(st.TOKENS) // st.PAGE
 
     # evict the device copy; match finds it on the host; load back (per layer)
-    assert cache.evict(EvictParams(num_tokens=len(TOKENS))).num_tokens_evicted == len(TOKENS)
+    assert cache.evict(EvictParams(num_tokens=len(st.TOKENS))).num_tokens_evicted == len(st.TOKENS)
     _zero_rows(dev, dev_idx)
-    m = _match(cache)
-    assert (m.device_prefix_len, m.host_hit_length) == (0, len(TOKENS))
-    loaded = _load_back(cache, m.best_match_node)
+    m = st.match(cache)
+    assert (m.device_prefix_len, m.host_hit_length) == (0, len(st.TOKENS))
+    loaded = st.load_back(cache, m.best_match_node)
     assert _rows_equal(dev, snapshot, loaded, dev_idx)
 
     # evict device and host; SGLang's prefetch finds the pages in L3
-    assert cache.evict(EvictParams(num_tokens=len(TOKENS))).num_tokens_evicted == len(TOKENS)
+    assert cache.evict(EvictParams(num_tokens=len(st.TOKENS))).num_tokens_evicted == len(st.TOKENS)
     _zero_rows(dev, loaded)
-    assert cache.evict_host(len(TOKENS)) == len(TOKENS)
+    assert cache.evict_host(len(st.TOKENS)) == len(st.TOKENS)
     for name in ("kv_buffer", "k_buffer", "v_buffer"):
         buf = getattr(ours.pool, name, None)
         if buf is not None:
             buf.zero_()  # every host slot is free: the bytes must come from L3
-    m = _match(cache)
+    m = st.match(cache)
     assert (m.device_prefix_len, m.host_hit_length) == (0, 0)
     handle = CacheRequestHandle("r1", 0)
-    cache.prefetch_from_storage(handle, m.last_host_node, array("q", TOKENS))
+    cache.prefetch_from_storage(handle, m.last_host_node, array("q", st.TOKENS))
 
     def prefetched() -> bool:
         cache.check_hicache_events()
         return bool(cache.check_prefetch_progress(handle))
 
-    _until(prefetched)
-    assert cache.pop_prefetch_loaded_tokens(handle) == len(TOKENS)
-    m = _match(cache)
-    assert (m.device_prefix_len, m.host_hit_length) == (0, len(TOKENS))
-    loaded = _load_back(cache, m.best_match_node)
+    st.until(prefetched)
+    assert cache.pop_prefetch_loaded_tokens(handle) == len(st.TOKENS)
+    m = st.match(cache)
+    assert (m.device_prefix_len, m.host_hit_length) == (0, len(st.TOKENS))
+    loaded = st.load_back(cache, m.best_match_node)
     assert _rows_equal(dev, snapshot, loaded, dev_idx)
