@@ -89,22 +89,25 @@ class Worker:
         self.counter = counter
 
 
-def build(dev: Any, flags: list[str]) -> tuple[Any, Any]:
+def build(dev: Any, flags: list[str], *, page: int = PAGE, is_dsa: bool = False) -> tuple[Any, Any]:
+    """The scheduler's cache from SGLang's own parsed flags (``--page-size`` set to ``page``)."""
+    flags = list(flags)
+    flags[flags.index("--page-size") + 1] = str(page)
     server_args = prepare_server_args(flags)
     get_context().set_server_args(server_args)
-    dtype = dev.dtype
-    allocator = PagedTokenToKVPoolAllocator(SLOTS, PAGE, dtype, "cpu", dev, need_sort=False)
+    slots = dev.size
+    allocator = PagedTokenToKVPoolAllocator(slots, page, dev.dtype, "cpu", dev, need_sort=False)
     req_to_token = ReqToTokenPool(
-        size=4, max_context_len=SLOTS, device="cpu", enable_memory_saver=False
+        size=4, max_context_len=slots, device="cpu", enable_memory_saver=False
     )
     params = CacheInitParams(
         disable=False, req_to_token_pool=req_to_token,
-        token_to_kv_pool_allocator=allocator, page_size=PAGE,
+        token_to_kv_pool_allocator=allocator, page_size=page,
     )  # fmt: skip
     ctx = TreeCacheBuildContext(
         server_args=server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=False,
         enable_hierarchical_cache=True, disable_radix_cache=False, tp_worker=Worker(),
-        model_config=None, tp_size=1, tp_rank=0, tp_group=None,
+        model_config=None, tp_size=1, tp_rank=0, tp_group=None, is_dsa=is_dsa,
     )  # fmt: skip
     return create_unified_radix_cache(ctx), allocator
 

@@ -44,12 +44,13 @@ import torch
 import sgl_core
 from sgl_core.integrations.sglang import SGLangHostPool, kv_host_pool_builder
 from sgl_core.integrations.sglang_storage import SGLangPageStorage
+from sgl_core.l3 import PageStoreArgumentError
 
 from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, EvictParams  # isort: skip
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # isort: skip
 from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as asm  # isort: skip
 from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController  # isort: skip
-from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool  # isort: skip
+from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool  # isort: skip
 from sglang.srt.mem_cache.pool_host import HostPoolGroup  # isort: skip
 from sglang.srt.mem_cache.pool_host import common as host_common  # isort: skip
 from sglang.srt.mem_cache.radix_cache import RadixKey  # isort: skip
@@ -247,3 +248,22 @@ def _round_trip(
     assert (m.device_prefix_len, m.host_hit_length) == (0, len(st.TOKENS))
     loaded = st.load_back(cache, m.best_match_node)
     assert _rows_equal(dev, snapshot, loaded, dev_idx)
+
+
+def test_a_dsa_server_on_our_backend_fails_at_startup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, published: None
+) -> None:
+    """DeepSeek-V3.2 (``_DsaStrategy``) builds SGLang's own KV and indexer host pools
+    from the pool's declarations, not through ``build_kv_host_pool``: our backend
+    refuses them at attach (typed), so no server serves KV pages without the indexer."""
+    monkeypatch.setattr(host_common, "_cuda_host_register", lambda *a, **k: None)
+    builder = kv_host_pool_builder(sgl_core.get_backend("torch"), layout="page_first")
+    monkeypatch.setattr(asm, "build_kv_host_pool", builder)
+    with get_parallel().override(**st.SINGLE_RANK):
+        dev = DSATokenToKVPool(
+            size=128, page_size=64, kv_lora_rank=512, dtype=torch.float8_e4m3fn,
+            qk_rope_head_dim=64, layer_num=2, device="cpu", index_head_dim=128,
+            enable_memory_saver=False, kv_cache_dim=656,
+        )  # fmt: skip
+        with pytest.raises(PageStoreArgumentError, match="wrap_host_pool"):
+            st.build(dev, st.flags(tmp_path / "l3", "page_first", "kernel"), page=64, is_dsa=True)
