@@ -137,3 +137,31 @@ def test_the_views_accessors_write_an_fp8_engines_bytes() -> None:
     gk, gv = mview.get_kv_buffer(0, loc)
     assert gk.dtype == gv.dtype == torch.float8_e4m3fn
     assert torch.equal(gk.view(torch.uint8), k.view(torch.uint8))
+
+
+@pytest.mark.parametrize("kind", ["mla", "mha"])
+@pytest.mark.parametrize("wrong", ["dtype", "shape", "other_flavour"])
+def test_the_views_refuse_rows_they_would_convert(kind: str, wrong: str) -> None:
+    """As our own pools: rows of another dtype (even the other fp8) or shape change nothing."""
+    from sgl_core.backend import as_mha_device_pool
+    from sgl_core.errors import ShapeMismatchError
+    from sgl_core.integrations.sglang import as_device_pool
+
+    dtype = torch.float8_e4m3fn if wrong == "other_flavour" else torch.bfloat16
+    engine = _engine(kind, dtype)
+    before = [t.clone() for t in _layers(engine)]
+    gen = torch.Generator().manual_seed(9)
+    bad = {"dtype": torch.float32, "shape": dtype, "other_flavour": torch.float8_e5m2}[wrong]
+    n = 3 if wrong == "shape" else 2
+    loc = torch.tensor([3, 9])
+    with pytest.raises(ShapeMismatchError):
+        if isinstance(engine, _EngineMLAPool):
+            as_device_pool(engine).set_mla_kv_buffer(
+                1, loc, _rows(gen, bad, n, 1, 8), _rows(gen, dtype, 2, 1, 4)
+            )
+        else:
+            as_mha_device_pool(engine).set_kv_buffer(
+                1, loc, _rows(gen, dtype, 2, 2, 8), _rows(gen, bad, n, 2, 8)
+            )
+    now = [t.view(torch.uint8) for t in _layers(engine)]
+    assert all(torch.equal(a.view(torch.uint8), b) for a, b in zip(before, now, strict=True))

@@ -9,12 +9,13 @@ there is no NPU), which is how its tests and the conformance suite run.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendMLADevicePool
+from sgl_ascend._engine_pool import engine_view
 from sgl_ascend._host_pool import AscendMLAHostPool
 from sgl_ascend._mha_device_pool import AscendMHADevicePool
 from sgl_ascend._mha_host_pool import AscendMHAHostPool
@@ -43,6 +44,11 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
             mha_device_pool_class=AscendMHADevicePool,
             mha_host_pool_class=AscendMHAHostPool,
         )
+
+    def create_host_pool(self, device_pool: Any, **kwargs: Any) -> Any:
+        """As ``PoolBackend.create_host_pool``; SGLang's ``NPUMLATokenToKVPool`` /
+        ``NPUMHATokenToKVPool`` are taken as views of their own tensors."""
+        return super().create_host_pool(engine_view(device_pool), **kwargs)
 
     def is_available(self) -> bool:
         """True only when ``torch_npu`` imports and an NPU is visible."""

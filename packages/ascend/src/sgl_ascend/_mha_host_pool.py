@@ -35,6 +35,7 @@ from typing import ClassVar
 import torch
 
 from sgl_ascend import _npu
+from sgl_ascend._engine_pool import engine_view
 from sgl_ascend._mha_device_pool import AscendMHADevicePool
 from sgl_ascend._transfer import KvSplitMover
 from sgl_core.backend import (
@@ -82,7 +83,7 @@ class AscendMHAHostPool(MHAHostPoolBase):
         tuning: CopyTuning | None = None,
     ) -> None:
         super().__init__(
-            device_pool,
+            engine_view(device_pool),  # SGLang's NPU pool: its own tensors, seen as ours
             layout=layout,
             host_to_device_ratio=host_to_device_ratio,
             host_size_gb=host_size_gb,
@@ -92,6 +93,10 @@ class AscendMHAHostPool(MHAHostPoolBase):
         )
 
     # ----------------------------------------------------------------- hooks
+    def _as_device_pool(self, device_pool: MHADevicePool) -> MHADevicePool:
+        # Transfers take SGLang's NPU pool too: the same cached view as at construction.
+        return super()._as_device_pool(engine_view(device_pool))
+
     def _configure(self, device_pool: MHADevicePool) -> None:
         # After the layout check (unsupported layouts fail first, by name).
         _ascend_pool(device_pool)

@@ -20,7 +20,8 @@ import torch
 
 from sgl_core._copy import byte_view
 from sgl_core._protocols import MLADevicePool
-from sgl_core.errors import PoolMismatchError
+from sgl_core._validation import check_index_tensor, check_value_rows
+from sgl_core.errors import PoolMismatchError, ShapeMismatchError
 
 __all__ = ["ForeignMLADevicePool", "as_device_pool", "engine_dtype", "meant_layers"]
 
@@ -122,10 +123,21 @@ class ForeignMLADevicePool:
         cache_k_rope: torch.Tensor,
     ) -> None:
         rows = self._rows(layer_id)
+        n = check_index_tensor(loc, "loc").numel()
+        # As our own pools: rows of exactly the pool's dtype and shape, never
+        # converted; checked before any byte moves.
+        for name, tensor, dim in (
+            ("cache_k_nope", cache_k_nope, self.kv_lora_rank),
+            ("cache_k_rope", cache_k_rope, self.qk_rope_head_dim),
+        ):
+            check_value_rows(tensor, name, (n, 1, dim), self.dtype)
+        if rows.shape[-1] != self.kv_lora_rank + self.qk_rope_head_dim:
+            raise ShapeMismatchError(
+                f"rows of {rows.shape[-1]} elements are not kv_lora_rank + qk_rope_head_dim "
+                "(a packed pool): write them with the engine's own calls"
+            )
         # fp8 has no index kernels everywhere: written as bytes (same storage).
-        byte_view(rows)[loc] = byte_view(
-            torch.cat([cache_k_nope, cache_k_rope], dim=-1).to(rows.dtype)
-        )
+        byte_view(rows)[loc] = byte_view(torch.cat([cache_k_nope, cache_k_rope], dim=-1))
 
     def get_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor

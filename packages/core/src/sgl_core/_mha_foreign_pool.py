@@ -25,6 +25,7 @@ import torch
 from sgl_core._copy import byte_view
 from sgl_core._foreign_pool import engine_dtype, meant_layers
 from sgl_core._mha_protocols import MHADevicePool
+from sgl_core._validation import check_index_tensor, check_value_rows
 from sgl_core.errors import PoolMismatchError
 
 __all__ = ["ForeignMHADevicePool", "as_mha_device_pool"]
@@ -105,9 +106,17 @@ class ForeignMHADevicePool:
         self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
     ) -> None:
         i = self._layer(layer_id)
+        n = check_index_tensor(loc, "loc").numel()
+        # As our own pools: rows of exactly the pool's dtype and shape, never
+        # converted; both checked before any byte moves.
+        for name, tensor, dim in (
+            ("cache_k", cache_k, self.head_dim),
+            ("cache_v", cache_v, self.v_head_dim),
+        ):
+            check_value_rows(tensor, name, (n, self.head_num, dim), self.dtype)
         # fp8 has no index kernels everywhere: written as bytes (same storage).
-        byte_view(self.k_buffer[i])[loc] = byte_view(cache_k.to(self.dtype))
-        byte_view(self.v_buffer[i])[loc] = byte_view(cache_v.to(self.dtype))
+        byte_view(self.k_buffer[i])[loc] = byte_view(cache_k)
+        byte_view(self.v_buffer[i])[loc] = byte_view(cache_v)
 
     def get_kv_buffer(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         i = self._layer(layer_id)

@@ -1,0 +1,244 @@
+"""Our host pools (MLA and MHA/GQA) as SGLang 0.5.23's ``HostKVCache``.
+
+:class:`SGLangHostPool` carries the members that SGLang's ``HiCacheController``,
+``HybridCacheController`` (through a ``HostPoolGroup`` entry),
+``L2TransferEngine``, storage-backend factory and storage backends read from
+a host pool, with SGLang's meaning, on any of our host pools (torch, cuda,
+ascend backends). The L3 page members live in :mod:`._host_pages`.
+
+* SGLang passes its own device pool (``device`` a ``str``) to every transfer;
+  our pools normalize it with their cached views (``as_device_pool`` /
+  ``as_mha_device_pool``).
+* io ``"kernel"`` on a pool whose layout runs only ``direct`` (the torch
+  backend) runs ``direct``: the same rows move, with torch copies.
+* Every transfer is still validated in full by our pool (SGLang does not):
+  a bad index raises an ``sgl_core.errors`` exception and changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._host_pool import HostPoolBase, MLAHostPoolBase
+from sgl_core._mha_host_pool import MHAHostPoolBase
+from sgl_core._mha_protocols import MHAHostPool
+from sgl_core._protocols import MLAHostPool
+from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
+from sgl_core.integrations.sglang._host_pages import SGLangPageMembers
+
+__all__ = ["SGLangHostPool", "wrap_host_pool"]
+
+# Layouts whose page bytes are SGLang's (same flat-page order and page meta):
+# their pages carry no format tag, so they are shared with an SGLang fleet.
+_MLA_BYTE_COMPATIBLE = frozenset(
+    {HostLayout.LAYER_FIRST, HostLayout.PAGE_FIRST, HostLayout.PAGE_FIRST_DIRECT}
+)
+# SGLang's MHATokenToKVPoolHost (K and V in one (2, ...) buffer, equal head dims).
+_MHA_BYTE_COMPATIBLE = _MLA_BYTE_COMPATIBLE | {HostLayout.PAGE_HEAD}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class SGLangHostPool(SGLangPageMembers):
+    """One of our host pools, seen as an SGLang ``HostKVCache`` (MLA or MHA/GQA).
+
+    Attributes SGLang reads as plain values are plain values here; the
+    transfer, allocation and L3 calls forward to :attr:`pool` after adapting
+    SGLang's arguments (device pool, io backend name, index forms).
+    """
+
+    # SGLang HostKVCache class attributes: no decode-context parallelism, no
+    # shared compacting layout, no page envelope, no staged write-back kernel.
+    dcp_size = 1
+    dcp_rank = 0
+    shared_allocation_domain = None
+    stores_page_envelope = False
+    can_use_write_back_jit = False
+
+    def __init__(self, pool: MLAHostPoolBase | MHAHostPoolBase, *, pool_label: str = "kv") -> None:
+        if not isinstance(pool, (MLAHostPoolBase, MHAHostPoolBase)):
+            raise ArgumentTypeError(
+                "wrap_host_pool needs a host pool of an sgl backend (an MLAHostPoolBase or "
+                f"MHAHostPoolBase), got {type(pool).__name__}"
+            )
+        if not isinstance(pool_label, str) or not pool_label:
+            raise ArgumentTypeError("pool_label must be a non-empty str")
+        self._base: HostPoolBase[Any, Any] = pool
+        self._mha = isinstance(pool, MHAHostPoolBase)
+        layout = HostLayout.parse(pool.layout, argument="layout")
+        self._layout = layout
+        self._pairs = type(pool).supported_pairs
+        #: SGLang's label for the pool in logs and shared-domain requests.
+        self.pool_label = pool_label
+        self.layout: str = layout.value
+        self.size: int = pool.size
+        self.page_size: int = pool.page_size
+        self.page_num: int = pool.size // pool.page_size
+        self.layer_num: int = pool.layer_num
+        self.start_layer = 0
+        self.end_layer = pool.layer_num - 1
+        self.dtype: torch.dtype = pool.dtype
+        itemsize = _itemsize(pool.dtype)
+        self.pin_memory: bool = bool(getattr(pool, "pin_memory", False))
+        self.device = "cpu"  # SGLang's host pools name their own (host) device
+        self.kv_buffer: torch.Tensor | None = getattr(pool, "kv_buffer", None)
+        if isinstance(pool, MHAHostPoolBase):
+            self.head_num: int = pool.head_num
+            self.head_dim: int = pool.head_dim
+            self.v_head_dim: int = pool.v_head_dim
+            self.k_buffer: torch.Tensor | None = getattr(pool, "k_buffer", None)
+            self.v_buffer: torch.Tensor | None = getattr(pool, "v_buffer", None)
+            # SGLang: one K row of a token and layer; layout_dim spans the layers.
+            self.token_stride_size: int = self.head_num * self.head_dim * itemsize
+            self._k_bytes = self.token_stride_size * self.layer_num
+            self.size_per_token: int = (
+                (self.head_dim + self.v_head_dim) * self.head_num * self.layer_num * itemsize
+            )
+            compatible = layout in _MHA_BYTE_COMPATIBLE and self.head_dim == self.v_head_dim
+        else:
+            self.kv_lora_rank: int = pool.shape.kv_lora_rank
+            self.qk_rope_head_dim: int = pool.shape.qk_rope_head_dim
+            # The row's width (SGLang's host pool takes the device pool's, e.g. 656
+            # packed fp8 elements of a DeepSeek-V3.2 pool, not kv_lora_rank + rope).
+            self.kv_cache_dim: int = pool.kv_cache_dim
+            self.token_stride_size = self.kv_cache_dim * itemsize
+            self.size_per_token = self.token_stride_size * self.layer_num
+            self._k_bytes = self.size_per_token  # MLA: no separate V
+            compatible = layout in _MLA_BYTE_COMPATIBLE
+        self.layout_dim: int = self.token_stride_size * self.layer_num
+        # SGLang appends this to the model name in storage keys when a pool's
+        # page bytes differ from its own, so such pages miss rather than load.
+        self.storage_format_tag: str | None = None if compatible else f"sgl-{layout.value}"
+
+    @property
+    def pool(self) -> MLAHostPool | MHAHostPool:
+        """The wrapped pool."""
+        return cast("MLAHostPool | MHAHostPool", self._base)
+
+    @property
+    def is_mha(self) -> bool:
+        """True for an MHA/GQA pool (K and V rows), False for MLA."""
+        return self._mha
+
+    # ------------------------------------------------------------- sizes
+    @property
+    def logical_size(self) -> int:
+        return self.size
+
+    @property
+    def logical_page_size(self) -> int:
+        return self.page_size
+
+    def get_size_per_token(self) -> int:
+        return self.size_per_token
+
+    def get_ksize_per_token(self) -> int:
+        """K bytes of a token over every layer (MLA: all of it, there is no V)."""
+        return self._k_bytes
+
+    # -------------------------------------------------------- accounting
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        return self.pool.alloc(need_size)
+
+    def free(self, indices: torch.Tensor) -> int:
+        return self.pool.free(indices)
+
+    def available_size(self) -> int:
+        return self.pool.available_size()
+
+    def clear(self) -> None:
+        self.pool.clear()
+
+    def destroy(self) -> None:
+        """SGLang unregisters pinned buffers here; ours are torch-owned and freed with the pool."""
+
+    # --------------------------------------------------------- transfers
+    def _io(self, io_backend: object) -> IOBackend:
+        try:
+            io = IOBackend.parse(io_backend, argument="io_backend")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(str(exc)) from None
+        ios = self._pairs.get(self._layout, frozenset())
+        if io is IOBackend.KERNEL and io not in ios and IOBackend.DIRECT in ios:
+            # SGLang's "kernel" (and its index placement) on a pool that has only
+            # torch copies: the same rows move, so run them with "direct".
+            return IOBackend.DIRECT
+        return io
+
+    def prepare_transfer_indices(
+        self, host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As SGLang's plain host pools: the controller already placed the indices.
+
+        Our pools take indices on the CPU or on the device pool's device, which
+        covers both of SGLang's placements (``kernel``: host indices moved to
+        the device; ``direct``: device indices moved to the CPU).
+        """
+        return host_indices, device_indices
+
+    def backup_from_device_all_layer(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: str,
+    ) -> None:
+        # Our pools see SGLang's raw device pool through their cached views.
+        self._base.backup_from_device_all_layer(
+            device_pool, host_indices, device_indices, self._io(io_backend)
+        )
+
+    def backup_from_device_all_layer_physical(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: str,
+    ) -> None:
+        self.backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
+
+    def load_to_device_per_layer(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: str,
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        if is_draft:
+            # SGLang packs speculative-draft layers after the target layers of
+            # its own host pools; ours hold target layers only.
+            raise PoolMismatchError(
+                "is_draft=True: this host pool holds no packed draft layers "
+                "(give the draft model its own host pool)"
+            )
+        io = self._io(io_backend)
+        self._base.load_to_device_per_layer(device_pool, host_indices, device_indices, layer_id, io)
+
+    def load_to_device_per_layer_physical(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: str,
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        self.load_to_device_per_layer(
+            device_pool, host_indices, device_indices, layer_id, io_backend, is_draft=is_draft
+        )
+
+
+def wrap_host_pool(
+    pool: MLAHostPoolBase | MHAHostPoolBase, *, pool_label: str = "kv"
+) -> SGLangHostPool:
+    """``pool`` (MLA or MHA/GQA) as an SGLang ``mem_pool_host`` / ``HostPoolGroup`` entry."""
+    return SGLangHostPool(pool, pool_label=pool_label)

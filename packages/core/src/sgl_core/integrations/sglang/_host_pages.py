@@ -1,0 +1,112 @@
+"""The L3 page members of :class:`~sgl_core.integrations.sglang.SGLangHostPool`.
+
+Flat pages and page meta in SGLang 0.5.23's order: MLA pages as
+``MLATokenToKVPoolHost``'s; MHA pages as ``MHATokenToKVPoolHost``'s (a flat
+page is K then V; ``layer_first`` page meta lists each layer's K object then
+its V object, where our MHA pools list all K layers, then all V layers).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sgl_core._enums import HostLayout
+from sgl_core._memory import HOST_PAGE_BYTES
+from sgl_core.errors import ArgumentTypeError, UnsupportedLayoutError
+
+__all__ = ["SGLangPageMembers", "page_index"]
+
+
+def page_index(index: object) -> int:
+    """SGLang passes page starts as ints or as 0-d index tensors (``host_indices[i]``)."""
+    if isinstance(index, torch.Tensor):
+        if index.numel() != 1 or index.dtype.is_floating_point or index.dtype == torch.bool:
+            raise ArgumentTypeError(
+                f"index must be one integer, got a tensor of shape {tuple(index.shape)} "
+                f"and dtype {index.dtype}"
+            )
+        return int(index.item())
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+        raise ArgumentTypeError(f"index must be an int, got {type(index).__name__}")
+    return int(index)
+
+
+class SGLangPageMembers:
+    """Mixin: SGLang's L3 page calls on the wrapped pool (``self.pool``)."""
+
+    if TYPE_CHECKING:
+        pool: Any
+        page_size: int
+        page_num: int
+        layer_num: int
+        _layout: HostLayout
+
+        @property
+        def is_mha(self) -> bool: ...
+
+    def get_data_page(self, index: object, flat: bool = True) -> torch.Tensor:
+        page: torch.Tensor = self.pool.get_data_page(page_index(index), flat)
+        return page
+
+    def set_from_flat_data_page(self, index: object, data_page: torch.Tensor) -> None:
+        self.pool.set_from_flat_data_page(page_index(index), data_page)
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        page: torch.Tensor = self.pool.get_dummy_flat_data_page()
+        return page
+
+    def get_page_buffer_meta(
+        self, indices: torch.Tensor | Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        ptrs, sizes = self.pool.get_page_buffer_meta(indices)
+        ptrs, sizes = list(ptrs), list(sizes)
+        if self.is_mha and self._layout is HostLayout.LAYER_FIRST:
+            # Ours, per page: K of every layer, then V of every layer. SGLang's:
+            # K and V of layer 0, then of layer 1, ... (same objects, reordered).
+            n = self.layer_num
+            order = [p * 2 * n + part * n + layer
+                     for p in range(len(ptrs) // (2 * n))
+                     for layer in range(n) for part in (0, 1)]  # fmt: skip
+            ptrs = [ptrs[i] for i in order]
+            sizes = [sizes[i] for i in order]
+        return ptrs, sizes
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        infos: tuple[list[int], list[int], list[int]] = self.pool.get_contiguous_buf_infos()
+        return infos
+
+    def get_page_buffer_element_size(self, split_factor: int = 1) -> int:
+        """Bytes of the first storage object of a page (SGLang's storage element)."""
+        if split_factor != 1:
+            raise UnsupportedLayoutError(
+                f"split_factor={split_factor}: heads are not split across storage objects here"
+            )
+        _, sizes = self.pool.get_page_buffer_meta(list(range(self.page_size)))
+        return int(sizes[0])
+
+    def is_stride_page_aligned(self, page_size_bytes: int = HOST_PAGE_BYTES) -> bool:
+        """True when every storage object of every page starts ``page_size_bytes``-aligned.
+
+        Each object's address is ``base + page * stride`` (one base and stride
+        per object of a page, as every layout here lays pages out evenly), so
+        the first page's addresses and the step to the second page decide all
+        pages. Unlike SGLang (which answers False for ``layer_first``), this
+        holds for every layout: ``layer_first`` objects are aligned when the
+        buffer, a layer's slab and a page's rows all are.
+        """
+        if isinstance(page_size_bytes, bool) or not isinstance(page_size_bytes, int):
+            raise ArgumentTypeError("page_size_bytes must be an int")
+        if page_size_bytes <= 0:
+            raise ArgumentTypeError(f"page_size_bytes must be positive, got {page_size_bytes}")
+        ps = self.page_size
+        first, _ = self.pool.get_page_buffer_meta(list(range(ps)))
+        if any(ptr % page_size_bytes for ptr in first):
+            return False
+        if self.page_num < 2:
+            return True
+        second, _ = self.pool.get_page_buffer_meta(list(range(ps, 2 * ps)))
+        return all((b - a) % page_size_bytes == 0 for a, b in zip(first, second, strict=True))

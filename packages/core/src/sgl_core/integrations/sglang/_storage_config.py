@@ -1,0 +1,149 @@
+"""The storage backend's configuration: store construction and shard key parts.
+
+SGLang 0.5.23 hands a ``dynamic`` backend a ``HiCacheStorageConfig`` (ranks,
+model, ``extra_config``). From it come the store (file or Mooncake) and the
+key parts naming which slice of a page a rank holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sgl_core.l3 import (
+    FilePageStore,
+    MooncakeConfig,
+    MooncakePageStore,
+    PageStore,
+    PageStoreArgumentError,
+)
+
+__all__ = ["build_store", "extra_config", "rank_root_name", "shard_key_parts"]
+
+
+def extra_config(config: Any) -> Mapping[str, Any]:
+    """``config.extra_config`` (SGLang's parsed ``--hicache-storage-backend-extra-config``)."""
+    extra = getattr(config, "extra_config", None)
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise PageStoreArgumentError(
+            f"storage extra_config must be a mapping, got {type(extra).__name__}"
+        )
+    return extra
+
+
+def _field(config: Any, name: str) -> Any:
+    if not hasattr(config, name):
+        raise PageStoreArgumentError(
+            f"storage config has no {name!r}: pages could not be keyed per shard"
+        )
+    return getattr(config, name)
+
+
+def _flag(config: Any, name: str) -> bool:
+    value = _field(config, name)
+    if not isinstance(value, bool):
+        raise PageStoreArgumentError(
+            f"storage config {name} must be a bool, got {type(value).__name__}"
+        )
+    return value
+
+
+def _count(config: Any, name: str, low: int) -> int:
+    value = _field(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise PageStoreArgumentError(
+            f"storage config {name} must be an int >= {low}, got {value!r}"
+        )
+    return value
+
+
+def _rank(config: Any, rank: str, size: str) -> tuple[int, int]:
+    r, n = _count(config, rank, 0), _count(config, size, 1)
+    if r >= n:
+        raise PageStoreArgumentError(f"storage config {rank}={r} is not below {size}={n}")
+    return r, n
+
+
+def shard_key_parts(config: Any) -> list[str]:
+    """The key parts naming which slice of a page this rank holds (SGLang 0.5.23's rules).
+
+    Ranks whose page bytes differ get different parts; ranks holding the same
+    bytes share them, as in SGLang's own ``HiCacheFile`` backend: TP ranks share
+    rank-replicated (``is_mla_model``) pages and split the others (heads); every
+    pipeline stage (``pp_size > 1``), attention context-parallel rank
+    (``attn_cp_size > 1``) and decode context-parallel shard (``dcp_size > 1``,
+    with the TP size and the logical page size) holds its own pages. A field
+    missing from ``config`` or out of range raises
+    :class:`~sgl_core.l3.PageStoreArgumentError`: a guessed field could share a
+    key between ranks whose bytes differ.
+    """
+    replicated = _flag(config, "is_mla_model")
+    tp_rank, tp_size = _rank(config, "tp_rank", "tp_size")
+    pp_rank, pp_size = _rank(config, "pp_rank", "pp_size")
+    cp_rank, cp_size = _rank(config, "attn_cp_rank", "attn_cp_size")
+    dcp_rank, dcp_size = _rank(config, "dcp_rank", "dcp_size")
+    parts = [] if replicated else [f"tp{tp_rank}of{tp_size}"]
+    if pp_size > 1:  # each pipeline stage holds other layers
+        parts.append(f"pp{pp_rank}of{pp_size}")
+    if cp_size > 1:  # each attention CP rank holds its own slice of every page
+        parts.append(f"cp{cp_rank}of{cp_size}")
+    if dcp_size > 1:  # a DCP shard of a page, in a TP group of this size
+        page = _count(config, "logical_page_size", 1)
+        parts.append(f"dcp{dcp_rank}of{dcp_size}tp{tp_size}page{page}")
+    return parts
+
+
+def rank_root_name(config: Any) -> str:
+    """The directory a bounded file store of this rank uses under ``path``.
+
+    A bounded root is held by one store alone (its capacity bounds the whole
+    directory), so every rank of a server gets its own: the rank's shard key
+    parts (:func:`shard_key_parts`), plus its TP rank where the pages are
+    rank-replicated (MLA: the parts name no TP rank) and its DP rank under
+    DP attention. One rank per process gives one distinct name per process.
+    """
+    parts = shard_key_parts(config)
+    tp_rank, tp_size = _rank(config, "tp_rank", "tp_size")
+    if _flag(config, "is_mla_model") and tp_size > 1:
+        parts.insert(0, f"tp{tp_rank}of{tp_size}")
+    dp_rank = getattr(config, "dp_rank", 0)
+    if isinstance(dp_rank, int) and not isinstance(dp_rank, bool) and dp_rank > 0:
+        parts.append(f"dp{dp_rank}")
+    return "-".join(parts) if parts else "rank"
+
+
+def _file_store(extra: Mapping[str, Any], config: Any, pool: str | None) -> PageStore:
+    path = extra.get("path")
+    if not isinstance(path, str) or not path:
+        raise PageStoreArgumentError("extra_config needs 'path' (a directory) for store=file")
+    capacity = extra.get("capacity_bytes")
+    root = Path(path)
+    if capacity is not None:  # one bounded root per rank (and per extra pool)
+        root = root / rank_root_name(config)
+    if pool is not None:
+        root = root / f"pool-{pool}"
+    return FilePageStore(str(root), capacity)
+
+
+def build_store(extra: Mapping[str, Any], config: Any, pool: str | None = None) -> PageStore:
+    """The store ``extra`` names (``store``: ``file`` or ``mooncake``).
+
+    ``pool`` names a host pool other than the anchor (SGLang's v2 pools, e.g.
+    ``indexer``): a file store gets its own directory for it.
+    """
+    kind = extra.get("store", "file")
+    if kind == "file":
+        return _file_store(extra, config, pool)
+    if kind == "mooncake":
+        fields = extra.get("mooncake", {})
+        if not isinstance(fields, Mapping):
+            raise PageStoreArgumentError("extra_config 'mooncake' must be a mapping")
+        try:
+            mooncake = MooncakeConfig(**dict(fields))
+        except TypeError as exc:
+            raise PageStoreArgumentError(f"extra_config 'mooncake': {exc}") from None
+        return MooncakePageStore(mooncake)
+    raise PageStoreArgumentError(f"extra_config 'store' must be 'file' or 'mooncake', got {kind!r}")
