@@ -21,10 +21,6 @@ import torch
 
 import sgl_core
 
-#: The SGLang integration (its own branch of work) is left out until its public
-#: modules call ``publish_names``; its ``as_device_pool`` is still ``sgl_core._foreign_pool``.
-ELSEWHERE = "sgl_core.integrations.sglang"
-
 
 def public_modules(name: str) -> Iterator[str]:
     """``name`` and every public module below it (private packages are not entered)."""
@@ -51,8 +47,6 @@ MODULES = [m for p in installed("sgl_core", "sgl_cuda", "sgl_ascend") for m in p
 
 def exported(module_name: str) -> list[tuple[str, object]]:
     module = importlib.import_module(module_name)
-    if module_name == ELSEWHERE or module_name.startswith(f"{ELSEWHERE}."):
-        return []
     return [
         (name, getattr(module, name))
         for name in module.__all__

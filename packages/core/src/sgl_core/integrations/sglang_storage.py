@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
+from sgl_core._public import publish_names as _publish_names
 from sgl_core.integrations.sglang._storage import SGLangPageStorage
 from sgl_core.integrations.sglang._storage_config import rank_root_name, shard_key_parts
 
@@ -48,3 +49,5 @@ def register_with_sglang() -> bool:
 
 
 register_with_sglang()
+_publish_names(__name__, globals())  # SGLangPageStorage reports this module
+del _publish_names

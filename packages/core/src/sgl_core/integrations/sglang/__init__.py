@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from sgl_core._foreign_pool import as_device_pool
 from sgl_core._mha_foreign_pool import as_mha_device_pool
+from sgl_core._public import publish_names as _publish_names
 from sgl_core.integrations.sglang._builder import kv_host_pool_builder
 from sgl_core.integrations.sglang._host import SGLangHostPool, wrap_host_pool
 
@@ -27,3 +28,6 @@ __all__ = [
     "kv_host_pool_builder",
     "wrap_host_pool",
 ]
+
+_publish_names(__name__, globals())  # sgl_core.integrations.sglang.wrap_host_pool, ...
+del _publish_names
