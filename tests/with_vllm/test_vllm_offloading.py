@@ -12,6 +12,7 @@ KV caches' own blocks.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -26,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import (
     OffloadingConnectorWorker,
 )
 from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
     GPULoadStoreSpec,
     LookupResult,
     OffloadingSpec,
@@ -163,10 +165,12 @@ def test_bad_job_raises_typed_error_and_changes_nothing(kind: str) -> None:
         ),
     ]
     for src, dst, error in bad:
+        # a fresh connector worker per call (the spec keeps one SglOffloadingWorker):
+        # vLLM keeps a store that raised queued, and a raise ends its engine anyway
         with pytest.raises(error):
-            _run(worker, loads={7: TransferJob("r", src, dst)})
+            _run(_connector_worker(spec, caches), loads={7: TransferJob("r", src, dst)})
         with pytest.raises(error):
-            _run(worker, stores={8: TransferJob("r", dst, src)})
+            _run(_connector_worker(spec, caches), stores={8: TransferJob("r", dst, src)})
     after = caches.block_bytes() + [
         host.get_data_page(p).view(torch.uint8) for p in range(host.size)
     ]
@@ -176,9 +180,10 @@ def test_bad_job_raises_typed_error_and_changes_nothing(kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_vllm_cpu_spec_beside_ours_same_manager_plan_and_no_cpu_worker(kind: str) -> None:
     """vLLM's own CPUOffloadingSpec on the same blocks: its manager plans the
-    same chunks as ours; its worker cannot be built on CPU (it asserts CUDA/XPU
-    KV tensors and copies with the compiled ``swap_blocks_batch`` op on CUDA
-    streams), which is why the bytes are checked against the KV caches."""
+    same chunks as ours; its worker cannot be built on CPU (it refuses a non-CUDA
+    platform, allocates pinned host memory, asserts CUDA/XPU KV tensors and copies
+    with the compiled ``swap_blocks_batch`` op on CUDA streams), which is why the
+    bytes are checked against the KV caches' own blocks."""
     ours = OffloadingSpecFactory.create_spec(offloading_config(kind))
     theirs = OffloadingSpecFactory.create_spec(
         offloading_config(kind, spec_name="CPUOffloadingSpec")
@@ -196,24 +201,25 @@ def test_vllm_cpu_spec_beside_ours_same_manager_plan_and_no_cpu_worker(kind: str
     assert plans[0] == plans[1]
     with pytest.raises(Exception, match="CUDA"):
         theirs.get_worker(kv_caches(kind).canonical)
-    with pytest.raises(AssertionError):
+    # below the platform check: its host tensor is allocated pinned, which CPU
+    # torch cannot (and past that it asserts CUDA/XPU KV tensors)
+    with pytest.raises(RuntimeError, match="pin_memory"):
         theirs.create_worker(kv_caches(kind).canonical)
 
 
 def test_unsupported_configs_are_refused_before_allocation() -> None:
+    canonical = dataclasses.replace(offloading_config("llama"), canonical_layout=True)
+    with pytest.raises(UnsupportedLayoutError):
+        OffloadingSpecFactory.create_spec(canonical)
     caches = kv_caches("llama")
-    with pytest.raises(UnsupportedLayoutError):
-        SglOffloadingSpec(
-            offloading_config("llama", extra={"canonical_layout": True}).__class__(
-                **{**offloading_config("llama").__dict__, "canonical_layout": True}
-            )
-        )
     spec = OffloadingSpecFactory.create_spec(offloading_config("llama"))
-    two_groups = type(caches.canonical)(
-        caches.canonical.tensors, caches.canonical.group_data_refs * 2
-    )
-    with pytest.raises(UnsupportedLayoutError):
-        spec.get_worker(two_groups)
+    refs = caches.canonical.group_data_refs
+    with pytest.raises(UnsupportedLayoutError):  # a hybrid model's second group
+        spec.get_worker(CanonicalKVCaches(caches.canonical.tensors, refs * 2))
+    with pytest.raises(UnsupportedLayoutError):  # the KV dtype is part of the rows
+        OffloadingSpecFactory.create_spec(offloading_config("llama", dtype="int4")).get_worker(
+            caches.canonical
+        )
 
 
 def test_importing_our_module_loads_no_vllm() -> None:
