@@ -7,6 +7,7 @@ Nothing here imports vLLM at import time.
 """
 
 from sgl_core.integrations.vllm._blocks import BlockDeviceView, BlockHost, BlockRows, kv_dtype
+from sgl_core.integrations.vllm._l3 import BlockStore
 from sgl_core.integrations.vllm._spec import (
     SglOffloadingSpec,
     SglOffloadingWorker,
@@ -17,6 +18,7 @@ __all__ = [
     "BlockDeviceView",
     "BlockHost",
     "BlockRows",
+    "BlockStore",
     "SglOffloadingSpec",
     "SglOffloadingWorker",
     "kv_dtype",
