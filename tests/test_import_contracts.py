@@ -34,13 +34,14 @@ EXPECTED_CONTRACTS = {
     "triton-confined",
     "torch-npu-confined",
     "device-packages-use-public-core",
+    "core-imports-no-vllm",
 }
 PRIVATE_CONTRACT = "device-packages-use-public-core"
 
 # package -> top-level modules it must never import
 FORBIDDEN: dict[str, frozenset[str]] = {
     "sgl_core": frozenset(
-        {"sgl_cuda", "sgl_ascend", "triton", "torch_npu", "sgl_kernel", "sgl_kernel_npu"}
+        {"sgl_cuda", "sgl_ascend", "triton", "torch_npu", "sgl_kernel", "sgl_kernel_npu", "vllm"}
     ),
     "sgl_cuda": frozenset({"sgl_ascend", "torch_npu", "sgl_kernel_npu"}),
     "sgl_ascend": frozenset({"sgl_cuda", "triton", "sgl_kernel"}),

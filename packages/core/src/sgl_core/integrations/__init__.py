@@ -5,7 +5,10 @@
 * :mod:`sgl_core.integrations.sglang_storage` — an SGLang ``HiCacheStorage``
   backend over our L3 page stores, loaded through SGLang's ``dynamic`` option.
 
-See ``docs/sglang.md``.
+* :mod:`sgl_core.integrations.vllm` — ``SglOffloadingSpec``, vLLM 0.33's
+  KV-offloading spec over our host pools (imports nothing from vllm).
+
+See ``docs/sglang.md`` and ``docs/vllm.md``.
 """
 
 __all__: list[str] = []

@@ -1,0 +1,26 @@
+"""Our host pools (and L3 stores) as vLLM 0.33's KV-offloading backend.
+
+Load it in vLLM with ``"spec_name": "SglOffloadingSpec"`` and
+``"spec_module_path": "sgl_core.integrations.vllm"`` in the
+``OffloadingConnector``'s ``kv_connector_extra_config`` (docs/vllm.md).
+Nothing here imports vLLM at import time.
+"""
+
+from sgl_core.integrations.vllm._blocks import BlockDeviceView, BlockHost, BlockRows, kv_dtype
+from sgl_core.integrations.vllm._l3 import BlockStore
+from sgl_core.integrations.vllm._spec import (
+    SglOffloadingSpec,
+    SglOffloadingWorker,
+    register_with_vllm,
+)
+
+__all__ = [
+    "BlockDeviceView",
+    "BlockHost",
+    "BlockRows",
+    "BlockStore",
+    "SglOffloadingSpec",
+    "SglOffloadingWorker",
+    "kv_dtype",
+    "register_with_vllm",
+]
