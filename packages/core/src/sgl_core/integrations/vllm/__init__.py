@@ -6,6 +6,7 @@ Load it in vLLM with ``"spec_name": "SglOffloadingSpec"`` and
 Nothing here imports vLLM at import time.
 """
 
+from sgl_core._public import publish_names as _publish_names
 from sgl_core.integrations.vllm._blocks import BlockDeviceView, BlockHost, BlockRows, kv_dtype
 from sgl_core.integrations.vllm._l3 import BlockStore
 from sgl_core.integrations.vllm._spec import (
@@ -24,3 +25,6 @@ __all__ = [
     "kv_dtype",
     "register_with_vllm",
 ]
+
+_publish_names(__name__, globals())  # sgl_core.integrations.vllm.SglOffloadingSpec, ...
+del _publish_names
