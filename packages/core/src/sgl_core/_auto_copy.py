@@ -141,8 +141,9 @@ def gather_pieces(
     Each chunk is one ``index_select`` into a buffer and one ``index_copy_``;
     destination indices are distinct (validated), so chunks on different
     threads never write the same row. ``out`` (rows for every index, the
-    caller's reused staging buffer) is the buffer where it fits, chunk ``k``
-    in its own rows; else each thread allocates one chunk. ``threads`` 0 is
+    caller's reused staging buffer) is the buffer where it fits, each chunk
+    in its own rows (on several threads only with one pair); else each
+    thread allocates one chunk. ``threads`` 0 is
     one thread too (this function never hands a chunk to ATen's team).
     """
     count = d_idx.numel()
@@ -150,7 +151,10 @@ def gather_pieces(
         return
     step = index_chunk(src[0][0].numel() if src[0].dim() > 1 else 1)
     work = [(i, a, min(a + step, count)) for i in range(len(dst)) for a in range(0, count, step)]
+    # ``out``'s rows [a, b) serve chunk [a, b) of every pair: shared only on one thread
+    # or with one pair (two threads must never fill the same rows)
     fits = out is not None and out.shape[0] >= count and out.is_contiguous()
+    fits = fits and (threads <= 1 or len(dst) == 1)
 
     def chunk_buffer(s: torch.Tensor, held: torch.Tensor | None) -> torch.Tensor:
         if fits and out is not None and out.dtype == s.dtype and out.shape[1:] == s.shape[1:]:
