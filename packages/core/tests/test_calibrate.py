@@ -99,7 +99,8 @@ def test_a_known_key_is_not_measured_again(clock: FakeClock) -> None:
 
 def test_far_slower_copies_make_the_key_stale_and_it_is_re_measured(clock: FakeClock) -> None:
     cal = Calibrator(timer=clock, drop=0.4, strikes=2, min_interval_s=5.0, budget_s=10)
-    cal.choose("k", {"1": clock.cost(1.0), "2": clock.cost(2.0)}, nbytes=1_000_000_000)  # 1 GB/s
+    cal.choose("k", {"1": clock.cost(0.5), "2": clock.cost(2.0)}, nbytes=1_000_000_000)  # 2 GB/s
+    assert not cal.observe("k", 1_000_000_000, 1.0)  # the first real copy: 1 GB/s, the figure
     assert not cal.observe("k", 1_000_000_000, 2.0)  # 0.5 GB/s: above 0.4 x
     assert not cal.observe("k", 1_000_000_000, 4.0)  # first strike
     assert not cal.observe("k", 1_000_000_000, 1.0)  # a good one resets the strikes
@@ -113,8 +114,20 @@ def test_far_slower_copies_make_the_key_stale_and_it_is_re_measured(clock: FakeC
     assert cal.choose("k", {"1": clock.cost(8.0), "2": clock.cost(2.0)}, nbytes=1) == "2"
     (choice,) = cal.choices()
     assert choice.source == "re-measured"
-    assert "re-measured: observed 0.25 GB/s < 0.4 x measured 1 GB/s" in choice.reason
+    assert "re-measured: observed 0.25 GB/s < 0.4 x the best since measured, 1 GB/s" in (
+        choice.reason
+    )
     assert not cal.observe("unknown", 1, 1.0) and not cal.observe("k", 1, 0.0)
+    assert cal.current("k") == "2" and cal.current("unknown") is None
+
+
+def test_a_faster_real_copy_raises_the_figure(clock: FakeClock) -> None:
+    cal = Calibrator(timer=clock, strikes=1, min_interval_s=0.0, budget_s=10)
+    cal.choose("k", {"1": clock.cost(1.0)}, nbytes=1)
+    assert not cal.observe("k", 1_000_000_000, 1.0)  # 1 GB/s
+    assert not cal.observe("k", 1_000_000_000, 0.25)  # 4 GB/s: the new figure
+    assert cal.observe("k", 1_000_000_000, 1.0)  # 1 GB/s < 0.4 x 4: stale
+    assert cal.current("k") is None
 
 
 def test_one_candidate_is_chosen_without_timing(clock: FakeClock) -> None:

@@ -21,6 +21,7 @@ and the host pool are separate buffers).
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 SAMPLE_BYTES = 1 << 20
+SEGMENTS = 8  # disjoint sample segments, so no candidate is timed on cache-hot data
 
 
 def thread_candidates(*, with_aten: bool = True) -> list[int]:
@@ -62,49 +64,90 @@ def _nbytes(t: torch.Tensor) -> int:
 def _run(
     key: str,
     total: int,
-    sample: Callable[[int], None],
+    samples: Callable[[], tuple[Callable[[int, int], None], int, int]],
     full: Callable[[int], None],
-    sample_bytes: int,
     with_aten: bool = True,
 ) -> None:
+    """Resolve ``key`` (measuring on ``samples()`` if needed), run ``full``, report its speed.
+
+    ``samples()`` (built only when measuring) returns ``(run, segments,
+    bytes)``: ``run(threads, k)`` copies disjoint segment ``k`` of the call;
+    successive timed runs take successive segments, so a candidate is not
+    timed on data the previous one left in cache.
+    """
     cal = default_calibrator()
-    cands = thread_candidates(with_aten=with_aten)
-    chosen = cal.choose(key, {str(t): functools.partial(sample, t) for t in cands}, sample_bytes)
+    chosen = cal.current(key)
+    if chosen is None:
+        run, count, nbytes = samples()
+        turn = itertools.count()
+
+        def candidate(threads: int) -> None:
+            run(threads, next(turn) % count)
+
+        cands = {
+            str(t): functools.partial(candidate, t) for t in thread_candidates(with_aten=with_aten)
+        }
+        chosen = cal.choose(key, cands, nbytes)
     start = cal.timer()
     full(int(chosen))
     cal.observe(key, total, cal.timer() - start)
 
 
-def _prefix(
+def _spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Up to ``SEGMENTS`` disjoint runs of consecutive items, each about ``SAMPLE_BYTES``."""
+    spans: list[tuple[int, int]] = []
+    start, got = 0, 0
+    for i, n in enumerate(sizes):
+        got += n
+        if got >= SAMPLE_BYTES:
+            spans.append((start, i + 1))
+            start, got = i + 1, 0
+            if len(spans) == SEGMENTS:
+                break
+    return spans or [(0, len(sizes))]
+
+
+def _units(
     dst: list[torch.Tensor], src: list[torch.Tensor]
-) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
-    """The first blocks of a call, about ``SAMPLE_BYTES`` (a big first block is narrowed)."""
-    got, n = 0, 0
-    while n < len(dst) and got < SAMPLE_BYTES:
-        got += _nbytes(dst[n])
-        n += 1
-    if n == 1 and got > 2 * SAMPLE_BYTES and dst[0].dim() and dst[0].shape[0] > 1:
-        rows = max(1, dst[0].shape[0] * SAMPLE_BYTES // got)
-        d, s = dst[0].narrow(0, 0, rows), src[0].narrow(0, 0, rows)
-        return [d], [s], _nbytes(d)
-    return dst[:n], src[:n], got
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The call's first blocks, big ones cut along dim 0 to about ``SAMPLE_BYTES``."""
+    units_d: list[torch.Tensor] = []
+    units_s: list[torch.Tensor] = []
+    got = 0
+    for d, s in zip(dst, src, strict=True):
+        size = _nbytes(d)
+        if size > 2 * SAMPLE_BYTES and d.dim() and d.shape[0] > 1:
+            rows = max(1, d.shape[0] * SAMPLE_BYTES // size)
+            units_d.extend(torch.split(d, rows))
+            units_s.extend(torch.split(s, rows))
+        else:
+            units_d.append(d)
+            units_s.append(s)
+        got += size
+        if got >= SEGMENTS * SAMPLE_BYTES:
+            break
+    return units_d, units_s
 
 
 def auto_copy_blocks(dst_list: list[torch.Tensor], src_list: list[torch.Tensor]) -> None:
     """``copy_blocks`` between CPU buffers with a measured thread count."""
     total = sum(_nbytes(t) for t in dst_list)
     strided = not (dst_list[0].is_contiguous() and src_list[0].is_contiguous())
-    key = (
-        f"copy cpu->cpu {_bucket(total // len(dst_list))} {'strided' if strided else 'contiguous'}"
-    )
-    sd, ss, sample_bytes = _prefix(dst_list, src_list)
-    _run(
-        key,
-        total,
-        lambda t: copy_blocks(sd, ss, threads=t),
-        lambda t: copy_blocks(dst_list, src_list, threads=t),
-        sample_bytes,
-    )
+    kind = "strided" if strided else "contiguous"
+    key = f"copy cpu->cpu {_bucket(total // len(dst_list))} {kind}"
+
+    def samples() -> tuple[Callable[[int, int], None], int, int]:
+        ud, us = _units(dst_list, src_list)
+        spans = _spans([_nbytes(t) for t in ud])
+
+        def run(threads: int, k: int) -> None:
+            a, b = spans[k]
+            copy_blocks(ud[a:b], us[a:b], threads=threads)
+
+        nbytes = sum(_nbytes(t) for t in ud[spans[0][0] : spans[-1][1]]) // len(spans)
+        return run, len(spans), nbytes
+
+    _run(key, total, samples, lambda t: copy_blocks(dst_list, src_list, threads=t))
 
 
 def auto_memmove(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> None:
@@ -113,19 +156,18 @@ def auto_memmove(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -
     if total < AUTO_MIN_BYTES or len(sizes) < 2:
         memmove_blocks(dst, src, sizes, threads=1)
         return
-    n, got = 0, 0
-    while n < len(sizes) and got < SAMPLE_BYTES:
-        got += sizes[n]
-        n += 1
     key = f"memmove cpu->cpu {_bucket(total // len(sizes))}"
-    _run(
-        key,
-        total,
-        lambda t: memmove_blocks(dst[:n], src[:n], sizes[:n], threads=t),
-        lambda t: memmove_blocks(dst, src, sizes, threads=t),
-        got,
-        with_aten=False,
-    )
+
+    def samples() -> tuple[Callable[[int, int], None], int, int]:
+        spans = _spans(sizes)
+
+        def run(threads: int, k: int) -> None:
+            a, b = spans[k]
+            memmove_blocks(dst[a:b], src[a:b], sizes[a:b], threads=threads)
+
+        return run, len(spans), sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
+
+    _run(key, total, samples, lambda t: memmove_blocks(dst, src, sizes, threads=t), False)
 
 
 def gather_pieces(
@@ -192,14 +234,21 @@ def auto_gather(
     """A CPU gather/scatter along dim 0 with a measured count: ``whole()`` (0) or pieces."""
     row = _nbytes(src[0][0])
     total = sum(_nbytes(s[0]) for s in src) * d_idx.numel()
-    m = max(1, min(d_idx.numel(), SAMPLE_BYTES // max(row, 1)))
-    one_d, one_s, di, si = dst[:1], src[:1], d_idx[:m], s_idx[:m]
 
-    def sample(t: int) -> None:
-        if t == 0:
-            one_d[0].index_copy_(0, di, one_s[0].index_select(0, si))
-        else:
-            gather_pieces(one_d, one_s, di, si, t)
+    def samples() -> tuple[Callable[[int, int], None], int, int]:
+        per = max(1, SAMPLE_BYTES // max(row, 1))
+        spans = _spans([row] * min(d_idx.numel(), SEGMENTS * per))
+        one_d, one_s = dst[:1], src[:1]
+
+        def run(threads: int, k: int) -> None:
+            a, b = spans[k]
+            di, si = d_idx[a:b], s_idx[a:b]
+            if threads == 0:
+                one_d[0].index_copy_(0, di, one_s[0].index_select(0, si))
+            else:
+                gather_pieces(one_d, one_s, di, si, threads)
+
+        return run, len(spans), row * (spans[-1][1] - spans[0][0]) // len(spans)
 
     def full(t: int) -> None:
         if t == 0:
@@ -207,4 +256,4 @@ def auto_gather(
         else:
             gather_pieces(dst, src, d_idx, s_idx, t)
 
-    _run(f"gather cpu->cpu {_bucket(row)} rows", total, sample, full, m * row)
+    _run(f"gather cpu->cpu {_bucket(row)} rows", total, samples, full)

@@ -105,6 +105,7 @@ def _check_args(args: argparse.Namespace) -> torch.device | None:
     ):
         check_positive(option, value)
     check_positive("--warmup", args.warmup, allow_zero=True)
+    check_positive("--background-load", args.background_load, allow_zero=True)
     device = check_device(args.device)
     check_output_path("--json", args.json)
     check_output_path("--plot", args.plot)
@@ -139,6 +140,8 @@ def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list
         shuffle_host=args.shuffle_host,
         device=args.device,
         model=model.name,
+        compare_fixed=args.compare_fixed,
+        copy_threads=tuple(sorted({1, torch.get_num_threads()})),
     )
     return cfg, page_sizes, quick
 
