@@ -17,14 +17,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import TypedDict
 
 import torch
 
 from sgl_core._auto_copy import auto_gather, gather_pieces
 from sgl_core._copy import byte_view, copy_batched, copy_blocks, copy_each
-from sgl_core._tuning import AUTO, AUTO_MIN_BYTES
+from sgl_core._tuning import AUTO, AUTO_MIN_BYTES, CopyTuning
 
-__all__ = ["RunSide", "copy_runs", "gather_rows"]
+__all__ = ["RunOptions", "RunSide", "copy_runs", "gather_rows", "run_options"]
+
+
+class RunOptions(TypedDict):
+    """``copy_runs``'s options a ``CopyTuning`` decides."""
+
+    batched: bool
+    threads: int
+
+
+def run_options(tune: CopyTuning) -> RunOptions:
+    """``batched`` and ``threads`` of ``copy_runs`` from ``tune``."""
+    return {"batched": tune.batched_cross_device, "threads": tune.copy_threads}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ import torch
 
 from sgl_core._copy import IndexRuns, memmove_blocks, merge_runs, widen_rows
 from sgl_core._device_pool import stacked_layers
-from sgl_core._engine import RunSide, copy_runs, gather_rows
+from sgl_core._engine import RunSide, copy_runs, gather_rows, run_options
 from sgl_core._enums import HostLayout
 from sgl_core._mha_device_pool import mha_device_layers
 from sgl_core._mha_protocols import MHADevicePool
@@ -101,13 +101,7 @@ class MHADirectMover:
                 for c, s in enumerate(stacks)
                 if s is not None
             ]
-            copy_runs(
-                plan.runs,
-                pairs,
-                into_first=True,
-                batched=tune.batched_cross_device,
-                threads=tune.copy_threads,
-            )
+            copy_runs(plan.runs, pairs, into_first=True, **run_options(tune))
         elif plan.block_bytes >= tune.by_address_min_block_bytes and self._addressable(comps):
             hosts: list[int] = []
             devs: list[int] = []
@@ -128,13 +122,7 @@ class MHADirectMover:
                 for c, layers in enumerate(comps)
                 for i in range(self.layer_num)
             ]
-            copy_runs(
-                plan.runs,
-                pairs,
-                into_first=True,
-                batched=tune.batched_cross_device,
-                threads=tune.copy_threads,
-            )
+            copy_runs(plan.runs, pairs, into_first=True, **run_options(tune))
 
     def load(self, transfer: Transfer[MHADevicePool], layer_id: int) -> None:
         plan = self._plans.get(transfer, self.plan)
@@ -159,13 +147,7 @@ class MHADirectMover:
                 )
         else:
             pairs = (self._layer_sides(0, layer_id, k), self._layer_sides(1, layer_id, v))
-            copy_runs(
-                plan.runs,
-                pairs,
-                into_first=False,
-                batched=tune.batched_cross_device,
-                threads=tune.copy_threads,
-            )
+            copy_runs(plan.runs, pairs, into_first=False, **run_options(tune))
 
     # ------------------------------------------------------------- planning
     def plan(self, transfer: Transfer[MHADevicePool]) -> _Plan:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 
@@ -14,7 +15,7 @@ from sgl_core._cli._checks import EXIT_STATUS, CliParser
 from sgl_core._cli._hicache import run_case
 from sgl_core._cli._hicache_models import MODELS
 from sgl_core._cli._hicache_plan import Plan, plan_run
-from sgl_core._cli._hicache_table import batch_line, legend, summarize, target_lines
+from sgl_core._cli._hicache_table import batch_lines, io_note, legend, summarize, target_lines
 from sgl_core._cli._report import Progress, Record, machine_info, print_table, write_json
 from sgl_core._enums import HostLayout
 
@@ -124,15 +125,15 @@ def _header(plan: Plan) -> str:
     if cfg.index_head_dim is not None:
         scale = " + fp32 scale" if cfg.with_index_k_scale else ""
         row += f" + indexer {cfg.index_head_dim} {dtype}{scale}"
-    backends = sorted({c.backend.name for c in plan.cases})
+    backends = ", ".join(sorted({c.backend.name for c in plan.cases}))
     pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
-    sizes = ", ".join(str(p) for p in plan.page_sizes)
+    sizes = ",".join(str(p) for p in plan.page_sizes)
     return (
-        f"sgl-bench hicache: {len(plan.cases)} case(s): {pairs} layout/io pair(s) of backend "
-        f"{', '.join(backends)} at page size {sizes}; two rows each (backup, load)\n"
+        f"sgl-bench hicache: {len(plan.cases)} case(s) = backend {backends} x {pairs} "
+        f"layout/io x page {sizes}; rows: backup, load\n"
         f"model {cfg.model}: {cfg.layers} layers x {row}; "
-        f"{'quick' if plan.quick else 'full'}: {cfg.repeats} timed round(s) after "
-        f"{cfg.warmup} warm-up; torch threads {torch.get_num_threads()}"
+        f"{'quick' if plan.quick else 'full'}: {cfg.repeats} round(s) + {cfg.warmup} "
+        f"warm-up; torch threads {torch.get_num_threads()}"
     )
 
 
@@ -185,11 +186,12 @@ def run(args: argparse.Namespace) -> int:
             got = _measure(plan, phase.split()[0])
         records.extend(got)
         header, rows = summarize(got, plan.interpreted)
-        title = f"{phase}: host pool transfers, GB/s (higher is better); load {phase_load:.2f}"
+        title = f"{phase}: host pool transfers, GB/s{io_note(got)}; load {phase_load:.2f}"
         print_table(f"{title} to {_load():.2f}", header, rows)
         for line in [*_calibration_lines(), *target_lines(got, plan.interpreted)]:
             print(line)
-    print(batch_line(records))
+    for line in batch_lines(records):
+        print(line)
     for line in legend(records, plan.interpreted):
         print(line)
     exact = all(r.bit_exact is not False for r in records)
@@ -205,7 +207,11 @@ def run(args: argparse.Namespace) -> int:
             "shared the CPUs, so GB/s and ratios of this run are not reliable; rerun when idle"
         )
     if args.json:
-        write_json(args.json, machine_info(), records, command="hicache", quick=plan.quick)
+        calibration = [dataclasses.asdict(c) for c in copy_calibration()]
+        write_json(
+            args.json, machine_info(), records, command="hicache", quick=plan.quick,
+            background_load=busy, copy_calibration=calibration,
+        )  # fmt: skip
         print(f"wrote {args.json}")
     if args.plot:
         from sgl_core._cli._plot import plot_hicache

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 
 import torch
 
@@ -106,6 +107,11 @@ def _check_args(args: argparse.Namespace) -> torch.device | None:
         check_positive(option, value)
     check_positive("--warmup", args.warmup, allow_zero=True)
     check_positive("--background-load", args.background_load, allow_zero=True)
+    most = 4 * (os.cpu_count() or 1)
+    if args.background_load > most:
+        raise UsageError(
+            f"--background-load must be at most {most} (4 per CPU), got {args.background_load}"
+        )
     device = check_device(args.device)
     check_output_path("--json", args.json)
     check_output_path("--plot", args.plot)

@@ -10,7 +10,8 @@ from sgl_core._cli._report import Record, interpreted_note
 __all__ = [
     "GOALS_NOTE",
     "MIN_BASELINE_GBPS",
-    "batch_line",
+    "batch_lines",
+    "io_note",
     "legend",
     "summarize",
     "target_lines",
@@ -70,13 +71,15 @@ def summarize(
     backend column only where the run has more than one backend.
     """
     several = len({r.backend for r in records}) > 1 or bool(interpreted)
+    one_io = len({r.io_backend for r in records}) == 1  # then named in the title, not per row
     header = ["backend"] if several else []
-    header += ["layout/io", "page", "dir", "sgl GB/s", "copy GB/s", "sgl/copy", "best", "min-max"]
+    header += ["layout" if one_io else "layout/io", "page", "dir", "sgl", "copy", "sgl/copy"]
+    header += ["best", "min-max"]
     fixed = any(r.impl == "fixed" for r in records)
     if fixed:
         header += ["fixed/copy", "fixed best"]
     baselines = sorted({r.impl for r in records} - {"sgl", "copy", "fixed"})
-    header += [f"sgl/{b}" for b in baselines] + ["exact"]
+    header += [f"sgl/{b.removeprefix('per_')}" for b in baselines] + ["exact"]
     rows: list[list[str]] = []
     for r in records:
         if r.impl != "sgl":
@@ -84,7 +87,7 @@ def summarize(
         base = {b.impl: b for b in records if _key(b) == _key(r)}
         name = f"{r.backend}*" if r.backend in interpreted else r.backend
         row = [name] if several else []
-        row += [f"{r.layout}/{r.io_backend}", str(r.page_size), r.direction]
+        row += [r.layout if one_io else f"{r.layout}/{r.io_backend}", str(r.page_size), r.direction]
         row += [_fmt(r.gbps), _fmt(r.copy_gbps), _ratio(r.ratio, r.copy_gbps), _best(r), _spread(r)]
         if fixed:
             f = base.get("fixed")
@@ -97,25 +100,32 @@ def summarize(
     return header, rows
 
 
-def batch_line(records: Sequence[Record]) -> str:
+def io_note(records: Sequence[Record]) -> str:
+    """``; io <name>`` for a table whose rows all use one io backend (its column is dropped)."""
+    ios = {r.io_backend for r in records}
+    return f"; io {ios.pop()}" if len(ios) == 1 else ""
+
+
+def batch_lines(records: Sequence[Record]) -> list[str]:
     """What one call moves, per page size (the batch is rounded to whole pages)."""
     sizes: dict[int, tuple[int, int, int]] = {}
     for r in records:
         sizes.setdefault(r.page_size, (r.tokens, r.bytes, max(r.layers, 1)))
-    parts = [
-        f"page {ps}: {tokens} tokens = {nbytes / 1e6:.0f} MB per backup, "
+    layers = max((r.layers for r in records), default=0)
+    lines = [
+        f"one backup call moves all {layers} layers; a load row times {layers} calls, one layer"
+    ]
+    lines += [
+        f"  page {ps}: {tokens} tokens = {nbytes / 1e6:.0f} MB per backup call, "
         f"{nbytes / layers / 1e6:.1f} MB per load call"
         for ps, (tokens, nbytes, layers) in sorted(sizes.items())
     ]
-    layers = max((r.layers for r in records), default=0)
-    return (
-        f"a backup is one call for all {layers} layers; a load row times {layers} calls, one per "
-        "layer: " + "; ".join(parts)
-    )
+    return lines
 
 
 _LEGEND = [
-    "sgl/X = sgl GB/s divided by X GB/s (above 1: sgl is faster); exact = the round trip "
+    "sgl, copy = GB/s; sgl/X = sgl GB/s divided by X GB/s (above 1: sgl is faster; "
+    "sgl/page, sgl/token: the per_page, per_token baselines); exact = the round trip "
     "(backup then load) returned every byte, checked before timing",
     "copy = per round, the faster of the contiguous copy at 1 and at N torch threads (the "
     "engine's count); sgl/copy = the ratio of the medians, best = of the best rounds, "
@@ -170,10 +180,9 @@ def target_lines(
         worst = min(mine, key=value)
         ok = value(worst) >= goal
         lines.append(
-            f"  goal {label} (ran: page {ran}): sgl >= {goal}x copy, "
-            f"{'best-of' if best else 'median'}: {'met' if ok else 'NOT met'} (worst "
-            f"{value(worst):.2f}x: {worst.backend} {worst.layout}/{worst.io_backend} page "
-            f"{worst.page_size} {worst.direction})"
+            f"  goal {label} (ran {ran}), sgl/copy {'best-of' if best else 'median'} >= {goal}: "
+            f"{'met' if ok else 'NOT met'} (worst {value(worst):.2f}: {worst.backend} "
+            f"{worst.layout}/{worst.io_backend} page {worst.page_size} {worst.direction})"
         )
     tok = {_key(r): r for r in measured if r.impl == "per_token" and r.page_size == 64}
     speedups = [r.gbps / tok[_key(r)].gbps for r in sgl if _key(r) in tok]
