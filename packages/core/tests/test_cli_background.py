@@ -29,7 +29,7 @@ class Spawned:
                 self.procs.append(proc)
             return proc  # type: ignore[no-any-return]
 
-        monkeypatch.setattr(_background.subprocess, "Popen", popen)
+        monkeypatch.setattr(subprocess, "Popen", popen)
 
     def all_gone(self) -> bool:
         return all(p.returncode is not None for p in self.procs)
