@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ENV_VAR", "FORMAT", "DiskCache", "Entry", "host_id"]
+__all__ = ["DiskCache", "ENV_VAR", "Entry", "FORMAT", "host_id"]
 
 ENV_VAR = "SGLCORE_COPY_CALIBRATION"
 FORMAT = "sgl-core copy calibration v1"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["GRAIN", "index_chunk", "split_pieces", "split_parts"]
+__all__ = ["GRAIN", "index_chunk", "split_parts", "split_pieces"]
 
 #: ATen's parallel grain (``at::internal::GRAIN_SIZE``): elements per iteration below
 #: which a CPU kernel runs serially on the calling thread.
