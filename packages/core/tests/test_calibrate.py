@@ -122,7 +122,7 @@ def test_far_slower_copies_make_the_key_stale_and_it_is_re_measured(clock: FakeC
 
 
 def test_a_faster_real_copy_raises_the_figure(clock: FakeClock) -> None:
-    cal = Calibrator(timer=clock, strikes=1, min_interval_s=0.0, budget_s=10)
+    cal = Calibrator(timer=clock, drop=0.4, strikes=1, min_interval_s=0.0, budget_s=10)
     cal.choose("k", {"1": clock.cost(1.0)}, nbytes=1)
     assert not cal.observe("k", 1_000_000_000, 1.0)  # 1 GB/s
     assert not cal.observe("k", 1_000_000_000, 0.25)  # 4 GB/s: the new figure

@@ -72,10 +72,10 @@ class Calibrator:
         timer: Callable[[], float] = time.perf_counter,
         rounds: int = 3,
         budget_s: float = 0.01,
-        margin: float = 0.1,
-        drop: float = 0.4,
-        strikes: int = 2,
-        min_interval_s: float = 1.0,
+        margin: float = 0.25,
+        drop: float = 0.25,
+        strikes: int = 3,
+        min_interval_s: float = 5.0,
         cache: DiskCache | None = None,
     ) -> None:
         self.timer = timer

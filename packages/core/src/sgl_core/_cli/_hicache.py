@@ -134,7 +134,10 @@ class _Bench:
             ("backup", self.copy_backup, self.sgl_backup, self.fixed_backup),
             ("load", self.copy_load, self.sgl_load, self.fixed_load),
         ):
-            for n in copy_threads:  # the reference copy at each torch thread count
+            # the reference copy at each torch thread count, most threads first: an OpenMP
+            # team's threads spin for a while after it, so the op right after a multi-thread
+            # copy shares the cores with them; after the 1-thread copy sgl and fixed do not
+            for n in sorted(copy_threads, reverse=True):
                 ops[(f"copy@{n}", direction)] = copy
             ops[("sgl", direction)] = sgl
             if self.fixed is not None:
