@@ -2,7 +2,8 @@
 
 A :class:`Calibrator` times each candidate strategy of one kind of copy (a
 *key*: the operation, the two devices, the block size) on a small sample of
-the real copy — a few ms, round-robin, best-of — and keeps the winner for
+the real copy — a few ms, round-robin, each charged its slowest round — and
+keeps the winner for
 the process (and, where ``SGLCORE_COPY_CALIBRATION`` names a file, on disk
 for the next process: ``sgl_core._calibration_cache``). Each real copy
 reports its own throughput (:meth:`Calibrator.observe`); when it runs far
@@ -33,7 +34,7 @@ class CopyChoice:
 
     key: str
     choice: str
-    seconds: dict[str, float]  # best-of seconds of each candidate on the sample
+    seconds: dict[str, float]  # each candidate's slowest timed round on the sample
     nbytes: int  # bytes one run of the sample moves
     source: str  # "measured", "re-measured" or "disk cache"
     reason: str
@@ -49,10 +50,10 @@ def _decide(seconds: Mapping[str, float], order: Sequence[str], margin: float) -
     """The first candidate in preference order within ``margin`` of the fastest, and why."""
     best = min(seconds.values())
     chosen = next(c for c in order if seconds[c] <= best * (1 + margin))
-    listed = ", ".join(f"{c}: {seconds[c] * 1e3:.3f} ms" for c in order)
+    listed = ", ".join(f"{c}: {seconds[c] * 1e3:.3f} ms" for c in order)  # slowest rounds
     fastest = min(order, key=lambda c: seconds[c])
     why = "fastest" if chosen == fastest else f"preferred within {margin:.0%} of {fastest}"
-    return chosen, f"{chosen} ({why}; best-of times {listed})"
+    return chosen, f"{chosen} ({why}; slowest rounds {listed})"
 
 
 class Calibrator:
@@ -60,10 +61,12 @@ class Calibrator:
 
     ``rounds`` timed round-robin rounds after one untimed warm-up round, cut
     short once ``budget_s`` is spent (every candidate keeps at least one
-    sample). A candidate later in ``order`` must beat an earlier one by more
-    than ``margin`` to be chosen. An observation below ``drop`` x the
-    measured GB/s is a strike; ``strikes`` in a row, at least
-    ``min_interval_s`` after the last measurement, make the key stale.
+    sample); a candidate's time is its slowest timed round. A candidate later
+    in ``order`` must beat an earlier one by more than ``margin`` to be
+    chosen. A real copy below ``drop`` x the figure (the best real copy since
+    the key was measured, at least half the sample's GB/s) is a strike;
+    ``strikes`` in a row, at least ``min_interval_s`` after the measurement,
+    make the key stale.
     """
 
     def __init__(
@@ -141,7 +144,9 @@ class Calibrator:
             if known is None or key in self._stale or seconds <= 0:
                 return False
             gbps = nbytes / seconds / 1e9
-            best = self._seen.get(key, 0.0)
+            # the figure: the best real copy since measured, and at least half the sample's
+            # (a choice that is slow from its first real call on is noticed too)
+            best = max(self._seen.get(key, 0.0), known.gbps / 2)
             if gbps >= best * self.drop:
                 self._seen[key] = max(best, gbps)
                 self._strikes[key] = 0
@@ -176,7 +181,9 @@ class Calibrator:
                     samples[name].append(self.timer() - t0)
             if round_no and self.timer() - start > self.budget_s:
                 break
-        seconds = {c: min(v) for c, v in samples.items()}
+        # each candidate is charged its slowest timed round: a strategy that now and then
+        # waits for a busy core (an OpenMP team) must not win on one lucky round
+        seconds = {c: max(v) for c, v in samples.items()}
         chosen, reason = _decide(seconds, order, self.margin)
         stale = self._stale.get(key)
         source = "re-measured" if stale else "measured"
@@ -192,7 +199,7 @@ class Calibrator:
         now = self.timer()
         for key, entry in self.cache.load().items():
             listed = ", ".join(f"{c}: {t * 1e3:.3f} ms" for c, t in entry.seconds.items())
-            reason = f"{entry.choice} (read from {self.cache.path}; best-of times {listed})"
+            reason = f"{entry.choice} (read from {self.cache.path}; slowest rounds {listed})"
             self._choices[key] = CopyChoice(
                 key, entry.choice, dict(entry.seconds), entry.nbytes, "disk cache", reason, now
             )
