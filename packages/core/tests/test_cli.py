@@ -267,12 +267,18 @@ def test_hicache_output_explains_itself(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["hicache", "--backend", "torch", *TINY]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    cases = len([ln for ln in lines if ln.startswith("torch ")]) // 2
+    cases = len([ln for ln in lines if ln.startswith("page_first") or ln.startswith("layer_")]) // 2
     assert cases == 3
-    assert "3 case(s) = 3 (backend, layout/io) pair(s) x 1 page size(s)" in lines[0]
-    assert "each case is 2 rows (backup, load)" in lines[0]
-    assert "page 64: 256 tokens = " in out  # what one call moves, per page size
-    for column in ("sgl/copy", "sgl/per_page", "sgl/per_token"):
+    assert "3 case(s) = backend torch x 3 layout/io x page 64" in lines[0]
+    assert "rows: backup, load" in lines[0]
+    # what one call moves, per page size: a backup all layers, a load one layer per call
+    assert "one backup call moves all 3 layers; a load row times 3 calls, one layer" in out
+    assert "page 64: 256 tokens = " in out and " MB per load call" in out
+    assert all(len(ln) <= 100 for ln in lines if not ln.lstrip().startswith(("warning", "goal"))), (
+        out
+    )
+    assert all(ln == ln.rstrip() for ln in lines)  # no trailing blanks
+    for column in ("sgl/copy", "sgl/page", "sgl/token", "best", "min-max"):
         assert column in out
     assert "x per_page" not in out
     assert "copy = one contiguous copy_ of the same bytes" in out  # the limit
@@ -292,7 +298,7 @@ def test_goal_lines_leave_out_interpreted_backends() -> None:
     records = [rec("cuda", "sgl", 0.01), rec("cuda", "copy", 1.0), rec("torch", "sgl", 0.9)]
     records.append(rec("torch", "copy", 1.0))
     lines = target_lines(records, {"cuda"})
-    assert any("goal page >= 16" in ln and "met (worst 0.90x: torch" in ln for ln in lines)
+    assert any("goal page >= 16 (ran 64)" in ln and "met (worst 0.90: torch" in ln for ln in lines)
     assert not any("cuda" in ln for ln in lines)
     assert target_lines(records[:2], {"cuda"}) == []  # nothing measured: no goals
     _, rows = summarize(records, {"cuda"})
@@ -314,8 +320,8 @@ def test_ratios_against_a_near_zero_baseline_are_marked() -> None:
     records = [rec("sgl", 0.6), rec("copy", 4.0), rec("per_page", slow), rec("per_token", 0.3)]
     header, rows = summarize(records)
     cell = dict(zip(header, rows[0], strict=True))
-    assert cell["sgl/per_page"] == f"{0.6 / slow:.2f}?"  # marked: the baseline barely moved bytes
-    assert cell["sgl/per_token"] == "2.00" and cell["sgl/copy"] == "0.15"  # real baselines: plain
+    assert cell["sgl/page"] == f"{0.6 / slow:.2f}?"  # marked: the baseline barely moved bytes
+    assert cell["sgl/token"] == "2.00" and cell["sgl/copy"] == "0.15"  # real baselines: plain
     note = f"? after a ratio = its baseline ran below {MIN_BASELINE_GBPS} GB/s"
     assert any(ln.strip().startswith(note) for ln in legend(records, set()))
 
@@ -335,7 +341,7 @@ def test_sgl_copy_spread_over_the_paired_rounds(
         if r["impl"] == "sgl":
             lo, hi = min(r["ratio_rounds"]), max(r["ratio_rounds"])
             assert f" {lo:.2f}-{hi:.2f} " in printed
-    assert "min-max = the lowest and highest sgl/copy over the paired rounds" in printed
+    assert "min-max = the lowest and highest ratio of one round" in " ".join(printed.split())
     rec = Record("sgl", "torch", "page_first", "direct", 64, "load", 1, 1.0, 1.0, 2.0, 0.5, 3,
                  True, extra={"ratio_rounds": [0.6, 0.4, 0.5]})  # fmt: skip
     header, rows = summarize([rec])

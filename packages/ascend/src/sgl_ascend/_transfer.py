@@ -114,8 +114,9 @@ def backup_rows(
             for host, dev in pairs
         ]
         copy_runs(
-            plan.runs, sides, into_first=True, batched=tuning.batched_cross_device, runs_outer=True
-        )
+            plan.runs, sides, into_first=True, batched=tuning.batched_cross_device, runs_outer=True,
+            threads=tuning.copy_threads,
+        )  # fmt: skip
 
 
 def _row_addresses(
@@ -208,21 +209,23 @@ class KvSplitMover:
                 plan.addresses[layer_id] = _row_addresses(triples, pages)
             blocks = plan.addresses[layer_id]
             if blocks is not None:
-                memmove_blocks(*blocks)
+                memmove_blocks(*blocks, threads=tune.copy_threads)
                 return
         self._queued_on.add(device)
         with _npu.transfer_stream(device):
             if _short_runs(pages, per_page, tune):
                 hosts = [host[:, row] for host, _, row in triples]
                 devs = [dev[row] for _, dev, row in triples]
-                gather_rows(devs, hosts, pages.device_pages, pages.host_pages)
+                gather_rows(
+                    devs, hosts, pages.device_pages, pages.host_pages, threads=tune.copy_threads
+                )
                 return
             # One page of one row in its own dtype is big enough for ATen to copy
             # with all cores (faster here than serial wide-int blocks).
             sides = [(RunSide(host[:, row]), RunSide(dev[row])) for host, dev, row in triples]
             copy_runs(
                 pages.runs, sides, into_first=False, batched=tune.batched_cross_device,
-                runs_outer=True,
+                runs_outer=True, threads=tune.copy_threads,
             )  # fmt: skip
 
     def _pages(self, transfer: Transfer[Any]) -> PagePlan:

@@ -19,10 +19,14 @@ import ctypes
 import itertools
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
+
+from sgl_core._pieces import split_parts, split_pieces
+from sgl_core._runs import IndexRuns, merge_runs
+from sgl_core._tuning import AUTO, AUTO_MIN_BYTES
 
 __all__ = [
     "IndexRuns",
@@ -33,6 +37,7 @@ __all__ = [
     "copy_pairs",
     "memmove_blocks",
     "merge_runs",
+    "shutdown_copy_threads",
     "widen_rows",
 ]
 
@@ -43,44 +48,6 @@ _executor_lock = threading.Lock()
 _THREADED_MIN_BYTES = 4 << 20
 # ATen splits a CPU copy across its own threads above this many elements.
 _ATEN_GRAIN = 32768
-
-
-class IndexRuns:
-    """Runs of paired indices: ``src[i:i+n]`` pairs with ``dst[j:j+n]``."""
-
-    __slots__ = ("dst_starts", "lengths", "src_starts")
-
-    def __init__(self, src_starts: list[int], dst_starts: list[int], lengths: list[int]) -> None:
-        self.src_starts = src_starts
-        self.dst_starts = dst_starts
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __iter__(self) -> Iterator[tuple[int, int, int]]:
-        return iter(zip(self.src_starts, self.dst_starts, self.lengths, strict=True))
-
-
-def merge_runs(src: torch.Tensor, dst: torch.Tensor, unit: int = 1) -> IndexRuns:
-    """Merge index pairs into maximal runs where both sides step by ``unit``.
-
-    With ``unit = page_size`` and page-start indices, runs are counted in
-    tokens of consecutive whole pages.
-    """
-    n = src.numel()
-    if n == 0:
-        return IndexRuns([], [], [])
-    src_cpu = src.to("cpu", torch.int64)
-    dst_cpu = dst.to("cpu", torch.int64)
-    if n == 1:
-        return IndexRuns([int(src_cpu[0])], [int(dst_cpu[0])], [unit])
-    breaks = (src_cpu[1:] - src_cpu[:-1] != unit) | (dst_cpu[1:] - dst_cpu[:-1] != unit)
-    starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.nonzero(breaks).flatten() + 1])
-    ends = torch.cat([starts[1:], torch.tensor([n], dtype=torch.int64)])
-    return IndexRuns(
-        src_cpu[starts].tolist(), dst_cpu[starts].tolist(), ((ends - starts) * unit).tolist()
-    )
 
 
 def byte_view(t: torch.Tensor) -> torch.Tensor:
@@ -117,17 +84,89 @@ def _pool() -> ThreadPoolExecutor:
         return _executor
 
 
-def copy_blocks(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+def shutdown_copy_threads() -> None:
+    """Stop the copy threads (idle ones exit; the next threaded copy starts new ones)."""
+    global _executor
+    with _executor_lock:
+        executor, _executor = _executor, None
+    if executor is not None:
+        executor.shutdown(wait=True)
+
+
+def _after_fork_in_child() -> None:
+    # The parent's copy threads do not exist in a forked child, and its lock may be held:
+    # forget both, so the child's first threaded copy starts a pool of its own.
+    global _executor, _executor_lock
+    _executor = None
+    _executor_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _spread(threads: int, count: int, part: Callable[[int, int], None]) -> None:
+    """``part(a, b)`` over ``[0, count)`` cut into ``threads`` ranges, the first on this thread."""
+    ranges = split_parts(count, threads)
+    if len(ranges) < 2:
+        part(0, count)
+        return
+    pool = _pool()
+    futures: list[Future[None]] = [pool.submit(part, a, b) for a, b in ranges[1:]]
+    try:
+        part(*ranges[0])
+    finally:
+        for future in futures:
+            future.result()
+
+
+def copy_pieces(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], threads: int) -> None:
+    """``dst[i].copy_(src[i])`` as pieces below ATen's grain, over ``threads`` threads.
+
+    No piece starts an OpenMP team, so no copy waits for a busy core; the
+    pieces of one call go to ``threads`` threads (this one included) in
+    order, each issuing its share in one ``_foreach_copy_``.
+    """
+    pieces_d, pieces_s = split_pieces(dst, src)
+    if not pieces_d:
+        return
+
+    def part(a: int, b: int) -> None:
+        torch._foreach_copy_(pieces_d[a:b], pieces_s[a:b])
+
+    _spread(threads, len(pieces_d), part)
+
+
+def copy_blocks(
+    dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], *, threads: int = 0
+) -> None:
     """``dst[i].copy_(src[i])`` for all i, batched and (on CPU) spread over threads.
 
-    Blocks big enough for ATen to parallelize internally are issued from one
-    thread; smaller ones are split across a few Python threads instead.
+    ``threads`` (``CopyTuning.copy_threads``) 0: blocks big enough for ATen
+    to parallelize internally are issued from one thread (ATen's OpenMP team
+    splits each); smaller ones are split across a few Python threads instead.
+    ``threads`` >= 1, on CPU: ``copy_pieces`` over that many threads.
+    ``AUTO``: measured (``sgl_core._auto_copy``); a call under
+    ``AUTO_MIN_BYTES`` takes 1 (no hand-off, no team, no extra frames).
     """
     if not dst:
         return
     dst_list = list(dst)
     src_list = list(src)
     on_cpu = dst_list[0].device.type == "cpu" and src_list[0].device.type == "cpu"
+    if threads == AUTO and on_cpu:
+        if sum(t.numel() * t.element_size() for t in dst_list) >= AUTO_MIN_BYTES:
+            from sgl_core._auto_copy import auto_copy_blocks  # it calls back with a count
+
+            auto_copy_blocks(dst_list, src_list)
+            return
+        threads = 1
+    if threads == 1 and on_cpu:
+        torch._foreach_copy_(*split_pieces(dst_list, src_list))
+        return
+    if threads > 0 and on_cpu:
+        copy_pieces(dst_list, src_list, threads)
+        return
     total = sum(t.numel() * t.element_size() for t in dst_list)
     big_blocks = total // len(dst_list) >= _ATEN_GRAIN * dst_list[0].element_size()
     if not on_cpu or big_blocks or total < _THREADED_MIN_BYTES or len(dst_list) < 2:
@@ -207,14 +246,35 @@ def _memmove_all(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -
         move(d, s, n)
 
 
-def memmove_blocks(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> None:
+def memmove_blocks(
+    dst: Sequence[int], src: Sequence[int], sizes: Sequence[int], *, threads: int = 0
+) -> None:
     """``memmove(dst[i], src[i], sizes[i])`` for all i: raw CPU addresses, in bytes.
 
     Unchecked: the caller guarantees that every block lies inside live CPU
-    tensors it holds for the duration of the call. Calls moving at least
-    ``_THREADED_MIN_BYTES`` are split across the copy threads.
+    tensors it holds for the duration of the call. With ``threads`` 0, calls
+    moving at least ``_THREADED_MIN_BYTES`` are split across the copy threads;
+    ``threads`` >= 1 splits every call over that many threads (1: this one);
+    ``AUTO``: measured (``sgl_core._auto_copy``).
     """
     count = len(sizes)
+    if threads == AUTO:
+        if count >= 2 and sum(sizes) >= AUTO_MIN_BYTES:
+            from sgl_core._auto_copy import auto_memmove  # it calls back with a count
+
+            auto_memmove(dst, src, sizes)
+            return
+        threads = 1
+    if threads == 1:
+        _memmove_all(dst, src, sizes)
+        return
+    if threads > 0:
+
+        def part(a: int, b: int) -> None:
+            _memmove_all(dst[a:b], src[a:b], sizes[a:b])
+
+        _spread(threads, count, part)
+        return
     if count < 2 or sum(sizes) < _THREADED_MIN_BYTES:
         _memmove_all(dst, src, sizes)
         return

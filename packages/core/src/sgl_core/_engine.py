@@ -17,12 +17,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import TypedDict
 
 import torch
 
+from sgl_core._auto_copy import auto_gather, gather_pieces
 from sgl_core._copy import byte_view, copy_batched, copy_blocks, copy_each
+from sgl_core._tuning import AUTO, AUTO_MIN_BYTES, CopyTuning
 
-__all__ = ["RunSide", "copy_runs", "gather_rows"]
+__all__ = ["RunOptions", "RunSide", "copy_runs", "gather_rows", "run_options"]
+
+
+class RunOptions(TypedDict):
+    """``copy_runs``'s options a ``CopyTuning`` decides."""
+
+    batched: bool
+    threads: int
+
+
+def run_options(tune: CopyTuning) -> RunOptions:
+    """``batched`` and ``threads`` of ``copy_runs`` from ``tune``."""
+    return {"batched": tune.batched_cross_device, "threads": tune.copy_threads}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,6 +107,7 @@ def copy_runs(
     into_first: bool,
     batched: bool,
     runs_outer: bool = False,
+    threads: int = 0,
 ) -> None:
     """One block copy per (pair, run), between the two sides of each pair.
 
@@ -101,7 +117,9 @@ def copy_runs(
     ``runs_outer`` (each caller keeps its own issue order). On one device the
     blocks go through ``copy_blocks``; across devices one by one
     (``copy_each``) or, with ``batched`` (``CopyTuning.batched_cross_device``),
-    in one non-blocking ``copy_batched``.
+    in one non-blocking ``copy_batched``. ``threads`` is
+    ``CopyTuning.copy_threads`` for copies between two CPU buffers (``AUTO``:
+    measured, ``sgl_core._auto_copy``; 0, the default: ATen's threads).
     """
     spans = list(runs)
     if not spans or not pairs:
@@ -119,7 +137,7 @@ def copy_runs(
         second = [t for blocks in b_blocks for t in blocks]
     dst, src = (first, second) if into_first else (second, first)
     if dst[0].device == src[0].device:
-        copy_blocks(dst, src)
+        copy_blocks(dst, src, threads=threads)
     elif batched:
         copy_batched(dst, src)
     else:
@@ -135,6 +153,7 @@ def gather_rows(
     axis: int = 0,
     non_blocking: bool = False,
     out: torch.Tensor | None = None,
+    threads: int = 0,
 ) -> None:
     """``dst[i].index_copy_(0, dst_idx, src[i].index_select(axis, src_idx))`` for each i.
 
@@ -145,9 +164,41 @@ def gather_rows(
     asynchronous (a copy to the CPU never is: the scatter reads it next).
     ``out`` is a reused gather buffer; without it, the pairs share the first
     pair's gather result as their buffer where their shapes match.
+    ``threads`` (``CopyTuning.copy_threads``): between two CPU buffers along
+    dim 0, a value other than 0 gathers in chunks below ATen's grain over
+    that many threads (``AUTO``: measured; ``sgl_core._auto_copy``).
     """
     if not dst:
         return
+    if threads and axis == 0 and dst[0].device.type == "cpu" and src[0].device.type == "cpu":
+        d_cpu, s_cpu = dst_idx.to("cpu", torch.int64), src_idx.to("cpu", torch.int64)
+        row = src[0][0].numel() * src[0].element_size() if src[0].dim() else 1
+        if threads == AUTO and row * len(src) * d_cpu.numel() < AUTO_MIN_BYTES:
+            threads = 1
+        if threads != AUTO:
+            dsts, srcs = [byte_view(d) for d in dst], [byte_view(s) for s in src]
+            gather_pieces(dsts, srcs, d_cpu, s_cpu, threads, out)
+            return
+        auto_gather(
+            [byte_view(d) for d in dst],
+            [byte_view(s) for s in src],
+            d_cpu,
+            s_cpu,
+            lambda: _gather_whole(dst, src, d_cpu, s_cpu, axis, non_blocking, out),
+        )
+        return
+    _gather_whole(dst, src, dst_idx, src_idx, axis, non_blocking, out)
+
+
+def _gather_whole(
+    dst: Sequence[torch.Tensor],
+    src: Sequence[torch.Tensor],
+    dst_idx: torch.Tensor,
+    src_idx: torch.Tensor,
+    axis: int,
+    non_blocking: bool,
+    out: torch.Tensor | None,
+) -> None:
     s_idx = src_idx.to(src[0].device, non_blocking=non_blocking)
     d_idx = dst_idx.to(dst[0].device, non_blocking=non_blocking)
     buffer = out

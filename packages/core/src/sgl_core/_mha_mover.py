@@ -27,7 +27,7 @@ import torch
 
 from sgl_core._copy import IndexRuns, memmove_blocks, merge_runs, widen_rows
 from sgl_core._device_pool import stacked_layers
-from sgl_core._engine import RunSide, copy_runs, gather_rows
+from sgl_core._engine import RunSide, copy_runs, gather_rows, run_options
 from sgl_core._enums import HostLayout
 from sgl_core._mha_device_pool import mha_device_layers
 from sgl_core._mha_protocols import MHADevicePool
@@ -101,7 +101,7 @@ class MHADirectMover:
                 for c, s in enumerate(stacks)
                 if s is not None
             ]
-            copy_runs(plan.runs, pairs, into_first=True, batched=tune.batched_cross_device)
+            copy_runs(plan.runs, pairs, into_first=True, **run_options(tune))
         elif plan.block_bytes >= tune.by_address_min_block_bytes and self._addressable(comps):
             hosts: list[int] = []
             devs: list[int] = []
@@ -111,18 +111,18 @@ class MHADirectMover:
                 hosts += h
                 devs += d
                 sizes += n
-            memmove_blocks(hosts, devs, sizes)
+            memmove_blocks(hosts, devs, sizes, threads=tune.copy_threads)
         elif plan.run_bytes < tune.gather_below_run_bytes:
             dst = [self._host_rows(c, i) for c in (0, 1) for i in range(self.layer_num)]
             src = [self._device_rows(self._wide(t)) for layers in comps for t in layers]
-            gather_rows(dst, src, plan.host_idx, plan.device_idx)
+            gather_rows(dst, src, plan.host_idx, plan.device_idx, threads=tune.copy_threads)
         else:
             pairs = [
                 self._layer_sides(c, i, layers[i])
                 for c, layers in enumerate(comps)
                 for i in range(self.layer_num)
             ]
-            copy_runs(plan.runs, pairs, into_first=True, batched=tune.batched_cross_device)
+            copy_runs(plan.runs, pairs, into_first=True, **run_options(tune))
 
     def load(self, transfer: Transfer[MHADevicePool], layer_id: int) -> None:
         plan = self._plans.get(transfer, self.plan)
@@ -131,16 +131,23 @@ class MHADirectMover:
         k, v = k_layers[layer_id], v_layers[layer_id]
         if plan.block_bytes >= tune.by_address_min_block_bytes and self._addressable(([k], [v])):
             hosts, devs, sizes = self._addresses(plan, layer_id, k, v)
-            memmove_blocks(devs, hosts, sizes)
+            memmove_blocks(devs, hosts, sizes, threads=tune.copy_threads)
         elif plan.run_bytes < tune.gather_below_run_bytes:
             for c, layer in ((0, k), (1, v)):
                 dev = self._device_rows(self._wide(layer))
                 rows = self._host_rows(c, layer_id)
                 staged = self._staging(plan, c, rows, dev.device)
-                gather_rows((dev,), (rows,), plan.device_idx, plan.host_idx, out=staged)
+                gather_rows(
+                    (dev,),
+                    (rows,),
+                    plan.device_idx,
+                    plan.host_idx,
+                    out=staged,
+                    threads=tune.copy_threads,
+                )
         else:
             pairs = (self._layer_sides(0, layer_id, k), self._layer_sides(1, layer_id, v))
-            copy_runs(plan.runs, pairs, into_first=False, batched=tune.batched_cross_device)
+            copy_runs(plan.runs, pairs, into_first=False, **run_options(tune))
 
     # ------------------------------------------------------------- planning
     def plan(self, transfer: Transfer[MHADevicePool]) -> _Plan:

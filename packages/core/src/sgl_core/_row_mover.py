@@ -28,7 +28,7 @@ import torch
 
 from sgl_core._copy import IndexRuns, memmove_blocks, merge_runs, widen_rows
 from sgl_core._device_pool import device_layers, stacked_layers
-from sgl_core._engine import RunSide, copy_runs, gather_rows
+from sgl_core._engine import RunSide, copy_runs, gather_rows, run_options
 from sgl_core._enums import HostLayout
 from sgl_core._protocols import MLADevicePool
 from sgl_core._transfer import PlanCache, Transfer
@@ -112,18 +112,18 @@ class RowDirectMover:
         stacked = stacked_layers(layers) if self.layer_num > 1 else None
         if stacked is not None and plan.run_bytes >= tune.stacked_min_run_bytes:
             pair = self._all_layer_sides(widen_rows(stacked))
-            copy_runs(plan.runs, (pair,), into_first=True, batched=tune.batched_cross_device)
+            copy_runs(plan.runs, (pair,), into_first=True, **run_options(tune))
         elif plan.block_bytes >= tune.by_address_min_block_bytes and self._addressable(layers):
             for layer_id, layer in enumerate(layers):
                 sizes, host_addrs, dev_addrs = self._addresses(plan, layer_id, layer)
-                memmove_blocks(host_addrs, dev_addrs, sizes)
+                memmove_blocks(host_addrs, dev_addrs, sizes, threads=tune.copy_threads)
         elif plan.run_bytes < tune.gather_below_run_bytes:
             hosts = [self._host_rows(layer_id) for layer_id in range(self.layer_num)]
             devs = [self._device_rows(widen_rows(layer)) for layer in layers]
-            gather_rows(hosts, devs, plan.host_idx, plan.device_idx)
+            gather_rows(hosts, devs, plan.host_idx, plan.device_idx, threads=tune.copy_threads)
         else:
             pairs = [self._layer_sides(i, layer) for i, layer in enumerate(layers)]
-            copy_runs(plan.runs, pairs, into_first=True, batched=tune.batched_cross_device)
+            copy_runs(plan.runs, pairs, into_first=True, **run_options(tune))
 
     def load(self, transfer: Transfer, layer_id: int) -> None:
         plan = self._plans.get(transfer, self.plan)
@@ -131,15 +131,22 @@ class RowDirectMover:
         layer = self._device_layers(transfer.device_pool)[layer_id]
         if plan.block_bytes >= tune.by_address_min_block_bytes and self._addressable((layer,)):
             sizes, host_addrs, dev_addrs = self._addresses(plan, layer_id, layer)
-            memmove_blocks(dev_addrs, host_addrs, sizes)
+            memmove_blocks(dev_addrs, host_addrs, sizes, threads=tune.copy_threads)
         elif plan.run_bytes < tune.gather_below_run_bytes:
             dev = self._device_rows(widen_rows(layer))
             rows = self._host_rows(layer_id)
             staged = self._staging(plan, rows, dev.device)
-            gather_rows((dev,), (rows,), plan.device_idx, plan.host_idx, out=staged)
+            gather_rows(
+                (dev,),
+                (rows,),
+                plan.device_idx,
+                plan.host_idx,
+                out=staged,
+                threads=tune.copy_threads,
+            )
         else:
             pair = self._layer_sides(layer_id, layer)
-            copy_runs(plan.runs, (pair,), into_first=False, batched=tune.batched_cross_device)
+            copy_runs(plan.runs, (pair,), into_first=False, **run_options(tune))
 
     # ------------------------------------------------------------- planning
     def plan(self, transfer: Transfer) -> _Plan:

@@ -16,10 +16,14 @@ import dataclasses
 
 import torch
 
-__all__ = ["CopyTuning", "NEVER", "tuning_for"]
+__all__ = ["AUTO", "AUTO_MIN_BYTES", "CopyTuning", "NEVER", "tuning_for"]
 
 #: A size no copy reaches: a limit set to it turns its path off.
 NEVER = 1 << 62
+#: ``CopyTuning.copy_threads``: measure which thread count is fastest (``sgl_core._calibrate``).
+AUTO = -1
+#: With ``AUTO``, a CPU copy call moving less than this takes one thread without measuring.
+AUTO_MIN_BYTES = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +45,14 @@ class CopyTuning:
     * ``batched_cross_device``: between devices, issue every block in one
       non-blocking ``_foreach_copy_`` (host sides split into contiguous
       pieces) instead of one ``copy_`` per block.
+    * ``copy_threads``: how copies between two CPU buffers use threads.
+      ``AUTO`` (the default): chosen by measurement at first use, per kind of
+      copy and block size, and measured again when copies run far slower
+      than measured (``sgl_core._calibrate``; ``copy_calibration()`` says what
+      was chosen and why). 0: ATen's own threads (one ``copy_`` per block; a
+      block above ATen's grain starts an OpenMP team, which waits for every
+      core it uses). n >= 1: blocks cut into pieces below ATen's grain (no
+      team), spread over n threads of our own (1: the calling thread only).
     """
 
     stacked_min_run_bytes: int = 8 << 10
@@ -48,6 +60,13 @@ class CopyTuning:
     gather_below_run_bytes: int = 96 << 10
     gather_below_page_run_bytes: int = 32 << 10
     batched_cross_device: bool = False
+    copy_threads: int = AUTO
+
+    def __post_init__(self) -> None:
+        if self.copy_threads < AUTO:
+            raise ValueError(
+                f"copy_threads must be AUTO (-1), 0 or positive, got {self.copy_threads}"
+            )
 
 
 _PRESETS: dict[str, CopyTuning] = {

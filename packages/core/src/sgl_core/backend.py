@@ -46,7 +46,10 @@ Groups:
   ``copy_each``, ``copy_batched``, ``copy_pairs``, ``memmove_blocks``; the
   direct-copy engine every direct mover uses (``RunSide``, ``copy_runs``,
   ``gather_rows``); and the one tuning object that picks a copy's path: ``CopyTuning`` with
-  per-device presets (``tuning_for``; ``NEVER`` turns a path off).
+  per-device presets (``tuning_for``; ``NEVER`` turns a path off; ``AUTO``: copy
+  threads chosen by measurement, ``copy_calibration()`` says what was chosen and
+  why, ``Calibrator`` / ``CopyChoice`` for other copy strategies;
+  ``shutdown_copy_threads`` stops the copy threads).
 
 The conformance suite a backend runs against itself is
 ``sgl_core.testing.BackendConformanceSuite`` (it needs the ``testing``
@@ -56,6 +59,7 @@ extra, so it is not imported here).
 from __future__ import annotations
 
 from sgl_core._backend_base import PoolBackend
+from sgl_core._calibrate import Calibrator, CopyChoice, copy_calibration
 from sgl_core._copy import (
     IndexRuns,
     byte_view,
@@ -65,6 +69,7 @@ from sgl_core._copy import (
     copy_pairs,
     memmove_blocks,
     merge_runs,
+    shutdown_copy_threads,
     widen_rows,
 )
 from sgl_core._device_pool import (
@@ -102,7 +107,7 @@ from sgl_core._row_mover import RowDirectMover
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import TokenRowHostPool
 from sgl_core._transfer import MHAMoverFactory, Mover, MoverFactory, PlanCache, Transfer
-from sgl_core._tuning import NEVER, CopyTuning, tuning_for
+from sgl_core._tuning import AUTO, NEVER, CopyTuning, tuning_for
 from sgl_core._validation import (
     check_backed,
     check_index_bounds,
@@ -117,7 +122,10 @@ from sgl_core._validation import (
 )
 
 __all__ = [
+    "AUTO",
     "Backend",
+    "Calibrator",
+    "CopyChoice",
     "CopyTuning",
     "DevicePoolGeometry",
     "EmulatedWithoutDevice",
@@ -173,6 +181,7 @@ __all__ = [
     "check_value_tensor",
     "copy_batched",
     "copy_blocks",
+    "copy_calibration",
     "copy_each",
     "copy_pairs",
     "copy_runs",
@@ -188,6 +197,7 @@ __all__ = [
     "parse_device",
     "publish_names",
     "should_pin",
+    "shutdown_copy_threads",
     "stacked_layers",
     "tuning_for",
     "usable_device",

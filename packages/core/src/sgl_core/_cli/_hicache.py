@@ -11,91 +11,15 @@ from typing import Any
 import torch
 
 from sgl_core._cli._baselines import BASELINES, Transfer, contiguous_copy
-from sgl_core._cli._hicache_models import MODELS, create_device_pool, pairs_of
+from sgl_core._cli._hicache_cases import Case, HicacheConfig, list_cases
+from sgl_core._cli._hicache_models import MODELS, create_device_pool
 from sgl_core._cli._report import Progress, Record
 from sgl_core._cli._timing import median, time_interleaved
-from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._protocols import Backend
+from sgl_core._tuning import tuning_for
 
 __all__ = ["Case", "HicacheConfig", "list_cases", "run_case"]
 
 DIRECTIONS = ("backup", "load")
-
-
-@dataclasses.dataclass(frozen=True)
-class HicacheConfig:
-    """Model shape and run size (defaults: DeepSeek-V3 MLA cache in bf16)."""
-
-    layers: int = 61
-    kv_lora_rank: int = 512
-    qk_rope_head_dim: int = 64
-    dtype: torch.dtype = torch.bfloat16
-    tokens: int = 4096  # tokens moved per call, unless ``pages`` is given
-    pages: int | None = None  # pages moved per call
-    warmup: int = 1
-    repeats: int = 5
-    budget_s: float = 4.0  # per op: slow baselines stop repeating after this
-    baselines: tuple[str, ...] = ("per_token", "per_page")
-    shuffle_host: bool = False  # random host pages instead of host.alloc() slots
-    seed: int = 0
-    device: str | None = None
-    model: str = "deepseek-v3"  # a key of MODELS; MHA models ignore the MLA dims above
-    kv_cache_dim: int | None = None  # packed rows of ``dtype`` (DeepSeek-V3.2: 656 uint8)
-    index_head_dim: int | None = None  # the DSA indexer cache, on every layer
-    with_index_k_scale: bool = False
-
-    @property
-    def is_mha(self) -> bool:
-        return MODELS[self.model].is_mha
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one token over every layer (MLA row or K and V, indexer included)."""
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        shape = MODELS[self.model]
-        if shape.is_mha:
-            return self.layers * 2 * shape.head_num * shape.head_dim * itemsize
-        dim = self.kv_cache_dim or self.kv_lora_rank + self.qk_rope_head_dim
-        index = (self.index_head_dim or 0) * itemsize + (4 if self.with_index_k_scale else 0)
-        return self.layers * (dim * itemsize + index)
-
-    def batch_tokens(self, page_size: int) -> int:
-        if self.pages is not None:
-            return self.pages * page_size
-        return max(page_size, self.tokens // page_size * page_size)
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    backend: Backend
-    layout: HostLayout
-    io_backend: IOBackend
-    page_size: int
-
-    @property
-    def label(self) -> str:
-        return (
-            f"{self.backend.name} {self.layout.value}/{self.io_backend.value} page {self.page_size}"
-        )
-
-
-def list_cases(
-    backends: list[Backend],
-    layouts: set[HostLayout] | None,
-    page_sizes: list[int],
-    mha: bool = False,
-) -> list[Case]:
-    cases: list[Case] = []
-    for backend in backends:
-        for page_size in page_sizes:
-            for layout, ios in pairs_of(backend, mha).items():
-                if layouts is not None and layout not in layouts:
-                    continue
-                cases.extend(
-                    Case(backend, layout, io, page_size)
-                    for io in sorted(ios, key=lambda i: i.value)
-                )
-    return cases
 
 
 def _fill_random(dev: Any, t: Transfer, seed: int) -> None:
@@ -135,6 +59,13 @@ class _Bench:
         self.host: Any = case.backend.create_host_pool(
             self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
         )
+        self.fixed: Any = None
+        if cfg.compare_fixed:
+            # the same pool built with the old preset: copy_threads 0 (ATen's own threads)
+            fixed = dataclasses.replace(tuning_for(self.dev.device), copy_threads=0)
+            self.fixed = type(case.backend)(tuning=fixed).create_host_pool(  # type: ignore[call-arg]
+                self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
+            )
         gen = torch.Generator().manual_seed(cfg.seed + ps)
         # device pages 1..2n/ps (page 0 is the padding page): half backed up, half loaded into
         pages = torch.randperm(2 * n // ps, generator=gen) + 1
@@ -152,6 +83,11 @@ class _Bench:
         self.d_src, self.d_dst = self.d_src.to(device), self.d_dst.to(device)
         self.backup_t = Transfer(self.dev, self.host, self.h_idx, self.d_src)
         self.load_t = Transfer(self.dev, self.host, self.h_idx, self.d_dst)
+        if self.fixed is not None:
+            self.fixed_t = (
+                Transfer(self.dev, self.fixed, self.h_idx, self.d_src),
+                Transfer(self.dev, self.fixed, self.h_idx, self.d_dst),
+            )
         _fill_random(self.dev, self.backup_t, cfg.seed)
         self.nbytes = n * sum(
             rows.shape[1] * rows.element_size()
@@ -173,19 +109,39 @@ class _Bench:
                 self.dev, self.h_idx, self.d_dst, layer, self.case.io_backend
             )
 
+    def fixed_backup(self) -> None:
+        self.fixed.backup_from_device_all_layer(
+            self.dev, self.h_idx, self.d_src, self.case.io_backend
+        )
+
+    def fixed_load(self) -> None:
+        for layer in range(self.dev.layer_num):
+            self.fixed.load_to_device_per_layer(
+                self.dev, self.h_idx, self.d_dst, layer, self.case.io_backend
+            )
+
     def copy_backup(self) -> None:
         self.copy_host.copy_(self.copy_dev, non_blocking=True)
 
     def copy_load(self) -> None:
         self.copy_dev.copy_(self.copy_host, non_blocking=True)
 
-    def ops(self, baselines: tuple[str, ...]) -> dict[tuple[str, str], Callable[[], None]]:
-        ops: dict[tuple[str, str], Callable[[], None]] = {
-            ("copy", "backup"): self.copy_backup,
-            ("sgl", "backup"): self.sgl_backup,
-            ("copy", "load"): self.copy_load,
-            ("sgl", "load"): self.sgl_load,
-        }
+    def ops(
+        self, baselines: tuple[str, ...], copy_threads: tuple[int, ...]
+    ) -> dict[tuple[str, str], Callable[[], None]]:
+        ops: dict[tuple[str, str], Callable[[], None]] = {}
+        for direction, copy, sgl, fixed in (
+            ("backup", self.copy_backup, self.sgl_backup, self.fixed_backup),
+            ("load", self.copy_load, self.sgl_load, self.fixed_load),
+        ):
+            # the reference copy at each torch thread count, most threads first: an OpenMP
+            # team's threads spin for a while after it, so the op right after a multi-thread
+            # copy shares the cores with them; after the 1-thread copy sgl and fixed do not
+            for n in sorted(copy_threads, reverse=True):
+                ops[(f"copy@{n}", direction)] = copy
+            ops[("sgl", direction)] = sgl
+            if self.fixed is not None:
+                ops[("fixed", direction)] = fixed
         for name in baselines:
             fn = BASELINES[name]
             ops[(name, "backup")] = functools.partial(fn, self.backup_t, to_host=True)
@@ -200,11 +156,17 @@ class _Bench:
                 pages[t.host_page, t.host_offset] = 0
                 rows.index_fill_(0, self.d_dst, 0)
 
-    def verify(self, backup: Callable[[], None], load: Callable[[], None]) -> tuple[bool, bool]:
+    def verify(
+        self, backup: Callable[[], None], load: Callable[[], None], t: Transfer | None = None
+    ) -> tuple[bool, bool]:
         """Round trip through ``backup`` then ``load``; (host bit-exact, device bit-exact)."""
         self._clear_targets()
+        if t is not None:  # another host pool (fixed): clear its pages too
+            for comps in t.layers:
+                for _, pages in comps:
+                    pages[t.host_page, t.host_offset] = 0
+        t = t or self.backup_t
         backup()
-        t = self.backup_t
         host_ok = all(
             _same_bits(pages[t.host_page, t.host_offset].to(rows.device), rows[self.d_src])
             for comps in t.layers
@@ -219,21 +181,40 @@ class _Bench:
         return host_ok, dev_ok
 
 
+def _threads_of(impl: str, engine_threads: int) -> int:
+    return int(impl.removeprefix("copy@")) if impl.startswith("copy@") else engine_threads
+
+
 def run_case(case: Case, cfg: HicacheConfig, progress: Progress) -> list[Record]:
     """Measure one (backend, layout, io, page size) case; one record per impl and direction."""
     bench = _Bench(case, cfg)
-    ops = bench.ops(cfg.baselines)
+    ops = bench.ops(cfg.baselines, cfg.copy_threads)
     checks: dict[str, tuple[bool, bool]] = {}
     for impl in ("sgl", *cfg.baselines):
         checks[impl] = bench.verify(ops[(impl, "backup")], ops[(impl, "load")])
-    samples = time_interleaved(
-        ops,
-        warmup=cfg.warmup,
-        repeats=cfg.repeats,
-        budget_s=cfg.budget_s,
-        device=bench.dev.device,
-        on_step=progress.advance,
-    )
+    if bench.fixed is not None:
+        checks["fixed"] = bench.verify(bench.fixed_backup, bench.fixed_load, bench.fixed_t[0])
+    engine_threads = torch.get_num_threads()
+    # untimed before each op: the reference copies at their thread count, the rest as set
+    prepare = {
+        key: functools.partial(torch.set_num_threads, _threads_of(key[0], engine_threads))
+        for key in ops
+    }
+    try:
+        samples = time_interleaved(
+            ops,
+            warmup=cfg.warmup,
+            repeats=cfg.repeats,
+            budget_s=cfg.budget_s,
+            device=bench.dev.device,
+            on_step=progress.advance,
+            prepare=prepare,
+        )
+    finally:
+        torch.set_num_threads(engine_threads)
+    for direction in DIRECTIONS:  # the reference: per round, the faster thread count
+        per_count = [samples.pop((f"copy@{n}", direction)) for n in cfg.copy_threads]
+        samples[("copy", direction)] = [min(r) for r in zip(*per_count, strict=False)]
     copy_s = {d: median(samples[("copy", d)]) for d in DIRECTIONS}
     copy_best = {d: min(samples[("copy", d)]) for d in DIRECTIONS}
     records: list[Record] = []

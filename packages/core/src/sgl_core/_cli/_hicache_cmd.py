@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 
 import torch
 
+from sgl_core._calibrate import copy_calibration
+from sgl_core._cli._background import BusyProcesses
 from sgl_core._cli._checks import EXIT_STATUS, CliParser
 from sgl_core._cli._hicache import run_case
 from sgl_core._cli._hicache_models import MODELS
 from sgl_core._cli._hicache_plan import Plan, plan_run
-from sgl_core._cli._hicache_table import batch_line, legend, summarize, target_lines
+from sgl_core._cli._hicache_table import batch_lines, io_note, legend, summarize, target_lines
 from sgl_core._cli._report import Progress, Record, machine_info, print_table, write_json
 from sgl_core._enums import HostLayout
 
@@ -85,6 +88,20 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
     p.add_argument("--shuffle-host", action="store_true", help="random host pages, not alloc()")
     p.add_argument("--device", help="torch device of the device pool (default: backend's)")
     p.add_argument("--repeats", type=int, help="timed repeats (default: 3 quick, 5 full)")
+    p.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure twice: quiet, then beside N busy processes (each spins one core; "
+        "stopped at the end, also on Ctrl-C or an error)",
+    )
+    p.add_argument(
+        "--compare-fixed",
+        action="store_true",
+        help="also time each transfer with the old fixed copy tuning (copy_threads 0: ATen's "
+        "threads), interleaved with the calibrated one: columns fixed GB/s and sgl/fixed",
+    )
     # test and tuning knobs
     p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     p.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
@@ -97,8 +114,6 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
 
 def _header(plan: Plan) -> str:
     cfg = plan.cfg
-    pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
-    sizes = len(plan.page_sizes)
     dtype = str(cfg.dtype).removeprefix("torch.")
     shape = MODELS[cfg.model]
     if shape.is_mha:
@@ -110,13 +125,15 @@ def _header(plan: Plan) -> str:
     if cfg.index_head_dim is not None:
         scale = " + fp32 scale" if cfg.with_index_k_scale else ""
         row += f" + indexer {cfg.index_head_dim} {dtype}{scale}"
+    backends = ", ".join(sorted({c.backend.name for c in plan.cases}))
+    pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
+    sizes = ",".join(str(p) for p in plan.page_sizes)
     return (
-        f"sgl-bench hicache: {len(plan.cases)} case(s) = {pairs} (backend, layout/io) pair(s) x "
-        f"{sizes} page size(s); each case is 2 rows (backup, load)\n"
+        f"sgl-bench hicache: {len(plan.cases)} case(s) = backend {backends} x {pairs} "
+        f"layout/io x page {sizes}; rows: backup, load\n"
         f"model {cfg.model}: {cfg.layers} layers x {row}; "
-        f"{'quick' if plan.quick else 'full'}: "
-        f"{cfg.repeats} timed repeat(s) after {cfg.warmup} warm-up (medians, interleaved); "
-        f"torch threads {torch.get_num_threads()}"
+        f"{'quick' if plan.quick else 'full'}: {cfg.repeats} round(s) + {cfg.warmup} "
+        f"warm-up; torch threads {torch.get_num_threads()}"
     )
 
 
@@ -128,31 +145,54 @@ def _load() -> float:
         return 0.0
 
 
+def _measure(plan: Plan, phase: str) -> list[Record]:
+    cfg = plan.cfg
+    progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), f"hicache {phase}")
+    records: list[Record] = []
+    try:
+        for case in plan.cases:
+            progress.describe(f"{phase}: {case.label}")
+            got = run_case(case, cfg, progress)
+            for r in got:
+                r.extra["phase"] = phase
+                if case.backend.name in plan.interpreted:
+                    r.extra["interpreted"] = True
+            records.extend(got)
+    finally:
+        progress.close()
+    return records
+
+
+def _calibration_lines() -> list[str]:
+    choices = copy_calibration()
+    if not choices:
+        return ["  copy calibration: nothing measured (no CPU copy of 1 MiB or more)"]
+    return [f"  copy calibration: {c.key}: {c.source}, {c.reason}" for c in choices]
+
+
 def run(args: argparse.Namespace) -> int:
     plan = plan_run(args)  # every argument is checked here, before any work
-    cfg = plan.cfg
     for note in plan.notes:
         print(f"note: {note}")
     print(_header(plan))
     load_start = _load()
     started = time.perf_counter()
-    progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), "hicache")
+    busy = args.background_load
+    phases = [("quiet", 0)] + ([(f"loaded ({busy} busy process(es))", busy)] if busy else [])
     records: list[Record] = []
-    try:
-        for case in plan.cases:
-            progress.describe(case.label)
-            got = run_case(case, cfg, progress)
-            if case.backend.name in plan.interpreted:
-                for r in got:
-                    r.extra["interpreted"] = True
-            records.extend(got)
-    finally:
-        progress.close()
-    header, rows = summarize(records, plan.interpreted)
-    print_table(
-        f"host pool transfers, GB/s (higher is better); {batch_line(records)}", header, rows
-    )
-    for line in [*legend(records, plan.interpreted), *target_lines(records, plan.interpreted)]:
+    for phase, count in phases:
+        phase_load = _load()
+        with BusyProcesses(count):
+            got = _measure(plan, phase.split()[0])
+        records.extend(got)
+        header, rows = summarize(got, plan.interpreted)
+        title = f"{phase}: host pool transfers, GB/s{io_note(got)}; load {phase_load:.2f}"
+        print_table(f"{title} to {_load():.2f}", header, rows)
+        for line in [*_calibration_lines(), *target_lines(got, plan.interpreted)]:
+            print(line)
+    for line in batch_lines(records):
+        print(line)
+    for line in legend(records, plan.interpreted):
         print(line)
     exact = all(r.bit_exact is not False for r in records)
     print(f"bit-exact: {'yes' if exact else 'NO (exit status 1)'}")
@@ -167,11 +207,15 @@ def run(args: argparse.Namespace) -> int:
             "shared the CPUs, so GB/s and ratios of this run are not reliable; rerun when idle"
         )
     if args.json:
-        write_json(args.json, machine_info(), records, command="hicache", quick=plan.quick)
+        calibration = [dataclasses.asdict(c) for c in copy_calibration()]
+        write_json(
+            args.json, machine_info(), records, command="hicache", quick=plan.quick,
+            background_load=busy, copy_calibration=calibration,
+        )  # fmt: skip
         print(f"wrote {args.json}")
     if args.plot:
         from sgl_core._cli._plot import plot_hicache
 
-        plot_hicache(records, args.plot)
+        plot_hicache([r for r in records if r.extra.get("phase") == "quiet"], args.plot)
         print(f"wrote {args.plot}")
     return 0 if exact else 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 
 import torch
 
@@ -105,6 +106,12 @@ def _check_args(args: argparse.Namespace) -> torch.device | None:
     ):
         check_positive(option, value)
     check_positive("--warmup", args.warmup, allow_zero=True)
+    check_positive("--background-load", args.background_load, allow_zero=True)
+    most = 4 * (os.cpu_count() or 1)
+    if args.background_load > most:
+        raise UsageError(
+            f"--background-load must be at most {most} (4 per CPU), got {args.background_load}"
+        )
     device = check_device(args.device)
     check_output_path("--json", args.json)
     check_output_path("--plot", args.plot)
@@ -139,6 +146,8 @@ def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list
         shuffle_host=args.shuffle_host,
         device=args.device,
         model=model.name,
+        compare_fixed=args.compare_fixed,
+        copy_threads=tuple(sorted({1, torch.get_num_threads()})),
     )
     return cfg, page_sizes, quick
 

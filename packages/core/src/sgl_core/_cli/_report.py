@@ -150,6 +150,6 @@ def print_table(
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
     ]
     print(title, file=stream)
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), file=stream)
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)), file=stream)
+    for cells in (header, *rows):
+        line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+        print(line.rstrip(), file=stream)
