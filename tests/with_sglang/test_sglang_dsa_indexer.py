@@ -21,6 +21,7 @@ from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 from sgl_core.integrations.sglang import wrap_host_pool
 from sgl_core.l3 import FilePageStore, page_keys
 
+from sglang.srt.mem_cache import index_key_cache  # isort: skip
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool  # isort: skip
 from sglang.srt.runtime_context import get_parallel  # isort: skip
 
@@ -126,19 +127,25 @@ def test_an_l3_page_carries_the_indexer(tmp_path: Path) -> None:
 
 
 def _mla() -> MLATokenToKVPool:
-    return MLATokenToKVPool(
+    """The same packed 656-byte KV rows, without an indexer."""
+    pool = MLATokenToKVPool(
         size=192, page_size=PAGE, dtype=torch.float8_e4m3fn, kv_lora_rank=512,
         qk_rope_head_dim=64, layer_num=LAYERS, device="cpu", enable_memory_saver=False,
-        override_kv_cache_dim=656,
+        use_dsa=True, override_kv_cache_dim=656,
     )  # fmt: skip
+    assert pool.kv_cache_dim == 656
+    return pool
 
 
 def _host_bytes(host: Any) -> list[torch.Tensor]:
     return [host.get_data_page(i).clone() for i in range(0, host.size, PAGE)]
 
 
-@pytest.mark.parametrize("bad", ["kpool", "skip", "dtype", "short", "no_indexer"])
-def test_a_rejected_call_moves_no_byte(bad: str) -> None:
+BAD = ["kpool", "block", "preshuffle", "skip", "dtype", "short", "width", "dim", "stride"]
+
+
+@pytest.mark.parametrize("bad", [*BAD, "resized", "no_indexer"])
+def test_a_rejected_call_moves_no_byte(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A device pool whose indexer differs from the mirrored one: typed error, no byte moved."""
     backend = sgl_core.get_backend("torch")
     src = _dsa(6)
@@ -152,19 +159,40 @@ def test_a_rejected_call_moves_no_byte(bad: str) -> None:
         other.index_key_cache.buffer[0] = other.index_k_with_scale_buffer[0].view(torch.int8)
     elif bad == "short":
         other.index_key_cache.buffer[2] = other.index_k_with_scale_buffer[2][:1]
+    elif bad == "block":
+        other.quant_block_size = KEY // 2  # two scales per key
+    elif bad == "preshuffle":
+        monkeypatch.setattr(index_key_cache, "_use_aiter_preshuffle", True)
+    elif bad in ("width", "dim", "stride", "resized"):
+        t = other.index_k_with_scale_buffer[1]
+        if bad == "width":
+            t = t[:, :-4]
+        elif bad == "dim":
+            t = t.view(-1)
+        elif bad == "stride":
+            t = torch.stack([t, t], dim=-1)[..., 0]  # row stride 2
+        else:
+            t = t.clone()
+            t.untyped_storage().resize_(t.nbytes // 2)
+        other.index_key_cache.buffer[1] = t
     elif bad == "no_indexer":
         other = _mla()
     snap_host, snap_dev = _host_bytes(host), [t.clone() for t in other.kv_buffer]
-    snap_idx = [t.clone() for t in getattr(other, "index_k_with_scale_buffer", [])]
-    with pytest.raises(PoolMismatchError):
+    # A resized buffer's missing bytes cannot be read: its layer is left out.
+    kept = [
+        t
+        for t in getattr(other, "index_k_with_scale_buffer", [])
+        if t.untyped_storage().nbytes() >= t.nbytes
+    ]
+    snap_idx = [t.clone() for t in kept]
+    with pytest.raises(PoolMismatchError, match="ind"):
         host.load_to_device_per_layer(other, idx, idx, 0, "direct")
-    with pytest.raises(PoolMismatchError):
+    with pytest.raises(PoolMismatchError, match="ind"):
         host.backup_from_device_all_layer(other, idx, idx, "direct")
     assert all(torch.equal(a, b) for a, b in zip(_host_bytes(host), snap_host, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(other.kv_buffer, snap_dev, strict=True))
-    now = getattr(other, "index_k_with_scale_buffer", [])
     assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-               for a, b in zip(now, snap_idx, strict=True))  # fmt: skip
+               for a, b in zip(kept, snap_idx, strict=True))  # fmt: skip
 
 
 def test_a_host_pool_of_the_plain_mla_pool_refuses_the_dsa_pool() -> None:
@@ -172,7 +200,7 @@ def test_a_host_pool_of_the_plain_mla_pool_refuses_the_dsa_pool() -> None:
     other = _dsa(8)
     snap = _snapshot(other)
     idx = torch.arange(0, PAGE)
-    with pytest.raises(PoolMismatchError):
+    with pytest.raises(PoolMismatchError, match="indexer"):
         host.load_to_device_per_layer(other, idx, idx, 0, "direct")
     assert _same(other, snap)
 

@@ -141,8 +141,10 @@ def _packed() -> MLATokenToKVPool:
     with its indexer mirrored is refused by ``wrap_host_pool``: test_sglang_dsa_indexer)."""
     pool = MLATokenToKVPool(
         size=128, page_size=64, dtype=E4M3, kv_lora_rank=512, qk_rope_head_dim=64,
-        layer_num=LAYERS, device="cpu", enable_memory_saver=False, override_kv_cache_dim=656,
+        layer_num=LAYERS, device="cpu", enable_memory_saver=False, use_dsa=True,
+        override_kv_cache_dim=656,
     )  # fmt: skip
+    assert pool.kv_cache_dim == 656
     _fill(pool.kv_buffer, 0)
     return pool
 

@@ -126,6 +126,8 @@ class ForeignPagedIndexerPool(ForeignMLADevicePool):
         super().__init__(pool)
         try:
             self.paged_format = _format(pool)
+        except PoolMismatchError:
+            raise
         except (AttributeError, TypeError, ValueError) as exc:
             raise PoolMismatchError(f"{type(pool).__name__}: bad paged indexer: {exc}") from None
 
