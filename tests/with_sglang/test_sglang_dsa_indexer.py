@@ -211,3 +211,23 @@ def test_wrap_host_pool_refuses_a_folded_indexer() -> None:
     host = sgl_core.get_backend("torch").create_host_pool(_dsa(9), layout="page_first")
     with pytest.raises(ArgumentTypeError, match="indexer"):
         wrap_host_pool(host)
+
+
+def test_a_kv_only_page_is_a_miss_for_the_dsa_host_pool(tmp_path: Path) -> None:
+    """The same packed KV rows stored without an indexer never load into a pool that
+    mirrors one (its page format differs): no KV hit with a stale indexer."""
+    backend = sgl_core.get_backend("torch")
+    idx = torch.arange(0, 2 * PAGE)
+    kv_only = _mla()
+    writer = backend.create_host_pool(kv_only, layout="page_first")
+    writer.backup_from_device_all_layer(kv_only, idx, idx, "direct")
+    store = FilePageStore(tmp_path)
+    store.register_host_pool(writer)
+    keys = page_keys(list(range(2 * PAGE)), PAGE)
+    assert store.batch_set(keys, idx) == [True, True]
+    reader = backend.create_host_pool(_dsa(10), layout="page_first")
+    store.register_host_pool(reader)
+    before = _host_bytes(reader)
+    assert store.batch_exists(keys) == 0
+    assert store.batch_get(keys, idx) == [False, False]
+    assert all(torch.equal(a, b) for a, b in zip(_host_bytes(reader), before, strict=True))
