@@ -42,6 +42,7 @@ import pytest
 import torch
 
 import sgl_core
+from sgl_core.errors import PoolMismatchError
 from sgl_core.integrations.sglang import SGLangHostPool, kv_host_pool_builder
 from sgl_core.integrations.sglang_storage import SGLangPageStorage
 from sgl_core.l3 import PageStoreArgumentError
@@ -250,20 +251,28 @@ def _round_trip(
     assert _rows_equal(dev, snapshot, loaded, dev_idx)
 
 
+@pytest.mark.parametrize("host_pools", ["ours", "sglangs"])
 def test_a_dsa_server_on_our_backend_fails_at_startup(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, published: None
+    host_pools: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, published: None
 ) -> None:
-    """DeepSeek-V3.2 (``_DsaStrategy``) builds SGLang's own KV and indexer host pools
-    from the pool's declarations, not through ``build_kv_host_pool``: our backend
-    refuses them at attach (typed), so no server serves KV pages without the indexer."""
+    """DeepSeek-V3.2 (``_DsaStrategy``): ``build_host_pool_group`` builds the KV root
+    through ``build_kv_host_pool`` and the INDEXER entry with SGLang's own
+    ``DSAIndexerPoolHost``. Our builder refuses the DSA pool (no INDEXER entry of
+    ours yet); with SGLang's own host pools our storage refuses them at attach. Both
+    typed, at startup: no server serves KV pages without their indexer."""
     monkeypatch.setattr(host_common, "_cuda_host_register", lambda *a, **k: None)
-    builder = kv_host_pool_builder(sgl_core.get_backend("torch"), layout="page_first")
-    monkeypatch.setattr(asm, "build_kv_host_pool", builder)
+    if host_pools == "ours":
+        builder = kv_host_pool_builder(sgl_core.get_backend("torch"), layout="page_first")
+        monkeypatch.setattr(asm, "build_kv_host_pool", builder)
+    error, match = (
+        (PoolMismatchError, "INDEXER") if host_pools == "ours"
+        else (PageStoreArgumentError, "wrap_host_pool")
+    )  # fmt: skip
     with get_parallel().override(**st.SINGLE_RANK):
         dev = DSATokenToKVPool(
             size=128, page_size=64, kv_lora_rank=512, dtype=torch.float8_e4m3fn,
             qk_rope_head_dim=64, layer_num=2, device="cpu", index_head_dim=128,
             enable_memory_saver=False, kv_cache_dim=656,
         )  # fmt: skip
-        with pytest.raises(PageStoreArgumentError, match="wrap_host_pool"):
+        with pytest.raises(error, match=match):
             st.build(dev, st.flags(tmp_path / "l3", "page_first", "kernel"), page=64, is_dsa=True)

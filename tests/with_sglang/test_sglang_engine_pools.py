@@ -119,9 +119,12 @@ def test_a_dsa_pool_is_mirrored_as_the_fp8_flavour_it_means() -> None:
     assert host.kv_cache_dim == 656
     idx = torch.arange(64, 128)
     host.backup_from_device_all_layer(dev, idx, idx, "direct")
-    page = host.get_data_page(64).view(torch.uint8).view(LAYERS, 64, 656)
+    # The flat page: the KV part (layer, token), then the indexer's keys and scales.
+    kv = LAYERS * 64 * 656
+    page = host.get_data_page(64).view(torch.uint8)
+    assert page.numel() == kv + LAYERS * 64 * (128 + 4)
     for layer in range(LAYERS):
-        assert torch.equal(page[layer], dev.kv_buffer[layer][idx, 0])
+        assert torch.equal(page[:kv].view(LAYERS, 64, 656)[layer], dev.kv_buffer[layer][idx, 0])
 
 
 def _theirs(dev: MLATokenToKVPool, layout: str) -> MLATokenToKVPoolHost:
@@ -133,10 +136,23 @@ def _theirs(dev: MLATokenToKVPool, layout: str) -> MLATokenToKVPoolHost:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("which", ["dsa", "fp8", "bf16"])
+def _packed() -> MLATokenToKVPool:
+    """DeepSeek-V3.2's packed 656-byte rows without the indexer (a DSA pool's host pool
+    with its indexer mirrored is refused by ``wrap_host_pool``: test_sglang_dsa_indexer)."""
+    pool = MLATokenToKVPool(
+        size=128, page_size=64, dtype=E4M3, kv_lora_rank=512, qk_rope_head_dim=64,
+        layer_num=LAYERS, device="cpu", enable_memory_saver=False, use_dsa=True,
+        override_kv_cache_dim=656,
+    )  # fmt: skip
+    assert pool.kv_cache_dim == 656
+    _fill(pool.kv_buffer, 0)
+    return pool
+
+
+@pytest.mark.parametrize("which", ["packed", "fp8", "bf16"])
 @pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
 def test_size_members_equal_sglangs_host_pool(which: str, layout: str) -> None:
-    dev = _dsa() if which == "dsa" else _mla(E4M3 if which == "fp8" else torch.bfloat16)
+    dev = _packed() if which == "packed" else _mla(E4M3 if which == "fp8" else torch.bfloat16)
     ours = wrap_host_pool(sgl_core.get_backend("torch").create_host_pool(dev, layout=layout))
     theirs = _theirs(dev, layout)
     for name in (

@@ -152,6 +152,15 @@ class ForeignMLADevicePool:
 _views: weakref.WeakKeyDictionary[Any, ForeignMLADevicePool] = weakref.WeakKeyDictionary()
 
 
+def _view_of(pool: Any) -> ForeignMLADevicePool:
+    # An indexer kept in pages (SGLang's DSATokenToKVPool) gets the view that mirrors it.
+    from sgl_core._paged_indexer import ForeignPagedIndexerPool, has_paged_indexer
+
+    if has_paged_indexer(pool):
+        return ForeignPagedIndexerPool(pool)
+    return ForeignMLADevicePool(pool)
+
+
 def as_device_pool(pool: Any) -> MLADevicePool:
     """``pool`` itself if its ``device`` is a ``torch.device``, else a cached view of it."""
     if isinstance(pool, ForeignMLADevicePool):
@@ -163,9 +172,9 @@ def as_device_pool(pool: Any) -> MLADevicePool:
     try:
         view = _views.get(pool)
     except TypeError:  # not weak-referenceable or not hashable: no caching
-        return ForeignMLADevicePool(pool)
+        return _view_of(pool)
     if view is None or view.wrapped is not pool:
-        view = ForeignMLADevicePool(pool)
+        view = _view_of(pool)
         with contextlib.suppress(TypeError):
             _views[pool] = view
     return view

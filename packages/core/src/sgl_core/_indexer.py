@@ -86,8 +86,9 @@ def indexer_of(pool: object) -> IndexerConfig | None:
     """A device pool's indexer configuration from its public attributes (None: none).
 
     Only pools that declare the whole configuration (``IndexerCache``) count:
-    an engine's own pool with just an ``index_head_dim`` attribute (SGLang's
-    DSA pools keep their indexer in another layout) is mirrored without it.
+    an engine's own pool with just an ``index_head_dim`` attribute is mirrored
+    without it (SGLang's DSA pools are seen through a view that declares theirs,
+    ``sgl_core._paged_indexer``).
     """
     head_dim = getattr(pool, "index_head_dim", None)
     ids = getattr(pool, "indexer_layer_ids", None)

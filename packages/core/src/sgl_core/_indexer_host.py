@@ -20,7 +20,8 @@ the point after its transfer (the cuda backend's ``StreamFence``) covers them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -28,7 +29,6 @@ from sgl_core._device_pool import check_pool_geometry
 from sgl_core._enums import HostLayout
 from sgl_core._indexer import IndexerConfig, indexer_of
 from sgl_core._protocols import MLADevicePool
-from sgl_core._row_mover import RowDirectMover
 from sgl_core._transfer import Mover, Transfer
 from sgl_core._validation import check_backed
 from sgl_core.errors import PoolMismatchError
@@ -111,10 +111,22 @@ def _describe(cfg: IndexerConfig | None) -> object:
     return None if cfg is None else (cfg.index_head_dim, cfg.layer_ids, cfg.with_scale)
 
 
-class IndexerMover:
-    """An io backend's KV mover plus the direct movers of the indexer components."""
+class IndexerPart(Protocol):
+    """Moves one indexer component: every slot on backup, one slot on load."""
 
-    def __init__(self, kv: Mover, parts: list[RowDirectMover], cfg: IndexerConfig) -> None:
+    def backup(self, transfer: Transfer) -> None: ...
+
+    def load(self, transfer: Transfer, layer_id: int) -> None: ...
+
+
+class IndexerMover:
+    """An io backend's KV mover plus the movers of the indexer components.
+
+    The parts are direct movers of token rows (``RowDirectMover``), or of an
+    engine's indexer pages (``sgl_core._paged_indexer.PagedIndexerPart``).
+    """
+
+    def __init__(self, kv: Mover, parts: Sequence[IndexerPart], cfg: IndexerConfig) -> None:
         self.kv = kv
         self.parts = parts
         self.cfg = cfg

@@ -37,6 +37,12 @@ from sgl_core._indexer_host import (
     host_shape,
 )
 from sgl_core._memory import page_aligned_zeros
+from sgl_core._paged_indexer import (
+    ForeignPagedIndexerPool,
+    PagedFormat,
+    PagedIndexerPart,
+    paged_buffers,
+)
 from sgl_core._protocols import MLADevicePool
 from sgl_core._row_mover import RowComponent, RowDirectMover
 from sgl_core._transfer import Mover, MoverFactory
@@ -68,6 +74,10 @@ class TokenRowHostPool(MLAHostPoolBase):
     # ----------------------------------------------------------------- hooks
     def _configure(self, device_pool: MLADevicePool) -> None:
         self._indexer: IndexerConfig | None = indexer_of(device_pool)
+        # An engine's indexer kept in pages (SGLang's DSA pool): mirrored in our layout.
+        self._paged: PagedFormat | None = None
+        if isinstance(device_pool, ForeignPagedIndexerPool):
+            self._paged = device_pool.paged_format
 
     def _bytes_per_token(self, device_pool: MLADevicePool) -> int:
         extra = 0 if self._indexer is None else self._indexer.bytes_per_token(self.shape.itemsize)
@@ -98,6 +108,12 @@ class TokenRowHostPool(MLAHostPoolBase):
         cfg = self._indexer
         if cfg is None:
             return kv
+        if self._paged is not None:
+            paged = [
+                PagedIndexerPart(buf, self.layout, cfg, scales=i == 1)
+                for i, (buf, _) in enumerate(self._parts[1:])
+            ]
+            return IndexerMover(kv, paged, cfg)
         parts = [
             RowDirectMover(self, RowComponent(buf, rows, device_indexer_rows(name)))
             for (buf, rows), name in zip(self._parts[1:], _INDEXER_NAMES, strict=False)
@@ -111,13 +127,17 @@ class TokenRowHostPool(MLAHostPoolBase):
         # kv_buffer is a plain list: a replaced layer tensor must be re-validated.
         # So are the indexer lists (not validated here: this runs on every load).
         extra: list[object] = []
-        if self._indexer is not None:
+        if isinstance(device_pool, ForeignPagedIndexerPool):
+            extra += device_pool.index_buffers()
+        elif self._indexer is not None:
             for name in ("index_k_buffer", "index_k_scale_buffer"):
                 tensors = getattr(device_pool, name, None)
                 extra += tensors if isinstance(tensors, list) else [tensors]
         return (device_pool, *device_layers(device_pool), *extra)
 
     def _device_indexer(self, device_pool: MLADevicePool) -> list[torch.Tensor]:
+        if self._paged is not None:
+            return paged_buffers(device_pool, self._paged)
         return check_device_indexer(device_pool, self._indexer, self.dtype)
 
     def _check_device_pool_kind(self, device_pool: MLADevicePool) -> None:
@@ -138,6 +158,8 @@ class TokenRowHostPool(MLAHostPoolBase):
         slot = None if self._indexer is None else self._indexer.slot(layer_id)
         if slot is None:
             return (layer,)
+        if isinstance(device_pool, ForeignPagedIndexerPool):
+            return (layer, device_pool.index_buffers()[slot])
         parts = [getattr(device_pool, "index_k_buffer", None)]
         if self._indexer is not None and self._indexer.with_scale:
             parts.append(getattr(device_pool, "index_k_scale_buffer", None))
@@ -154,6 +176,8 @@ class TokenRowHostPool(MLAHostPoolBase):
         """
         layer_id = check_layer_id(layer_id, self.layer_num)
         self.check_device_pool(device_pool)
+        if self._paged is not None:
+            raise PoolMismatchError("an indexer kept in engine pages has no token-row views")
         pairs = [(device_layers(device_pool)[layer_id], self.kv_buffer, layer_id)]
         slot = None if self._indexer is None else self._indexer.slot(layer_id)
         if slot is not None:

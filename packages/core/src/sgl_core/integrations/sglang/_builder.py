@@ -23,6 +23,7 @@ from typing import Any
 
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._mha_host_pool import MHAHostPoolBase
+from sgl_core._paged_indexer import has_paged_indexer
 from sgl_core._protocols import Backend
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 from sgl_core.integrations.sglang._host import SGLangHostPool, wrap_host_pool
@@ -45,8 +46,10 @@ def kv_host_pool_builder(
     (SGLang's ``--hicache-size``, GB) wins over ``host_to_device_ratio`` as in
     SGLang, and a ``host_size`` SGLang passes (its split of ``--hicache-size``
     between pools) wins over both. Refused (``PoolMismatchError``): packed MTP
-    draft pools (ours hold target layers only) and an ``override_kv_cache_dim``
-    other than the device pool's row width.
+    draft pools (ours hold target layers only), an ``override_kv_cache_dim``
+    other than the device pool's row width, and a DeepSeek-V3.2 pool with its
+    indexer (SGLang's stack moves that in its own ``INDEXER`` host pool, for
+    which we have no entry yet: refused before any allocation).
     """
     if not callable(getattr(backend, "create_host_pool", None)):
         raise ArgumentTypeError(f"backend must be an sgl Backend, got {type(backend).__name__}")
@@ -65,6 +68,11 @@ def kv_host_pool_builder(
         if mtp_draft_device_pools:
             raise PoolMismatchError(
                 "packed MTP draft pools: our host pools hold target layers only"
+            )
+        if has_paged_indexer(kv_pool):
+            raise PoolMismatchError(
+                f"{type(kv_pool).__name__} has an indexer cache: SGLang's DSA stack moves it "
+                "in its own INDEXER host pool, which has no sgl entry yet"
             )
         if page_size != getattr(kv_pool, "page_size", None):
             raise PoolMismatchError(

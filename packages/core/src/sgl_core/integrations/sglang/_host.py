@@ -66,6 +66,13 @@ class SGLangHostPool(SGLangPageMembers):
                 "wrap_host_pool needs a host pool of an sgl backend (an MLAHostPoolBase or "
                 f"MHAHostPoolBase), got {type(pool).__name__}"
             )
+        if getattr(pool, "indexer_layer_ids", ()):
+            # SGLang moves a DSA indexer as its own INDEXER host pool: a KV entry
+            # whose pages also carry it has other sizes and storage objects.
+            raise ArgumentTypeError(
+                "wrap_host_pool takes host pools without an indexer cache (SGLang keeps "
+                "DeepSeek-V3.2's indexer as its own INDEXER host pool, not wrapped here)"
+            )
         if not isinstance(pool_label, str) or not pool_label:
             raise ArgumentTypeError("pool_label must be a non-empty str")
         self._base: HostPoolBase[Any, Any] = pool
