@@ -5,8 +5,8 @@ store (``store=``), so the exact key each rank asks for is checked: the page
 hash, the escaped model name, one part per shard dimension where ranks' bytes
 differ (TP for MHA, PP, attention CP, DCP; MLA shares TP ranks) and the host
 layout. Every field is checked at its bounds. The wrapper's size members are
-compared with SGLang's own formulas for the same pool (kv_cache_dim × itemsize
-per layer, page bytes = size_per_token × page_size).
+compared with SGLang's own formulas for the same pool (kv_cache_dim * itemsize
+per layer, page bytes = size_per_token * page_size).
 """
 
 from __future__ import annotations
