@@ -229,6 +229,11 @@ def test_a_page_file_that_cannot_be_opened_is_an_io_error(stored: Stored) -> Non
     assert stored.targets()[0] == before[0]
     assert _errors(stored.store) == (0, 0, 1)
     assert path.is_dir()
+    stored.path(1).unlink()
+    stored.path(1).mkdir()
+    assert stored.get() == [False, False]  # counted once per failed open
+    assert _errors(stored.store) == (0, 0, 3)
+    assert stored.targets() == [before[0], stored.want[1]]
 
 
 class _ChunkedFile:
