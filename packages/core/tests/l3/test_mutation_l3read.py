@@ -371,14 +371,14 @@ def test_the_root_lock_is_created_private_and_close_on_exec(tmp_path: Path) -> N
 def test_shared_and_exclusive_holds_in_one_process(tmp_path: Path) -> None:
     root = tmp_path / "l3"
     a, b = FilePageStore(root), FilePageStore(root)  # unbounded stores share
-    with pytest.raises(PageStoreRootInUseError, match="held by another live store"):
+    with pytest.raises(PageStoreRootInUseError, match="is held by another live store: "):
         FilePageStore(root, capacity_bytes=10**6)
     a.close()
     with pytest.raises(PageStoreRootInUseError):
         FilePageStore(root, capacity_bytes=10**6)
     b.close()
     c = FilePageStore(root, capacity_bytes=10**6)
-    with pytest.raises(PageStoreRootInUseError, match="held by a live bounded store"):
+    with pytest.raises(PageStoreRootInUseError, match="is held by a live bounded store: "):
         FilePageStore(root)
     c.close()
 
