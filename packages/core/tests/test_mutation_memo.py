@@ -190,3 +190,28 @@ def test_an_index_view_with_other_strides_is_validated_again(validations: list[i
     host.load_to_device_per_layer(dst, h, d, 1, "direct")  # type: ignore[attr-defined]
     assert len(validations) == 3
     assert torch.equal(rows(dst, 1, d), rows(src, 1, h))  # the new slots, not 12..19
+
+
+def test_each_stamp_field_is_checked_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Tensor.data = ...`` changes shape or strides without a new version.
+
+    With index values not read back (as on an accelerator), the shape and the
+    strides are what shows such a change; each must be enough on its own.
+    """
+    from sgl_core import _load_memo
+
+    monkeypatch.setattr(_load_memo, "reads_contents", lambda device: False)
+    t = torch.arange(4, dtype=torch.int64)
+    stamp = _load_memo.IndexStamp(t)
+    assert stamp.values is None and stamp.matches(t)
+    t.data = t.data[:2]  # same address, strides and version; another shape
+    assert t._version == stamp.version and not stamp.matches(t)
+    base = torch.arange(8, dtype=torch.int64)
+    u = base[:4]
+    stamp = _load_memo.IndexStamp(u)
+    u.data = base.as_strided((4,), (2,))  # same address, shape and version; other strides
+    assert u._version == stamp.version and not stamp.matches(u)
+    w = torch.arange(4, dtype=torch.int64)
+    stamp = _load_memo.IndexStamp(w)
+    w.data = w.data.view(torch.float64)  # same address, shape, strides; another dtype
+    assert not stamp.matches(w)
