@@ -438,3 +438,103 @@ def test_an_indexer_list_of_another_length_or_kind_is_refused() -> None:
     ):
         with pytest.raises(errors.PoolMismatchError, match=r"indexer|kv_cache_dim"):
             host.backup_from_device_all_layer(dsa(**other), idx, idx, "direct")
+
+
+def test_mha_page_format_fields_are_the_heads() -> None:
+    _, host = mha_pair("page_head")
+    assert host.page_format_fields() == {
+        "kv_kind": "mha",
+        "head_num": HEADS,
+        "head_dim": KD,
+        "v_head_dim": 4,
+    }
+    _, other = mha_pair("page_head", v_head_dim=8)
+    assert other.page_format_fields()["v_head_dim"] == 8
+
+
+@pytest.mark.parametrize("component", ["k_buffer", "v_buffer"])
+def test_a_layer_past_its_storage_is_named(component: str) -> None:
+    dev, host = mha_pair("page_first", seed=14)
+    layer = torch.zeros(_slots(), HEADS, KD if component == "k_buffer" else 4)
+    layer = layer.to(torch.bfloat16)
+    layer.untyped_storage().resize_(64)  # the shape claims bytes that are gone
+    getattr(dev, component)[LAYERS - 1] = layer
+    idx = page_indices([1], PS)
+    before = mha_snapshot(dev, host)[LAYERS:]
+    with pytest.raises(
+        errors.PoolMismatchError, match=rf"^device_pool\.{component}\[{LAYERS - 1}\] reaches past"
+    ):
+        host.backup_from_device_all_layer(dev, idx, idx, "direct")
+    assert same_bytes(before, mha_snapshot(dev, host)[LAYERS:])
+
+
+def test_indexer_of_reads_only_a_whole_configuration() -> None:
+    from types import SimpleNamespace
+
+    from sgl_core._indexer import IndexerConfig, indexer_of
+
+    assert indexer_of(object()) is None  # no attributes at all
+    assert indexer_of(SimpleNamespace(index_head_dim=16)) is None
+    assert indexer_of(SimpleNamespace(indexer_layer_ids=(0,))) is None
+    assert indexer_of(SimpleNamespace(index_head_dim=None, indexer_layer_ids=(0,))) is None
+    assert indexer_of(SimpleNamespace(index_head_dim=16, indexer_layer_ids=[0])) is None
+    assert indexer_of(SimpleNamespace(index_head_dim=16, indexer_layer_ids=())) is None
+    got = indexer_of(SimpleNamespace(index_head_dim=16, indexer_layer_ids=(0, 2)))
+    assert got == IndexerConfig(16, (0, 2), False)  # no has_index_k_scale: no scales
+    scaled = SimpleNamespace(index_head_dim=8, indexer_layer_ids=(1,), has_index_k_scale=True)
+    assert indexer_of(scaled) == IndexerConfig(8, (1,), True)
+
+
+def test_indexer_bytes_per_token() -> None:
+    from sgl_core._indexer import IndexerConfig
+
+    assert IndexerConfig(16, (0, 2), True).bytes_per_token(1) == 2 * (16 + 4)
+    assert IndexerConfig(16, (0, 2), False).bytes_per_token(1) == 2 * 16
+    assert IndexerConfig(16, (1,), True).bytes_per_token(2) == 32 + 4
+    assert IndexerConfig(16, (0, 2), True).slot(2) == 1
+    assert IndexerConfig(16, (0, 2), True).slot(1) is None
+
+
+def test_indexer_row_errors_name_keys_or_scales() -> None:
+    dev = dsa()
+    loc = torch.tensor([1, 2])
+    keys, scales = torch.zeros(2, 1, 16, dtype=torch.uint8), torch.zeros(2, 1, 1)
+    before = [t.clone() for t in dev.index_k_buffer], [t.clone() for t in dev.index_k_scale_buffer]
+    with pytest.raises(errors.ShapeMismatchError, match=r"^index_k must be a \(2, 1, 16\)"):
+        dev.set_index_k_buffer(0, loc, keys[:, :, :15], scales)
+    with pytest.raises(errors.ShapeMismatchError, match=r"^index_k_scale must be a \(2, 1, 1\)"):
+        dev.set_index_k_buffer(0, loc, keys, torch.zeros(2, 1, 2))
+    assert all(torch.equal(a, b) for a, b in zip(before[0], dev.index_k_buffer, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(before[1], dev.index_k_scale_buffer, strict=True))
+
+
+def test_check_device_indexer_returns_the_tensors_and_names_what_it_got() -> None:
+    from sgl_core._indexer import indexer_of
+    from sgl_core._indexer_host import check_device_indexer
+
+    dev = dsa()
+    cfg = indexer_of(dev)
+    got = check_device_indexer(dev, cfg, torch.uint8)
+    assert len(got) == 4
+    want = [*dev.index_k_buffer, *dev.index_k_scale_buffer]
+    assert all(a is b for a, b in zip(got, want, strict=True))
+    assert check_device_indexer(dsa(index_head_dim=None, indexer_layer_ids=None,
+                                    with_index_k_scale=False), None, torch.uint8) == []  # fmt: skip
+    kept = dev.index_k_buffer[1]
+    dev.index_k_buffer[1] = kept.tolist()
+    with pytest.raises(errors.PoolMismatchError, match=r"got <class 'list'>$"):
+        check_device_indexer(dev, cfg, torch.uint8)
+    dev.index_k_buffer[1] = kept[:-1]
+    with pytest.raises(errors.PoolMismatchError, match=r"got \(27, 1, 16\) torch\.uint8$"):
+        check_device_indexer(dev, cfg, torch.uint8)
+    short = torch.zeros(kept.shape, dtype=torch.uint8)
+    short.untyped_storage().resize_(8)
+    dev.index_k_buffer[1] = short
+    with pytest.raises(
+        errors.PoolMismatchError, match=r"^device_pool\.index_k_buffer\[1\] reaches past"
+    ):
+        check_device_indexer(dev, cfg, torch.uint8)
+    dev.index_k_buffer[1] = kept
+    del dev.index_k_scale_buffer  # the attribute itself missing: a mismatch, not AttributeError
+    with pytest.raises(errors.PoolMismatchError, match="index_k_scale_buffer must be a list"):
+        check_device_indexer(dev, cfg, torch.uint8)

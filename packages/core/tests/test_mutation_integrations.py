@@ -234,3 +234,27 @@ def test_the_wrapper_refuses_what_is_not_our_host_pool() -> None:
     for bad in (object(), wrap_host_pool(host()), None):
         with pytest.raises(ArgumentTypeError, match="MLAHostPoolBase"):
             SGLangHostPool(bad)  # type: ignore[arg-type]
+
+
+def test_a_config_without_a_model_name_keys_under_dash() -> None:
+    cfg = config()
+    del cfg.model_name
+    assert keys_asked(cfg, ["h"]) == ["h@-@page_first"]
+
+
+def test_page_num_is_an_int_and_pin_memory_the_pools() -> None:
+    pool = host("page_first")
+    w = wrap_host_pool(pool)
+    assert type(w.page_num) is int and w.page_num == pool.size // PS == 8
+    pool.pin_memory = True  # what the pool reports, not a default
+    assert wrap_host_pool(pool).pin_memory is True
+
+
+@pytest.mark.parametrize(("layout", "tag"), [("page_first_kv_split", "sgl-page_first_kv_split"),
+                                             ("page_head", "sgl-page_head")])  # fmt: skip
+def test_layouts_with_other_page_bytes_carry_a_storage_format_tag(layout: str, tag: str) -> None:
+    """Only the Ascend backend builds such MLA layouts; a torch pool reporting one stands in."""
+    pool = host("page_first")
+    pool.__class__ = type("OtherBytes", (type(pool),), {"layout": property(lambda self: layout)})
+    w = wrap_host_pool(pool)
+    assert (w.layout, w.storage_format_tag) == (layout, tag)
