@@ -258,3 +258,10 @@ def test_layouts_with_other_page_bytes_carry_a_storage_format_tag(layout: str, t
     pool.__class__ = type("OtherBytes", (type(pool),), {"layout": property(lambda self: layout)})
     w = wrap_host_pool(pool)
     assert (w.layout, w.storage_format_tag) == (layout, tag)
+
+
+def test_a_pool_without_one_kv_buffer_reports_none() -> None:
+    """Split layouts (Ascend's page_first_kv_split) have no kv_buffer; SGLang reads None."""
+    pool = host("page_first")
+    del pool.kv_buffer
+    assert wrap_host_pool(pool).kv_buffer is None
