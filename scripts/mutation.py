@@ -116,6 +116,103 @@ AREAS: dict[str, Area] = {
             "sgl_core.l3._pages.x_resolve_pages__*",
         ),
     ),
+    "l3read": Area(
+        modules=tuple(
+            f"sgl_core/l3/{name}.py" for name in ("_file_store", "_record", "_file_disk")
+        ),
+        tests=(
+            # not test_l3_faults: its writer processes take a minute per surviving
+            # mutant, and test_mutation_l3read covers every check of a read
+            L3 + "test_l3_file_store.py",
+            L3 + "test_l3_root_hold.py",
+            L3 + "test_mutation_l3.py",
+            L3 + "test_mutation_l3read.py",
+        ),
+        functions=(
+            "sgl_core.l3._file_store.xǁFilePageStoreǁ_read_page__*",
+            "sgl_core.l3._record.xǁPageHeaderǁ*",
+            "sgl_core.l3._record.x_key_digest__*",
+            "sgl_core.l3._file_disk.x_hold_root__*",
+        ),
+    ),
+    "memo": Area(
+        modules=("sgl_core/_load_memo.py",),
+        tests=(
+            CORE + "test_load_memo.py",
+            CORE + "test_mutation_validation.py",
+            CORE + "test_mutation_memo.py",
+        ),
+    ),
+    "hostkv": Area(
+        modules=tuple(
+            f"sgl_core/{name}.py"
+            for name in (
+                "_mha_shapes",
+                "_mha_host_pool",
+                "_mha_token_host_pool",
+                "_indexer",
+                "_indexer_host",
+            )
+        ),
+        tests=(
+            CORE + "test_mha_pools.py",
+            CORE + "test_dsa_pools.py",
+            CORE + "test_mutation_hostkv.py",
+        ),
+        functions=(
+            "sgl_core._mha_shapes.xǁMHAShapeǁ*",
+            *(
+                f"sgl_core._mha_host_pool.xǁMHAHostPoolBaseǁ{name}__*"
+                for name in ("_read_shape", "page_format_fields", "check_device_pool")
+            ),
+            *(
+                f"sgl_core._mha_token_host_pool.xǁMHATokenHostPoolǁ{name}__*"
+                for name in (
+                    "_check_device_pool_kind",
+                    "_page_views",
+                    "get_data_page",
+                    "set_from_flat_data_page",
+                    "get_page_buffer_meta",
+                )
+            ),
+            "sgl_core._indexer.xǁIndexerConfigǁ*",
+            "sgl_core._indexer.x_check_indexer__*",
+            "sgl_core._indexer.x_indexer_of__*",
+            "sgl_core._indexer.xǁIndexerRowsǁindexer_slot__*",
+            "sgl_core._indexer.xǁIndexerRowsǁ_check_rows__*",
+            "sgl_core._indexer_host.x_host_shape__*",
+            "sgl_core._indexer_host.x_check_device_indexer__*",
+            "sgl_core._indexer_host.xǁIndexerMoverǁload__*",
+        ),
+    ),
+    "integrations": Area(
+        modules=(
+            "sgl_core/integrations/sglang_storage.py",
+            "sgl_core/integrations/sglang.py",
+        ),
+        tests=(
+            L3 + "test_l3_sglang_backend.py",
+            CORE + "test_sglang_adapters.py",
+            CORE + "test_mutation_integrations.py",
+        ),
+        functions=(
+            *(
+                f"sgl_core.integrations.sglang_storage.x_{name}__*"
+                for name in ("shard_key_parts", "_rank", "_count", "_flag")
+            ),
+            *(
+                f"sgl_core.integrations.sglang_storage.xǁSGLangPageStorageǁ{name}__*"
+                for name in (
+                    "__init__",
+                    "register_mem_pool_host",
+                    "_keys",
+                    "batch_exists",
+                    "exists",
+                )
+            ),
+            "sgl_core.integrations.sglang.xǁSGLangHostPoolǁ__init____*",
+        ),
+    ),
     "moe": Area(
         modules=("sgl_core/_moe.py",),
         tests=(CORE + "test_moe.py", CORE + "test_faults_moe.py", CORE + "test_mutation_moe.py"),
@@ -152,6 +249,7 @@ AREAS: dict[str, Area] = {
                     "check_head_num",
                 )
             ),
+            "sgl_cuda._kv_checks.x_side_words__*",
             "sgl_cuda.kvcacheio.x_transfer_kv_per_layer_mla_pf_lf__*",
             *(f"sgl_cuda._direct.x_{name}__*" for name in ("_check_page_size",)),
         ),
@@ -259,18 +357,26 @@ def lay_out(spec: Area, scratch: Path, baseline: bool) -> None:
     (scratch / "pyproject.toml").write_text(text)
 
 
-def _patterns(spec: Area) -> list[str]:
+def _patterns(spec: Area, only: list[str] | None = None) -> list[str]:
+    if only:
+        return only
     return list(spec.functions) or [_module_name(m) + ".*" for m in spec.modules]
 
 
 def run_area(
-    area: str, spec: Area, scratch: Path, jobs: int, survivors: bool, baseline: bool
+    area: str,
+    spec: Area,
+    scratch: Path,
+    jobs: int,
+    survivors: bool,
+    baseline: bool,
+    only: list[str] | None = None,
 ) -> None:
     if survivors:
         allowed = load_allowlist()
         names = [
             n
-            for n, c in collect(spec, scratch).items()
+            for n, c in collect(spec, scratch, only).items()
             if _status(c) != "killed" and n not in allowed
         ]
         if not names:
@@ -278,7 +384,7 @@ def run_area(
         _copy_tests(scratch, spec)
     else:
         lay_out(spec, scratch, baseline)
-        names = _patterns(spec)
+        names = _patterns(spec, only)
     env = dict(os.environ)
     paths = [str(scratch / "mutants" / "src")]
     if env.get("MUTMUT_SITE"):
@@ -300,9 +406,9 @@ def run_area(
         print(f"[{area}] mutmut exited {proc.returncode}; see {log}", file=sys.stderr)
 
 
-def collect(spec: Area, scratch: Path) -> dict[str, int | None]:
+def collect(spec: Area, scratch: Path, only: list[str] | None = None) -> dict[str, int | None]:
     codes: dict[str, int | None] = {}
-    patterns = _patterns(spec)
+    patterns = _patterns(spec, only)
     for module in spec.modules:
         meta = scratch / "mutants" / "src" / (module + ".meta")
         if not meta.exists():
@@ -349,6 +455,12 @@ def main() -> int:
         help="run without the test_mutation_*.py files (the 'before' numbers)",
     )
     parser.add_argument(
+        "--only",
+        action="append",
+        metavar="GLOB",
+        help="run and report only the area's mutants whose names match GLOB (repeatable)",
+    )
+    parser.add_argument(
         "--survivors",
         action="store_true",
         help="rerun only the last run's non-killed mutants, with the current tests",
@@ -363,8 +475,8 @@ def main() -> int:
         spec = AREAS[area]
         scratch = args.out / area
         if not args.report_only:
-            run_area(area, spec, scratch, args.jobs, args.survivors, args.baseline)
-        codes = collect(spec, scratch)
+            run_area(area, spec, scratch, args.jobs, args.survivors, args.baseline, args.only)
+        codes = collect(spec, scratch, args.only)
         rates[area] = report(area, codes, allowed) if codes else 0.0
         if not codes:
             print(f"{area:<11} no results (see {scratch / 'mutmut.log'})")

@@ -135,6 +135,13 @@ def test_check_layer_id_edges() -> None:
     for bad_id in (-1, 3):
         with pytest.raises(errors.LayerIndexError, match=rf"layer_id={bad_id} is outside \[0, 3\)"):
             check_layer_id(bad_id, 3)
+    # any integer: numpy integers and 0-d integer tensors, as a plain int; no bools of any kind
+    for good in (np.int64(2), torch.tensor(2), torch.tensor(2, dtype=torch.int32)):
+        got = check_layer_id(good, 3)
+        assert got == 2 and type(got) is int
+    for bad in (np.bool_(True), torch.tensor(True), torch.tensor(False), torch.tensor(1.0)):
+        with pytest.raises(errors.ArgumentTypeError, match="layer_id must be an int"):
+            check_layer_id(bad, 3)
 
 
 def test_check_backed_exact_fit_and_one_short() -> None:

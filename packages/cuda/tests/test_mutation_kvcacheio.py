@@ -195,3 +195,57 @@ def test_index_errors_name_the_argument() -> None:
     ):
         with pytest.raises(errors.SGLError, match=rf"^{name} must be"):
             kvcacheio._check_indices(src, dst)
+
+
+# ------------------------------------------------------------ side_words
+def test_side_words_of_each_row_form() -> None:
+    """A side's geometry in int64 words, computed by hand for each form."""
+    form = _kv_checks.RowForm
+    side_words = _kv_checks.side_words
+    assert side_words(form("layer_first", "src"), 3, 24) == ((3, 0, 0, 0, 1, False), 3)
+    assert side_words(form("table", "dst", layout_dim=999), 5, 40) == ((5, 0, 0, 0, 1, False), 5)
+    assert side_words(form("page_first", "src", layout_dim=96), 2, 16) == (
+        (12, 2, 0, 0, 1, False),
+        2,
+    )
+    # page_head: 2 heads of a 96-byte token row, page of 4 tokens, 32-byte items
+    got = side_words(form("page_head", "dst", layout_dim=96, page_size=4, head_num=2), 4, 32)
+    assert got == ((6, 2, 48, 24, 4, True), 2)
+    one = side_words(form("page_head", "src", layout_dim=8, page_size=1, head_num=1), 1, 8)
+    assert one == ((1, 1, 1, 1, 1, True), 1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "item_size", "match"),
+    [
+        ({"kind": "page_first", "side": "src", "layout_dim": 12}, 16, "src_layout_dim"),
+        ({"kind": "page_first", "side": "dst", "layout_dim": 0}, 16, "dst_layout_dim"),
+        ({"kind": "page_head", "side": "dst", "layout_dim": 4}, 16, "dst_layout_dim"),
+        (
+            {"kind": "page_head", "side": "src", "layout_dim": 96, "page_size": 0},
+            16,
+            "page_size",
+        ),
+        (
+            {"kind": "page_head", "side": "src", "layout_dim": 96, "page_size": 4, "head_num": 0},
+            16,
+            "head_num",
+        ),
+        # 96 bytes split into 4 heads: 24 each, a multiple of 8; 16-byte items into 4: 4 each
+        (
+            {"kind": "page_head", "side": "dst", "layout_dim": 96, "page_size": 4, "head_num": 4},
+            16,
+            "item_size",
+        ),
+        (
+            {"kind": "page_head", "side": "src", "layout_dim": 40, "page_size": 4, "head_num": 2},
+            16,
+            "src_layout_dim",
+        ),
+    ],
+)
+def test_side_words_refuses_rows_that_do_not_split_into_words(
+    kwargs: dict[str, object], item_size: int, match: str
+) -> None:
+    with pytest.raises(errors.ShapeMismatchError, match=match):
+        _kv_checks.side_words(_kv_checks.RowForm(**kwargs), item_size // 8, item_size)  # type: ignore[arg-type]
