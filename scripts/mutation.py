@@ -49,6 +49,7 @@ class Area:
 
 
 FI = "sgl_core.l3._file_index.xǁFileIndexǁ"
+SG = "sgl_core.integrations.sglang."
 
 # Only functions that check arguments, account for slots and bytes, merge runs
 # or map keys to pages are mutated: on the shared 2-core machine a mutant costs
@@ -186,22 +187,23 @@ AREAS: dict[str, Area] = {
         ),
     ),
     "integrations": Area(
-        modules=(
-            "sgl_core/integrations/sglang_storage.py",
-            "sgl_core/integrations/sglang.py",
+        modules=tuple(
+            f"sgl_core/integrations/sglang/{name}.py"
+            for name in ("_storage_config", "_storage", "_storage_v2", "_host")
         ),
         tests=(
             L3 + "test_l3_sglang_backend.py",
+            L3 + "test_l3_sglang_v2.py",
             CORE + "test_sglang_adapters.py",
             CORE + "test_mutation_integrations.py",
         ),
         functions=(
             *(
-                f"sgl_core.integrations.sglang_storage.x_{name}__*"
-                for name in ("shard_key_parts", "_rank", "_count", "_flag")
+                f"{SG}_storage_config.x_{name}__*"
+                for name in ("shard_key_parts", "rank_root_name", "_rank", "_count", "_flag")
             ),
             *(
-                f"sgl_core.integrations.sglang_storage.xǁSGLangPageStorageǁ{name}__*"
+                f"{SG}_storage.xǁSGLangPageStorageǁ{name}__*"
                 for name in (
                     "__init__",
                     "register_mem_pool_host",
@@ -210,7 +212,11 @@ AREAS: dict[str, Area] = {
                     "exists",
                 )
             ),
-            "sgl_core.integrations.sglang.xǁSGLangHostPoolǁ__init____*",
+            *(
+                f"{SG}_storage_v2.xǁStorageV2Membersǁ{name}__*"
+                for name in ("register_mem_host_pool_v2", "_entry", "_checked_transfers")
+            ),
+            f"{SG}_host.xǁSGLangHostPoolǁ__init____*",
         ),
     ),
     "moe": Area(
