@@ -21,7 +21,11 @@ import torch
 import sgl_core
 from sgl_core.errors import ArgumentTypeError
 from sgl_core.integrations.sglang import SGLangHostPool, wrap_host_pool
-from sgl_core.integrations.sglang_storage import SGLangPageStorage, shard_key_parts
+from sgl_core.integrations.sglang_storage import (
+    SGLangPageStorage,
+    rank_root_name,
+    shard_key_parts,
+)
 from sgl_core.l3 import PageStoreArgumentError
 
 PS = 4
@@ -265,3 +269,74 @@ def test_a_pool_without_one_kv_buffer_reports_none() -> None:
     pool = host("page_first")
     del pool.kv_buffer
     assert wrap_host_pool(pool).kv_buffer is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({}, "rank"),
+        ({"is_mla_model": True}, "rank"),
+        ({"is_mla_model": True, "tp_rank": 1, "tp_size": 2}, "tp1of2"),
+        ({"is_mla_model": False, "tp_rank": 1, "tp_size": 2}, "tp1of2"),
+        (
+            {"is_mla_model": True, "tp_rank": 1, "tp_size": 2, "pp_rank": 1, "pp_size": 2},
+            "tp1of2-pp1of2",
+        ),
+        ({"dp_rank": 3}, "dp3"),
+        ({"dp_rank": 0}, "rank"),
+        ({"dp_rank": True}, "rank"),  # a flag is not a DP rank
+        ({"dp_rank": "3"}, "rank"),  # nor is a string
+        ({"is_mla_model": True, "tp_rank": 0, "tp_size": 2, "dp_rank": 1}, "tp0of2-dp1"),
+    ],
+)
+def test_rank_root_name_of_each_rank(fields: dict[str, Any], name: str) -> None:
+    assert rank_root_name(config(**fields)) == name
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_every_rank_of_a_server_gets_its_own_root(mla: bool) -> None:
+    """Distinct (TP, PP, DP) ranks never share a bounded directory (it is flocked)."""
+    names = [
+        rank_root_name(
+            config(is_mla_model=mla, tp_rank=t, tp_size=2, pp_rank=p, pp_size=2, dp_rank=d)
+        )
+        for t in range(2)
+        for p in range(2)
+        for d in range(3)
+    ]
+    assert len(set(names)) == len(names) == 12
+
+
+def test_the_default_pool_label_is_sglangs_kv_entry() -> None:
+    assert wrap_host_pool(host()).pool_label == "kv"  # SGLang's PoolName.KV
+    assert wrap_host_pool(host(), pool_label="draft").pool_label == "draft"
+
+
+def test_a_host_pool_with_an_indexer_is_refused() -> None:
+    """SGLang keeps DeepSeek-V3.2's indexer as its own INDEXER entry: a folded one is refused."""
+    backend = sgl_core.get_backend("torch")
+    dev = backend.create_device_pool(
+        size=4 * PS,
+        page_size=PS,
+        dtype=torch.uint8,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        kv_cache_dim=656,
+        layer_num=2,
+        index_head_dim=16,
+        indexer_layer_ids=[1],
+        with_index_k_scale=True,
+    )
+    dsa = backend.create_host_pool(dev, layout="page_first")
+    with pytest.raises(ArgumentTypeError, match="indexer"):
+        wrap_host_pool(dsa)
+    plain = backend.create_device_pool(
+        size=4 * PS,
+        page_size=PS,
+        dtype=torch.uint8,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        kv_cache_dim=656,
+        layer_num=2,
+    )
+    wrap_host_pool(backend.create_host_pool(plain, layout="page_first"))  # no indexer: taken
