@@ -83,17 +83,28 @@ AREAS: dict[str, Area] = {
         ),
     ),
     "copy": Area(
-        modules=("sgl_core/_copy.py", "sgl_core/_engine.py", "sgl_core/_row_mover.py"),
+        modules=(
+            "sgl_core/_copy.py",
+            "sgl_core/_runs.py",
+            "sgl_core/_pieces.py",
+            "sgl_core/_engine.py",
+            "sgl_core/_row_mover.py",
+        ),
         tests=(
             CORE + "test_copy_paths.py",
             CORE + "test_engine.py",
             CORE + "test_faults_transfer.py",
             CORE + "test_mutation_copy.py",
+            CORE + "test_copy_threads.py",
         ),
         functions=(
-            "sgl_core._copy.x_merge_runs__*",
+            "sgl_core._runs.x_merge_runs__*",
+            "sgl_core._runs.xǁIndexRunsǁ*",
             "sgl_core._copy.x_memmove_blocks__*",
-            "sgl_core._copy.xǁIndexRunsǁ*",
+            "sgl_core._copy.x_copy_pieces__*",
+            "sgl_core._copy.x__spread__*",
+            # pieces cover every byte of a block exactly once (the calibrated copy threads)
+            *(f"sgl_core._pieces.x_{name}__*" for name in ("_cut", "split_pieces", "split_parts")),
         ),
     ),
     "l3": Area(
