@@ -235,3 +235,28 @@ def test_a_forked_child_copies_with_threads_of_its_own() -> None:
         child.kill()
     assert not alive, "the child hung on the parent's copy threads"
     assert child.exitcode == 0 and queue.get(timeout=5) is True
+
+
+@pytest.mark.parametrize(
+    ("shape", "sizes"),
+    [
+        ((70001,), [GRAIN - 1, GRAIN - 1, 70001 - 2 * (GRAIN - 1)]),  # 1-D: widest pieces
+        ((1, 40000), [GRAIN - 1, 40000 - (GRAIN - 1)]),  # a leading 1 is looked through
+        ((1, 1, 40000), [GRAIN - 1, 40000 - (GRAIN - 1)]),
+        ((5, 12000), [24000, 24000, 12000]),  # two rows per piece
+        ((2, GRAIN), [GRAIN - 1, 1, GRAIN - 1, 1]),  # a row of exactly the grain is cut
+        ((GRAIN,), [GRAIN - 1, 1]),  # exactly the grain elements: not one piece
+        ((3, 100), [300]),  # below the grain: whole
+    ],
+)
+def test_pieces_are_the_widest_below_the_grain(shape: tuple[int, ...], sizes: list[int]) -> None:
+    """Each piece stays below ATen's grain (no OpenMP team) and is as wide as that allows."""
+    src = torch.arange(int(torch.tensor(shape).prod()), dtype=torch.int64).reshape(shape)
+    pd, ps = split_pieces([torch.zeros_like(src)], [src])
+    assert [p.numel() for p in pd] == sizes
+    assert [p.numel() for p in ps] == sizes
+    flat = torch.cat([p.reshape(-1) for p in ps])
+    assert torch.equal(flat, src.reshape(-1))  # in order, every element once
+    dst = torch.zeros_like(src)
+    copy_pieces([dst], [src], 1)
+    assert torch.equal(dst, src)
