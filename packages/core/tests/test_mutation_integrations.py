@@ -315,28 +315,19 @@ def test_the_default_pool_label_is_sglangs_kv_entry() -> None:
 def test_a_host_pool_with_an_indexer_is_refused() -> None:
     """SGLang keeps DeepSeek-V3.2's indexer as its own INDEXER entry: a folded one is refused."""
     backend = sgl_core.get_backend("torch")
+    packed: dict[str, Any] = {
+        "size": 4 * PS,
+        "page_size": PS,
+        "dtype": torch.uint8,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "kv_cache_dim": 656,
+        "layer_num": 2,
+    }
     dev = backend.create_device_pool(
-        size=4 * PS,
-        page_size=PS,
-        dtype=torch.uint8,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        kv_cache_dim=656,
-        layer_num=2,
-        index_head_dim=16,
-        indexer_layer_ids=[1],
-        with_index_k_scale=True,
+        **packed, index_head_dim=16, indexer_layer_ids=[1], with_index_k_scale=True
     )
-    dsa = backend.create_host_pool(dev, layout="page_first")
     with pytest.raises(ArgumentTypeError, match="indexer"):
-        wrap_host_pool(dsa)
-    plain = backend.create_device_pool(
-        size=4 * PS,
-        page_size=PS,
-        dtype=torch.uint8,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        kv_cache_dim=656,
-        layer_num=2,
-    )
+        wrap_host_pool(backend.create_host_pool(dev, layout="page_first"))
+    plain = backend.create_device_pool(**packed)
     wrap_host_pool(backend.create_host_pool(plain, layout="page_first"))  # no indexer: taken
