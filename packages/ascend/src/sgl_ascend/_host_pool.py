@@ -30,8 +30,8 @@ every other layer of the device pool untouched.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -45,7 +45,6 @@ from sgl_core.backend import (
     IOBackend,
     MLADevicePool,
     MLAHostPoolBase,
-    MoverFactory,
     check_backed,
     check_layer_id,
     page_aligned_zeros,
@@ -62,7 +61,7 @@ def _indexer_config(pool: AscendMLADevicePool) -> tuple[int | None, tuple[int, .
 class AscendMLAHostPool(MLAHostPoolBase):
     """``page_first_kv_split`` host pool for :class:`AscendMLADevicePool` device pools."""
 
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]] = {
         HostLayout.PAGE_FIRST_KV_SPLIT: {IOBackend.KERNEL_ASCEND: KvSplitMover}
     }
 
@@ -70,6 +69,10 @@ class AscendMLAHostPool(MLAHostPoolBase):
     v_buffer: torch.Tensor | None
     index_k_buffer: torch.Tensor | None
     index_k_scale_buffer: torch.Tensor | None
+
+    def _make_mover(self, factory: Callable[[Any], Any]) -> Any:
+        # This backend's movers read the pool (its buffers and plans).
+        return factory(self)
 
     def __init__(
         self,

@@ -29,8 +29,8 @@ every layer at layer 0), through the same kv-split mover as the MLA pool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -44,7 +44,6 @@ from sgl_core.backend import (
     IOBackend,
     MHADevicePool,
     MHAHostPoolBase,
-    MHAMoverFactory,
     check_backed,
     check_layer_id,
     page_aligned_zeros,
@@ -59,7 +58,7 @@ _NAMES = ("k_buffer", "v_buffer")
 class AscendMHAHostPool(MHAHostPoolBase):
     """``page_first_kv_split`` (or ``page_first_direct``) host pool for Ascend MHA device pools."""
 
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MHAMoverFactory]]] = {
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]] = {
         HostLayout.PAGE_FIRST_KV_SPLIT: {IOBackend.KERNEL_ASCEND: KvSplitMover},
         # The Ascend engine's own name for this pairing (SGLang's NPU default for
         # MHA models): the same tensors, byte order, movers and page objects, so an
@@ -70,6 +69,10 @@ class AscendMHAHostPool(MHAHostPoolBase):
 
     k_buffer: torch.Tensor
     v_buffer: torch.Tensor
+
+    def _make_mover(self, factory: Callable[[Any], Any]) -> Any:
+        # This backend's movers read the pool (its buffers and plans).
+        return factory(self)
 
     def __init__(
         self,

@@ -9,9 +9,8 @@ import torch
 
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._foreign_pool import as_device_pool
-from sgl_core._host_pool import MLAHostPoolBase
+from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core._mha_backend import MHABackendMixin
-from sgl_core._mha_host_pool import MHAHostPoolBase
 from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
 from sgl_core._pool_kinds import is_mha_device_pool
 from sgl_core._protocols import MLADevicePool

@@ -1,13 +1,16 @@
-"""Host-pool base shared by every backend: sizing, accounting, validation, dispatch.
+"""Host-pool base shared by every backend and kind: sizing, accounting, validation, dispatch.
 
-:class:`HostPoolBase` is generic over the device-pool kind (MLA or MHA): it
-sizes, accounts, validates and dispatches; :class:`MLAHostPoolBase` adds the
-MLA geometry and its device-pool check (``_mha_host_pool`` the MHA one).
-Backend authors subclass :class:`MLAHostPoolBase`, implement
-``_allocate_buffers`` and the L3 page helpers, and declare ``movers``: per
-layout, the io backends the class runs and a factory for each one's
-:class:`~sgl_core._transfer.Mover`. ``supported_pairs`` is derived from
-``movers``. The public transfer methods validate *everything* first into a
+:class:`HostPoolBase` reads the device pool's KV spec (``sgl_core._kv_spec``:
+its rows as components) and from it sizes, checks device pools, names the
+page format, accounts, validates and dispatches. The kind layers of
+``sgl_core._host_kinds`` (``MLAHostPoolBase``, ``MHAHostPoolBase``) add only
+how a kind's spec and engine accessors are read. Backend authors subclass
+one of them, implement ``_allocate_buffers`` and the L3 page helpers, and
+declare ``movers``: per layout, the io backends the class runs and a
+factory for each one's :class:`~sgl_core._transfer.Mover`, called with the
+pool's :class:`~sgl_core._transfer.HostSide` (its buffers, never the
+pool). ``supported_pairs`` is derived from ``movers``. The public transfer
+methods validate *everything* first into a
 :class:`~sgl_core._transfer.Transfer` and then hand it to the mover in one
 call, so a mover may assume well-formed, in-range, duplicate-free arguments
 and never has to undo a partial copy.
@@ -23,16 +26,14 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._foreign_pool import as_device_pool
 from sgl_core._host_args import HostArguments, describe_pairs, size_argument
 from sgl_core._host_slots import HostSlots
+from sgl_core._kv_spec import KVKind, KVSpec
 from sgl_core._load_memo import CheckedLoad, tensor_signature
 from sgl_core._memory import should_pin
 from sgl_core._pool_kinds import DevicePoolGeometry, PoolShape
-from sgl_core._protocols import MLADevicePool
-from sgl_core._shapes import MLAShape
 from sgl_core._slot_geometry import pool_repr
-from sgl_core._transfer import Mover, MoverFactory, Transfer
+from sgl_core._transfer import HostPart, HostSide, Mover, Transfer
 from sgl_core._tuning import CopyTuning
 from sgl_core._validation import (
     check_index_bounds,
@@ -49,7 +50,7 @@ from sgl_core.errors import (
     PoolSizeError,
 )
 
-__all__ = ["HostPoolBase", "MLAHostPoolBase", "describe_pairs"]
+__all__ = ["DevT", "HostPoolBase", "ShapeT", "describe_pairs"]
 
 DevT = TypeVar("DevT", bound=DevicePoolGeometry)
 ShapeT = TypeVar("ShapeT", bound=PoolShape)
@@ -61,6 +62,8 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     #: Per host layout this class builds: each io backend it runs and its mover factory.
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]]
     shape: ShapeT
+    #: The device pool's rows as components: sizes, page order and format identity.
+    spec: KVSpec
     #: Host layouts this class builds, each with the io backends it runs (from ``movers``).
     supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
 
@@ -93,6 +96,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         )
         self._configure(device_pool)
         self.shape = self._read_shape(device_pool)
+        self.spec = self._read_spec(device_pool)
         self._page_size = device_pool.page_size
         self._size = self._compute_size(
             device_pool,
@@ -112,22 +116,89 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
             io: self._make_mover(factory) for io, factory in type(self).movers[self._layout].items()
         }
 
+    # ----------------------------------------------------------- the device
+    def check_device_pool(self, device_pool: DevT) -> None:
+        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
+        names = ("layer_num", *(n for n, _ in self.spec.identity), "dtype", "page_size")
+        mine = (self.layer_num, *(v for _, v in self.spec.identity), self.dtype, self._page_size)
+        try:
+            theirs = tuple(getattr(device_pool, name) for name in names)
+        except AttributeError as exc:
+            kind = self.spec.kind.value.upper()
+            raise PoolMismatchError(f"device_pool is not an {kind} device pool: {exc}") from None
+        if mine != theirs:
+            raise PoolMismatchError(
+                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
+            )
+        self._check_device_pool_kind(device_pool)
+
+    def page_format_fields(self) -> dict[str, object]:
+        """What an L3 page's bytes mean beyond what ``sgl_core.l3`` reads off the pool.
+
+        MLA pages are named by the pool's own attributes (ranks, row width,
+        indexer buffers); MHA pages by the kind and its heads and head dims.
+        """
+        if self.spec.kind is KVKind.MLA:
+            return {}
+        return {"kv_kind": self.spec.kind.value, **dict(self.spec.identity)}
+
+    # ------------------------------------------- L3 page helpers (per layout)
+    @abc.abstractmethod
+    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
+        """A copy of the page starting at token ``index`` (flat: components in spec order)."""
+
+    @abc.abstractmethod
+    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
+        """Write a flat page (as ``get_data_page`` returns it) at token ``index``."""
+
+    @abc.abstractmethod
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        """A zeroed flat page."""
+
+    @abc.abstractmethod
+    def get_page_buffer_meta(
+        self, indices: torch.Tensor | Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        """Addresses and sizes of each page's memory objects, components in spec order."""
+
+    @abc.abstractmethod
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """``(base_ptrs, total_bytes, object_bytes)`` of each host buffer."""
+
     # ----------------------------------------------------------------- hooks
     @abc.abstractmethod
     def _read_shape(self, device_pool: DevT) -> ShapeT:
         """The per-token geometry of ``device_pool`` (called after ``_configure``)."""
 
     @abc.abstractmethod
-    def check_device_pool(self, device_pool: DevT) -> None:
-        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
+    def _read_spec(self, device_pool: DevT) -> KVSpec:
+        """The components of ``device_pool``'s rows (called after ``_read_shape``)."""
 
     @abc.abstractmethod
     def _allocate_buffers(self, device_pool: DevT) -> None:
         """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
 
-    def _make_mover(self, factory: Callable[[Any], Mover[DevT]]) -> Mover[DevT]:
+    def _host_parts(self) -> tuple[HostPart, ...]:
+        """The host buffer of each component, in spec order (token-row pools set ``_parts``)."""
+        parts: tuple[HostPart, ...] = getattr(self, "_parts", ())
+        return parts
+
+    @property
+    def host_side(self) -> HostSide:
+        """What this pool's movers are built from: its layout, geometry and host buffers."""
+        return HostSide(
+            self._layout,
+            self._size,
+            self._page_size,
+            self.layer_num,
+            self._host_parts(),
+            self.tuning,
+            self.pin_memory,
+        )
+
+    def _make_mover(self, factory: Callable[[HostSide], Mover[DevT]]) -> Mover[DevT]:
         """The mover of one io backend, built once the buffers exist (a hook to wrap it)."""
-        return factory(self)
+        return factory(self.host_side)
 
     def _configure(self, device_pool: DevT) -> None:
         """Read what sizing and allocation need from ``device_pool`` (first hook called)."""
@@ -138,7 +209,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
 
     def _bytes_per_token(self, device_pool: DevT) -> int:
         """Host bytes one token costs across layers and components."""
-        return self.shape.layout_dim
+        return self.spec.token_bytes
 
     def _is_page_granular(self, io_backend: IOBackend) -> bool:
         """True when ``io_backend`` on this layout moves whole pages only."""
@@ -313,62 +384,3 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
             check_page_runs(device_indices, self._page_size, "device_indices")
         self._movers[io].check(device_pool)
         return Transfer(device_pool, host_indices, device_indices, io)
-
-
-class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
-    """Common behaviour of MLA host pools (see ``sgl_core.MLAHostPool``)."""
-
-    #: Per host layout this class builds: each io backend it runs and its mover factory.
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
-
-    def _as_device_pool(self, device_pool: MLADevicePool) -> MLADevicePool:
-        # The same view create_host_pool made: SGLang's pool moves its own bytes.
-        return as_device_pool(device_pool)
-
-    def _read_shape(self, device_pool: MLADevicePool) -> MLAShape:
-        return MLAShape(
-            device_pool.layer_num,
-            device_pool.kv_lora_rank,
-            device_pool.qk_rope_head_dim,
-            device_pool.dtype,
-            device_pool.kv_cache_dim,
-        )
-
-    @property
-    def kv_cache_dim(self) -> int:
-        return self.shape.kv_cache_dim
-
-    def check_device_pool(self, device_pool: MLADevicePool) -> None:
-        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
-        mine = (
-            self.layer_num,
-            self.shape.kv_lora_rank,
-            self.shape.qk_rope_head_dim,
-            self.dtype,
-            self._page_size,
-            self.kv_cache_dim,
-        )
-        try:
-            theirs = (
-                device_pool.layer_num,
-                device_pool.kv_lora_rank,
-                device_pool.qk_rope_head_dim,
-                device_pool.dtype,
-                device_pool.page_size,
-                device_pool.kv_cache_dim,
-            )
-        except AttributeError as exc:
-            raise PoolMismatchError(f"device_pool is not an MLA device pool: {exc}") from None
-        if mine != theirs:
-            names = (
-                "layer_num",
-                "kv_lora_rank",
-                "qk_rope_head_dim",
-                "dtype",
-                "page_size",
-                "kv_cache_dim",
-            )
-            raise PoolMismatchError(
-                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
-            )
-        self._check_device_pool_kind(device_pool)

@@ -19,16 +19,16 @@ readers call :meth:`CudaMLAHostPool.synchronize`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import torch
 
 from sgl_core.backend import (
     HostLayout,
+    HostSide,
     IOBackend,
     MLADevicePool,
-    MoverFactory,
     TokenRowHostPool,
 )
 from sgl_core.errors import UnsupportedLayoutError
@@ -47,7 +47,7 @@ class CudaMLAHostPool(TokenRowHostPool):
     ``kernel`` io backend needs to reach it from the GPU.
     """
 
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]] = {
         HostLayout.LAYER_FIRST: {IOBackend.KERNEL: KernelMover, IOBackend.DIRECT: DirectMover},
         HostLayout.PAGE_FIRST: {IOBackend.KERNEL: KernelMover},
         HostLayout.PAGE_FIRST_DIRECT: {IOBackend.DIRECT: DirectMover},
@@ -56,6 +56,10 @@ class CudaMLAHostPool(TokenRowHostPool):
     data_refs: list[torch.Tensor]
     data_ptrs: torch.Tensor
     fence: StreamFence
+
+    def _mover_of(self, factory: Callable[[Any], Any], side: HostSide) -> Any:
+        # This backend's movers still read the pool (its fence and host tables).
+        return factory(self)
 
     def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
         row = self.shape.token_stride_size

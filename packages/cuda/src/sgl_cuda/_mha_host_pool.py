@@ -15,16 +15,16 @@ byte order: K and V halves of one ``(2, ...)`` tensor when
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import torch
 
 from sgl_core.backend import (
     HostLayout,
+    HostSide,
     IOBackend,
     MHADevicePool,
-    MHAMoverFactory,
     MHATokenHostPool,
 )
 from sgl_core.errors import UnsupportedLayoutError
@@ -43,7 +43,7 @@ class CudaMHAHostPool(MHATokenHostPool):
     pinned when CUDA is available, which the ``kernel`` io backend needs.
     """
 
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MHAMoverFactory]]] = {
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]] = {
         HostLayout.LAYER_FIRST: {
             IOBackend.KERNEL: MHAKernelMover,
             IOBackend.DIRECT: MHACudaDirectMover,
@@ -56,6 +56,10 @@ class CudaMHAHostPool(MHATokenHostPool):
     fence: StreamFence
     k_data_ptrs: torch.Tensor
     v_data_ptrs: torch.Tensor
+
+    def _mover_of(self, factory: Callable[[Any], Any], side: HostSide) -> Any:
+        # This backend's movers still read the pool (its fence and host tables).
+        return factory(self)
 
     def _allocate_buffers(self, device_pool: MHADevicePool) -> None:
         if IOBackend.KERNEL in self.supported_pairs[self.layout]:

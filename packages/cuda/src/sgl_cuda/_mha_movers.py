@@ -7,7 +7,7 @@ tables for ``layer_first``, to the host bases for ``page_first`` and
 or wider than K rows (``v_head_dim != head_dim``) each component is its own
 launch, since a launch moves rows of one width.
 
-``MHACudaDirectMover`` is the core ``MHADirectMover``. Both record the point
+``MHACudaDirectMover`` is the core ``DirectMover``. Both record the point
 after each transfer in the pool's ``StreamFence``, so the pool's host-side
 readers (the L3 page helpers) wait for queued copies.
 """
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_core.backend import HostLayout, MHADevicePool, MHADirectMover, Transfer, mha_device_layers
+from sgl_core.backend import DirectMover, HostLayout, MHADevicePool, Transfer, mha_device_layers
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError, UnsupportedLayoutError
 from sgl_cuda import kvcacheio
 from sgl_cuda._kvcacheio_mha import RowForm, prepare_rows
@@ -178,11 +178,11 @@ class MHAKernelMover:
             launch()
 
 
-class MHACudaDirectMover(MHADirectMover):
+class MHACudaDirectMover(DirectMover):
     """``direct`` io (core slice copies), recording each transfer in the pool's fence."""
 
     def __init__(self, pool: CudaMHAHostPool) -> None:
-        super().__init__(pool)
+        super().__init__(pool.host_side)
         self.fence = pool.fence
 
     def synchronize(self) -> None:

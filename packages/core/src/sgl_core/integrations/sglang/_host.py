@@ -22,8 +22,8 @@ from typing import Any, cast
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._host_pool import HostPoolBase, MLAHostPoolBase
-from sgl_core._mha_host_pool import MHAHostPoolBase
+from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core._host_pool import HostPoolBase
 from sgl_core._mha_protocols import MHAHostPool
 from sgl_core._protocols import MLAHostPool
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
