@@ -15,7 +15,10 @@ head_num=8, head_dim=128, layer_num=80)``; ``create_host_pool`` then returns an
 
 # No ``from __future__ import annotations`` here: it would bind ``annotations``
 # in the package namespace (``dir(sgl_core)``), and this module annotates nothing.
-from sgl_core import errors
+from sgl_core import (
+    _auto_copy,  # noqa: F401  (registers the AUTO copies with sgl_core._copy)
+    errors,
+)
 from sgl_core._backend_base import PoolBackend
 from sgl_core._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
 from sgl_core._device_pool import MLAPoolGeometry, PerLayerMLADevicePool

@@ -7,8 +7,8 @@ from typing import Any, ClassVar, Generic, TypeVar, overload
 
 import torch
 
+from sgl_core._engine_views import as_device_pool
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._foreign_pool import as_device_pool
 from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core._mha_backend import MHABackendMixin
 from sgl_core._mha_protocols import MHADevicePool, MHAHostPool

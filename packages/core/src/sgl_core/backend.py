@@ -88,6 +88,7 @@ from sgl_core._devices import check_fits, parse_device, usable_device
 from sgl_core._direct_mover import DirectMover
 from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._engine import RunSide, copy_runs, gather_rows
+from sgl_core._engine_views import as_mha_device_pool
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core._host_pool import HostPoolBase, describe_pairs
@@ -95,7 +96,6 @@ from sgl_core._indexer import IndexerConfig, check_indexer, indexer_of
 from sgl_core._kv_spec import Component, KVKind, KVSpec, mha_spec, mla_spec
 from sgl_core._memory import page_aligned_zeros, should_pin
 from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool, mha_device_layers
-from sgl_core._mha_foreign_pool import as_mha_device_pool
 from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._moe import check_routing
