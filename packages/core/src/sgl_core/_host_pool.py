@@ -1,16 +1,15 @@
 """Host-pool base shared by every backend and kind: sizing, accounting, validation, dispatch.
 
-:class:`HostPoolBase` reads the device pool's KV spec (``sgl_core._kv_spec``:
-its rows as components) and from it sizes, checks device pools, names the
-page format, accounts, validates and dispatches. The kind layers of
+:class:`HostPoolBase` reads the device pool's KV spec (``sgl_core._kv_spec``)
+and from it sizes, accounts, validates and dispatches (device-pool and
+argument checks: ``_host_args``; slots and L3 declarations: ``_host_slots``). The kind layers of
 ``sgl_core._host_kinds`` (``MLAHostPoolBase``, ``MHAHostPoolBase``) add only
 how a kind's spec and engine accessors are read. Backend authors subclass
 one of them, implement ``_allocate_buffers`` and the L3 page helpers, and
 declare ``movers``: per layout, the io backends the class runs and a
 factory for each one's :class:`~sgl_core._transfer.Mover`, called with the
 pool's :class:`~sgl_core._transfer.HostSide` (its buffers, never the
-pool). ``supported_pairs`` is derived from ``movers``. The public transfer
-methods validate *everything* first into a
+pool). The public transfer methods validate *everything* first into a
 :class:`~sgl_core._transfer.Transfer` and then hand it to the mover in one
 call, so a mover may assume well-formed, in-range, duplicate-free arguments
 and never has to undo a partial copy.
@@ -20,15 +19,15 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_args import HostArguments, describe_pairs, size_argument
 from sgl_core._host_slots import HostSlots
-from sgl_core._kv_spec import KVKind, KVSpec
+from sgl_core._kv_spec import KVSpec
 from sgl_core._load_memo import CheckedLoad, tensor_signature
 from sgl_core._memory import should_pin
 from sgl_core._pool_kinds import DevicePoolGeometry, PoolShape
@@ -42,13 +41,8 @@ from sgl_core._validation import (
     check_layer_id,
     check_page_runs,
     check_unique,
-    differing_fields,
 )
-from sgl_core.errors import (
-    ArgumentTypeError,
-    PoolMismatchError,
-    PoolSizeError,
-)
+from sgl_core.errors import PoolSizeError
 
 __all__ = ["DevT", "HostPoolBase", "ShapeT", "describe_pairs"]
 
@@ -59,22 +53,7 @@ ShapeT = TypeVar("ShapeT", bound=PoolShape)
 class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     """Common behaviour of host pools of one device-pool kind ``DevT``, geometry ``ShapeT``."""
 
-    #: Per host layout this class builds: each io backend it runs and its mover factory.
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]]
     shape: ShapeT
-    #: The device pool's rows as components: sizes, page order and format identity.
-    spec: KVSpec
-    #: Host layouts this class builds, each with the io backends it runs (from ``movers``).
-    supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "supported_pairs" in cls.__dict__ and "movers" not in cls.__dict__:
-            # A hand-written list could name pairs no mover runs: it is derived.
-            raise TypeError(f"{cls.__name__} sets supported_pairs: declare movers instead")
-        movers = getattr(cls, "movers", None)
-        if movers is not None:
-            cls.supported_pairs = {layout: frozenset(ios) for layout, ios in movers.items()}
 
     def __init__(
         self,
@@ -115,55 +94,6 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         self._movers: dict[IOBackend, Mover[DevT]] = {
             io: self._make_mover(factory) for io, factory in type(self).movers[self._layout].items()
         }
-
-    # ----------------------------------------------------------- the device
-    def check_device_pool(self, device_pool: DevT) -> None:
-        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
-        names = ("layer_num", *(n for n, _ in self.spec.identity), "dtype", "page_size")
-        mine = (self.layer_num, *(v for _, v in self.spec.identity), self.dtype, self._page_size)
-        try:
-            theirs = tuple(getattr(device_pool, name) for name in names)
-        except AttributeError as exc:
-            kind = self.spec.kind.value.upper()
-            raise PoolMismatchError(f"device_pool is not an {kind} device pool: {exc}") from None
-        if mine != theirs:
-            raise PoolMismatchError(
-                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
-            )
-        self._check_device_pool_kind(device_pool)
-
-    def page_format_fields(self) -> dict[str, object]:
-        """What an L3 page's bytes mean beyond what ``sgl_core.l3`` reads off the pool.
-
-        MLA pages are named by the pool's own attributes (ranks, row width,
-        indexer buffers); MHA pages by the kind and its heads and head dims.
-        """
-        if self.spec.kind is KVKind.MLA:
-            return {}
-        return {"kv_kind": self.spec.kind.value, **dict(self.spec.identity)}
-
-    # ------------------------------------------- L3 page helpers (per layout)
-    @abc.abstractmethod
-    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
-        """A copy of the page starting at token ``index`` (flat: components in spec order)."""
-
-    @abc.abstractmethod
-    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
-        """Write a flat page (as ``get_data_page`` returns it) at token ``index``."""
-
-    @abc.abstractmethod
-    def get_dummy_flat_data_page(self) -> torch.Tensor:
-        """A zeroed flat page."""
-
-    @abc.abstractmethod
-    def get_page_buffer_meta(
-        self, indices: torch.Tensor | Sequence[int]
-    ) -> tuple[list[int], list[int]]:
-        """Addresses and sizes of each page's memory objects, components in spec order."""
-
-    @abc.abstractmethod
-    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
-        """``(base_ptrs, total_bytes, object_bytes)`` of each host buffer."""
 
     # ----------------------------------------------------------------- hooks
     @abc.abstractmethod
@@ -231,22 +161,6 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         """Wait for every transfer this pool queued; a no-op where transfers are synchronous."""
         for mover in self._movers.values():
             mover.synchronize()
-
-    def moves_whole_pages(self, io_backend: IOBackend | str | None = None) -> bool:
-        """True when ``io_backend`` (None: the pool's default) takes whole, aligned pages only."""
-        io = self._given_io(io_backend)
-        return self._is_page_granular(self._check_io_backend(self._layout, io))
-
-    def _given_io(self, io_backend: IOBackend | str | None) -> IOBackend | str:
-        """``io_backend``, or the pool's default when None (``ArgumentTypeError`` if none)."""
-        if io_backend is not None:
-            return io_backend
-        if self.default_io_backend is None:
-            raise ArgumentTypeError(
-                "io_backend is None and this host pool was created without an io_backend: "
-                "pass one to the call or to create_host_pool"
-            )
-        return self.default_io_backend
 
     def layer_views(
         self, device_pool: DevT, layer_id: int
