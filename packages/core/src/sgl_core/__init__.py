@@ -31,8 +31,8 @@ from sgl_core._discovery import (
 from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core._kv_protocols import MHADevicePool, MHAHostPool, MLADevicePool, MLAHostPool
 from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool
-from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._moe import (
     MoEWeights,
@@ -41,7 +41,7 @@ from sgl_core._moe import (
     maybe_fuse_routed_scale_and_shared_add,
     silu_and_mul,
 )
-from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool, MoEExperts, MoEMethod
+from sgl_core._protocols import Backend, MoEExperts, MoEMethod
 from sgl_core._public import publish_names as _publish_names
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import MHATokenHostPool, TokenRowHostPool

@@ -10,7 +10,7 @@ import torch
 from sgl_core._copy import byte_view
 from sgl_core._devices import usable_device
 from sgl_core._indexer import IndexerRows, check_indexer
-from sgl_core._protocols import MLADevicePool
+from sgl_core._kv_protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
 from sgl_core._slot_geometry import SlotGeometry, check_pool_geometry
 from sgl_core._validation import (

@@ -19,10 +19,9 @@ from typing import Any, TypeVar
 import torch
 
 from sgl_core._foreign_pool import ForeignMLADevicePool
+from sgl_core._kv_protocols import MHADevicePool, MLADevicePool
 from sgl_core._mha_foreign_pool import ForeignMHADevicePool
-from sgl_core._mha_protocols import MHADevicePool
 from sgl_core._paged_indexer import ForeignPagedIndexerPool, has_paged_indexer
-from sgl_core._protocols import MLADevicePool
 
 __all__ = ["as_device_pool", "as_mha_device_pool"]
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sgl_core._copy import byte_view
-from sgl_core._protocols import MLADevicePool
+from sgl_core._kv_protocols import MLADevicePool
 from sgl_core._validation import check_index_tensor, check_value_rows
 from sgl_core.errors import PoolMismatchError, ShapeMismatchError
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._kv_protocols import DevicePoolGeometry
 from sgl_core._kv_spec import KVSpec
 from sgl_core._memory import available_host_bytes
-from sgl_core._pool_kinds import DevicePoolGeometry
 from sgl_core._validation import differing_fields
 from sgl_core.errors import (
     ArgumentTypeError,

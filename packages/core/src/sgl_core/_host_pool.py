@@ -27,10 +27,10 @@ import torch
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_args import HostArguments, describe_pairs, size_argument
 from sgl_core._host_slots import HostSlots
+from sgl_core._kv_protocols import DevicePoolGeometry, PoolShape
 from sgl_core._kv_spec import KVSpec
 from sgl_core._load_memo import CheckedLoad, tensor_signature
 from sgl_core._memory import should_pin
-from sgl_core._pool_kinds import DevicePoolGeometry, PoolShape
 from sgl_core._slot_geometry import pool_repr
 from sgl_core._transfer import HostPart, HostSide, Mover, Transfer
 from sgl_core._tuning import CopyTuning

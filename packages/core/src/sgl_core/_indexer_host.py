@@ -26,8 +26,7 @@ from typing import Protocol
 import torch
 
 from sgl_core._indexer import IndexerConfig, indexer_of
-from sgl_core._pool_kinds import DevicePoolGeometry
-from sgl_core._protocols import MLADevicePool
+from sgl_core._kv_protocols import DevicePoolGeometry, MLADevicePool
 from sgl_core._transfer import Mover, Transfer
 from sgl_core._validation import check_backed
 from sgl_core.errors import PoolMismatchError

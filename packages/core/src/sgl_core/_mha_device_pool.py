@@ -14,7 +14,7 @@ import torch
 
 from sgl_core._copy import byte_view
 from sgl_core._devices import usable_device
-from sgl_core._mha_protocols import MHADevicePool
+from sgl_core._kv_protocols import MHADevicePool
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._slot_geometry import SlotGeometry, check_pool_geometry
 from sgl_core._validation import (

@@ -22,7 +22,7 @@ import torch
 
 from sgl_core._copy import byte_view
 from sgl_core._foreign_pool import engine_dtype, meant_layers
-from sgl_core._mha_protocols import MHADevicePool
+from sgl_core._kv_protocols import MHADevicePool
 from sgl_core._validation import check_index_tensor, check_value_rows
 from sgl_core.errors import PoolMismatchError
 

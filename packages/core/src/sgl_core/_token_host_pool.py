@@ -30,10 +30,10 @@ from sgl_core._host_pages import TokenPages
 from sgl_core._host_pool import DevT, ShapeT
 from sgl_core._indexer import IndexerConfig, indexer_of
 from sgl_core._indexer_host import IndexerMover, check_device_indexer
+from sgl_core._kv_protocols import MHADevicePool, MLADevicePool
 from sgl_core._kv_spec import Component
 from sgl_core._layouts import layout_facts
 from sgl_core._memory import page_aligned_zeros
-from sgl_core._mha_protocols import MHADevicePool
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._paged_indexer import (
     ForeignPagedIndexerPool,
@@ -41,7 +41,6 @@ from sgl_core._paged_indexer import (
     PagedIndexerPart,
     paged_buffers,
 )
-from sgl_core._protocols import MLADevicePool
 from sgl_core._shapes import MLAShape
 from sgl_core._transfer import HostPart, HostSide, Mover, MoverFactory
 from sgl_core._validation import check_backed, check_layer_id
@@ -261,8 +260,8 @@ class MHATokenHostPool(TokenHostPool[MHADevicePool, MHAShape], MHAHostPoolBase):
 
 
 if TYPE_CHECKING:
+    from sgl_core._kv_protocols import MHAHostPool
     from sgl_core._mha_device_pool import PerLayerMHADevicePool
-    from sgl_core._mha_protocols import MHAHostPool
 
     _host: MHAHostPool = MHATokenHostPool(
         PerLayerMHADevicePool(

@@ -42,8 +42,8 @@ class TorchBackend(PoolBackend[PerLayerMLADevicePool, TokenRowHostPool]):
 backend = TorchBackend()
 
 if TYPE_CHECKING:
-    from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
-    from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
+    from sgl_core._kv_protocols import MHADevicePool, MHAHostPool, MLADevicePool, MLAHostPool
+    from sgl_core._protocols import Backend
 
     _backend: Backend = backend
     _device: MLADevicePool = backend.create_device_pool(

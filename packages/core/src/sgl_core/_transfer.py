@@ -23,9 +23,8 @@ from typing import Any, Generic, Protocol
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._kv_protocols import DevicePoolGeometry, MLADevicePool
 from sgl_core._kv_spec import Component
-from sgl_core._pool_kinds import DevicePoolGeometry
-from sgl_core._protocols import MLADevicePool
 from sgl_core._tuning import CopyTuning
 
 if sys.version_info >= (3, 13):

@@ -93,20 +93,22 @@ from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core._host_pool import HostPoolBase, describe_pairs
 from sgl_core._indexer import IndexerConfig, check_indexer, indexer_of
+from sgl_core._kv_protocols import (
+    DevicePoolGeometry,
+    KVHostPool,
+    MHADevicePool,
+    MHAHostPool,
+    MLADevicePool,
+    MLAHostPool,
+    PoolShape,
+    is_mha_device_pool,
+)
 from sgl_core._kv_spec import Component, KVKind, KVSpec, mha_spec, mla_spec
 from sgl_core._memory import page_aligned_zeros, should_pin
 from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool, mha_device_layers
-from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._moe import check_routing
-from sgl_core._pool_kinds import DevicePoolGeometry, KVHostPool, PoolShape, is_mha_device_pool
-from sgl_core._protocols import (
-    Backend,
-    EmulatedWithoutDevice,
-    LayerViews,
-    MLADevicePool,
-    MLAHostPool,
-)
+from sgl_core._protocols import Backend, EmulatedWithoutDevice, LayerViews
 from sgl_core._public import publish_names
 from sgl_core._shapes import MLAShape
 from sgl_core._token_host_pool import MHATokenHostPool, TokenHostPool, TokenRowHostPool

@@ -7,7 +7,7 @@ import ctypes
 import torch
 
 from sgl_core._dsa_protocols import IndexerCache, KVRows
-from sgl_core._protocols import MLADevicePool, MLAHostPool
+from sgl_core._kv_protocols import MLADevicePool, MLAHostPool
 
 __all__ = [
     "device_rows",

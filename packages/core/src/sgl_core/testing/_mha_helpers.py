@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
+from sgl_core._kv_protocols import MHADevicePool, MHAHostPool
 from sgl_core.testing._helpers import random_bits
 
 __all__ = [

@@ -10,7 +10,8 @@ import torch
 
 from sgl_core._discovery import get_backend
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
+from sgl_core._kv_protocols import MLADevicePool, MLAHostPool
+from sgl_core._protocols import Backend
 from sgl_core.testing._helpers import (
     device_rows,
     fill_device_random,

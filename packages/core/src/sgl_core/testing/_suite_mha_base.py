@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
+from sgl_core._kv_protocols import MHADevicePool, MHAHostPool
 from sgl_core._protocols import Backend
 from sgl_core.testing._helpers import page_indices
 from sgl_core.testing._mha_helpers import fill_mha_device_random, mha_device_rows, mha_host_bytes

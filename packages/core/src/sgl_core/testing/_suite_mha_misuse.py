@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
+from sgl_core._kv_protocols import MHADevicePool, MHAHostPool
 from sgl_core._protocols import Backend
 from sgl_core.errors import PoolMismatchError, SGLError, UnsupportedLayoutError
 from sgl_core.testing._helpers import page_indices, read_memory, same_bytes

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from sgl_core._enums import IOBackend
-from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
+from sgl_core._kv_protocols import MLADevicePool, MLAHostPool
+from sgl_core._protocols import Backend
 from sgl_core.errors import PageAlignmentError, SGLError
 from sgl_core.testing._helpers import (
     device_rows,

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from sgl_core._dsa_protocols import IndexerCache, KVRows
-from sgl_core._protocols import Backend, MLADevicePool
+from sgl_core._kv_protocols import MLADevicePool
+from sgl_core._protocols import Backend
 from sgl_core.errors import LayerIndexError, PoolMismatchError, SGLError
 from sgl_core.l3 import page_format
 from sgl_core.testing._helpers import (

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from sgl_core._dsa_protocols import IndexerCache, KVRows
-from sgl_core._protocols import Backend, MLADevicePool
+from sgl_core._kv_protocols import MLADevicePool
+from sgl_core._protocols import Backend
 from sgl_core.errors import ArgumentTypeError, DeviceError, PoolMismatchError, ShapeMismatchError
 from sgl_core.testing._helpers import device_rows, fill_device_random, page_indices, same_bytes
 from sgl_core.testing._mha_helpers import fill_mha_device_random, mha_device_rows
