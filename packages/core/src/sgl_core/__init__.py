@@ -21,7 +21,12 @@ from sgl_core import (
 )
 from sgl_core._backend_base import PoolBackend
 from sgl_core._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
-from sgl_core._device_pool import MLAPoolGeometry, PerLayerMLADevicePool
+from sgl_core._device_pool import (
+    MHAPoolGeometry,
+    MLAPoolGeometry,
+    PerLayerMHADevicePool,
+    PerLayerMLADevicePool,
+)
 from sgl_core._discovery import (
     ENTRY_POINT_GROUP,
     available_backends,
@@ -32,7 +37,6 @@ from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core._kv_protocols import MHADevicePool, MHAHostPool, MLADevicePool, MLAHostPool
-from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._moe import (
     MoEWeights,

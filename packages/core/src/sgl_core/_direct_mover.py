@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from sgl_core._copy import IndexRuns, memmove_blocks, merge_runs, widen_rows
-from sgl_core._device_pool import stacked_layers
+from sgl_core._device_rows import stacked_layers
 from sgl_core._engine import RunSide, copy_runs, gather_rows, run_options
 from sgl_core._layouts import layout_facts
 from sgl_core._transfer import HostPart, HostSide, PlanCache, Transfer

@@ -260,8 +260,8 @@ class MHATokenHostPool(TokenHostPool[MHADevicePool, MHAShape], MHAHostPoolBase):
 
 
 if TYPE_CHECKING:
+    from sgl_core._device_pool import PerLayerMHADevicePool
     from sgl_core._kv_protocols import MHAHostPool
-    from sgl_core._mha_device_pool import PerLayerMHADevicePool
 
     _host: MHAHostPool = MHATokenHostPool(
         PerLayerMHADevicePool(

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from sgl_core._backend_base import PoolBackend
-from sgl_core._device_pool import PerLayerMLADevicePool
+from sgl_core._device_pool import PerLayerMHADevicePool, PerLayerMLADevicePool
 from sgl_core._enums import IOBackend
-from sgl_core._mha_device_pool import PerLayerMHADevicePool
 from sgl_core._token_host_pool import MHATokenHostPool, TokenRowHostPool
 from sgl_core._tuning import CopyTuning
 

@@ -78,12 +78,12 @@ from sgl_core._copy import (
     widen_rows,
 )
 from sgl_core._device_pool import (
+    MHAPoolGeometry,
     MLAPoolGeometry,
+    PerLayerMHADevicePool,
     PerLayerMLADevicePool,
-    check_raw_rows,
-    device_layers,
-    stacked_layers,
 )
+from sgl_core._device_rows import check_raw_rows, device_layers, mha_device_layers, stacked_layers
 from sgl_core._devices import check_fits, parse_device, usable_device
 from sgl_core._direct_mover import DirectMover
 from sgl_core._dsa_protocols import IndexerCache, KVRows
@@ -105,7 +105,6 @@ from sgl_core._kv_protocols import (
 )
 from sgl_core._kv_spec import Component, KVKind, KVSpec, mha_spec, mla_spec
 from sgl_core._memory import page_aligned_zeros, should_pin
-from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool, mha_device_layers
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._moe import check_routing
 from sgl_core._protocols import Backend, EmulatedWithoutDevice, LayerViews
