@@ -37,7 +37,6 @@ from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core._kv_protocols import MHADevicePool, MHAHostPool, MLADevicePool, MLAHostPool
-from sgl_core._mha_shapes import MHAShape
 from sgl_core._moe import (
     MoEWeights,
     TorchMoEMethod,
@@ -47,7 +46,7 @@ from sgl_core._moe import (
 )
 from sgl_core._protocols import Backend, MoEExperts, MoEMethod
 from sgl_core._public import publish_names as _publish_names
-from sgl_core._shapes import MLAShape
+from sgl_core._shapes import MHAShape, MLAShape
 from sgl_core._token_host_pool import MHATokenHostPool, TokenRowHostPool
 from sgl_core._torch_backend import TorchBackend
 

@@ -23,8 +23,7 @@ from sgl_core._devices import usable_device
 from sgl_core._indexer import IndexerRows, check_indexer
 from sgl_core._kv_protocols import MHADevicePool
 from sgl_core._kv_spec import mha_spec, mla_spec
-from sgl_core._mha_shapes import MHAShape
-from sgl_core._shapes import MLAShape
+from sgl_core._shapes import MHAShape, MLAShape
 from sgl_core._slot_geometry import SlotGeometry, check_pool_geometry
 from sgl_core._validation import check_layer_id, check_value_rows
 from sgl_core.errors import PoolMismatchError

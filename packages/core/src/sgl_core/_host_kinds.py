@@ -19,8 +19,7 @@ from sgl_core._host_pool import HostPoolBase
 from sgl_core._indexer import indexer_of
 from sgl_core._kv_protocols import MHADevicePool, MLADevicePool
 from sgl_core._kv_spec import KVSpec, mha_spec, mla_spec
-from sgl_core._mha_shapes import MHAShape
-from sgl_core._shapes import MLAShape
+from sgl_core._shapes import MHAShape, MLAShape
 from sgl_core._transfer import MoverFactory
 from sgl_core.errors import PoolMismatchError
 

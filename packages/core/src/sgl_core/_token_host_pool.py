@@ -34,14 +34,13 @@ from sgl_core._kv_protocols import MHADevicePool, MLADevicePool
 from sgl_core._kv_spec import Component
 from sgl_core._layouts import layout_facts
 from sgl_core._memory import page_aligned_zeros
-from sgl_core._mha_shapes import MHAShape
 from sgl_core._paged_indexer import (
     ForeignPagedIndexerPool,
     PagedFormat,
     PagedIndexerPart,
     paged_buffers,
 )
-from sgl_core._shapes import MLAShape
+from sgl_core._shapes import MHAShape, MLAShape
 from sgl_core._transfer import HostPart, HostSide, Mover, MoverFactory
 from sgl_core._validation import check_backed, check_layer_id
 from sgl_core.errors import PoolMismatchError

@@ -105,11 +105,10 @@ from sgl_core._kv_protocols import (
 )
 from sgl_core._kv_spec import Component, KVKind, KVSpec, mha_spec, mla_spec
 from sgl_core._memory import page_aligned_zeros, should_pin
-from sgl_core._mha_shapes import MHAShape
 from sgl_core._moe import check_routing
 from sgl_core._protocols import Backend, EmulatedWithoutDevice, LayerViews
 from sgl_core._public import publish_names
-from sgl_core._shapes import MLAShape
+from sgl_core._shapes import MHAShape, MLAShape
 from sgl_core._token_host_pool import MHATokenHostPool, TokenHostPool, TokenRowHostPool
 from sgl_core._transfer import (
     HostPart,
