@@ -105,8 +105,7 @@ class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
     @property
     def indexer_layer_ids(self) -> tuple[int, ...]:
         """Model layers that have an indexer cache, ascending (empty: no indexer)."""
-        keys = self.spec.component("index_k").layers if self.spec.has("index_k") else None
-        return () if keys is None else keys
+        return self.spec.indexer_layers
 
     @property
     def has_index_k_scale(self) -> bool:

@@ -56,6 +56,12 @@ class KvSplitSpec(KVSpec):
     def flat_page_dtype(self) -> torch.dtype:
         return torch.uint8 if self.has("index_k_scale") else self.dtype
 
+    @property
+    def indexer_layers(self) -> tuple[int, ...]:
+        """Model layers that keep an indexer row, in slot order (empty: no indexer)."""
+        keys = self.component("index_k").layers if self.has("index_k") else None
+        return () if keys is None else keys
+
 
 def kv_split_spec(spec: KVSpec, kv: tuple[Component, ...]) -> KvSplitSpec:
     """``spec`` with its every-layer rows replaced by ``kv`` (indexer rows kept, no stacking)."""

@@ -36,7 +36,7 @@ import torch
 
 from sgl_ascend import _npu
 from sgl_ascend._device_kinds import AscendMHADevicePool, AscendMLADevicePool
-from sgl_ascend._device_pool import AscendDevicePool
+from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec
 from sgl_ascend._engine_pool import engine_view
 from sgl_ascend._transfer import KvSplitMover
 from sgl_core.backend import (
@@ -86,6 +86,8 @@ class AscendHostPool(TokenPages[DevT, ShapeT]):
     #: Buffer attributes the kind always has, None when the spec lacks them.
     optional_buffers: ClassVar[tuple[str, ...]] = ()
 
+    #: The device pool's components (its kv-split spec).
+    spec: KvSplitSpec
     k_buffer: torch.Tensor
 
     def __init__(
@@ -129,7 +131,7 @@ class AscendHostPool(TokenPages[DevT, ShapeT]):
         # After the layout check (unsupported layouts fail first, by name).
         self._ascend(device_pool)
 
-    def _read_spec(self, device_pool: DevT) -> KVSpec:
+    def _read_spec(self, device_pool: DevT) -> KvSplitSpec:
         # The device pool declares its components (checked against it in check_device_pool).
         return self._ascend(device_pool).spec
 
@@ -244,8 +246,7 @@ class AscendMLAHostPool(AscendHostPool[MLADevicePool, MLAShape], MLAHostPoolBase
     @property
     def indexer_layer_ids(self) -> tuple[int, ...]:
         """Model layers with an indexer row (empty when the pool has no indexer)."""
-        keys = self.spec.component("index_k").layers if self.spec.has("index_k") else None
-        return () if keys is None else keys
+        return self.spec.indexer_layers
 
     @property
     def flat_page_dtype(self) -> torch.dtype:
