@@ -24,12 +24,13 @@ from collections.abc import Iterable
 import torch
 
 from sgl_ascend import _npu
-from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec, check_indexer, kv_split_spec
+from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec, kv_split_spec
 from sgl_core import MLAPoolGeometry
 from sgl_core.backend import (
     Component,
     MHAPoolGeometry,
     byte_view,
+    check_indexer,
     check_layer_id,
     check_raw_rows,
     mha_spec,
@@ -79,8 +80,11 @@ class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
             device=_npu.resolve_device(device),
             kv_cache_dim=kv_cache_dim,
         )
-        ids = check_indexer(layer_num, index_head_dim, indexer_layer_ids, with_index_k_scale)
-        self._build(self._kv_split(ids, index_head_dim, with_index_k_scale))
+        cfg = check_indexer(index_head_dim, indexer_layer_ids, with_index_k_scale, layer_num)
+        if cfg is None:
+            self._build(self._kv_split())
+        else:
+            self._build(self._kv_split(cfg.layer_ids, cfg.index_head_dim, cfg.with_scale))
 
     def _kv_split(
         self, ids: tuple[int, ...] = (), index_dim: int | None = None, scale: bool = False

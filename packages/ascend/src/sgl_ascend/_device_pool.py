@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -39,9 +39,9 @@ from sgl_core.backend import (
     check_layer_id,
     check_value_rows,
 )
-from sgl_core.errors import LayerIndexError, PoolSizeError
+from sgl_core.errors import PoolSizeError
 
-__all__ = ["AscendDevicePool", "KvSplitSpec", "check_indexer", "kv_split_spec"]
+__all__ = ["AscendDevicePool", "KvSplitSpec", "kv_split_spec"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,34 +67,6 @@ def kv_split_spec(spec: KVSpec, kv: tuple[Component, ...]) -> KvSplitSpec:
     """``spec`` with its every-layer rows replaced by ``kv`` (indexer rows kept, no stacking)."""
     subset = tuple(c for c in spec.components if c.layers is not None)
     return KvSplitSpec(spec.kind, spec.layer_num, spec.dtype, kv + subset, spec.identity)
-
-
-def check_indexer(
-    layer_num: int,
-    index_head_dim: int | None,
-    indexer_layer_ids: Iterable[int] | None,
-    with_index_k_scale: bool,
-) -> tuple[int, ...]:
-    """The indexer's layers, ascending (empty: no indexer); typed errors for bad arguments."""
-    if index_head_dim is None:
-        if indexer_layer_ids is not None or with_index_k_scale:
-            raise PoolSizeError(
-                "indexer_layer_ids / with_index_k_scale need index_head_dim to be set"
-            )
-        return ()
-    if isinstance(index_head_dim, bool) or not isinstance(index_head_dim, int):
-        raise PoolSizeError(f"index_head_dim must be a positive int, got {index_head_dim!r}")
-    if index_head_dim <= 0:
-        raise PoolSizeError(f"index_head_dim must be a positive int, got {index_head_dim!r}")
-    ids = range(layer_num) if indexer_layer_ids is None else list(indexer_layer_ids)
-    for layer in ids:
-        try:
-            check_layer_id(layer, layer_num)
-        except LayerIndexError as exc:
-            raise LayerIndexError(f"indexer_layer_ids: {exc}") from None
-    if len(set(ids)) != len(ids) or not ids:
-        raise PoolSizeError(f"indexer_layer_ids must be distinct and non-empty, got {list(ids)}")
-    return tuple(sorted(ids))
 
 
 #: ``(component, shape) -> its tensor``: allocated, or an engine's own (``_engine_pool``).
