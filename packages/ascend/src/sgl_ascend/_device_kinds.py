@@ -28,6 +28,7 @@ from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec, kv_split_spec
 from sgl_core import MLAPoolGeometry
 from sgl_core.backend import (
     Component,
+    IndexerConfig,
     MHAPoolGeometry,
     byte_view,
     check_indexer,
@@ -81,21 +82,19 @@ class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
             kv_cache_dim=kv_cache_dim,
         )
         cfg = check_indexer(index_head_dim, indexer_layer_ids, with_index_k_scale, layer_num)
-        if cfg is None:
-            self._build(self._kv_split())
-        else:
-            self._build(self._kv_split(cfg.layer_ids, cfg.index_head_dim, cfg.with_scale))
+        self._build(self._kv_split(cfg))
 
-    def _kv_split(
-        self, ids: tuple[int, ...] = (), index_dim: int | None = None, scale: bool = False
-    ) -> KvSplitSpec:
+    def _kv_split(self, indexer: IndexerConfig | None = None) -> KvSplitSpec:
         """This pool's kv-split spec: ``k`` and ``v`` (or packed ``k``) plus indexer rows."""
         s = self.shape
-        spec = mla_spec(
-            s.layer_num, s.kv_lora_rank, s.qk_rope_head_dim, s.dtype, s.row_dim,
-            index_head_dim=index_dim if ids else None, indexer_layer_ids=ids,
-            with_index_k_scale=scale,
-        )  # fmt: skip
+        if indexer is None:
+            spec = mla_spec(s.layer_num, s.kv_lora_rank, s.qk_rope_head_dim, s.dtype, s.row_dim)
+        else:
+            spec = mla_spec(
+                s.layer_num, s.kv_lora_rank, s.qk_rope_head_dim, s.dtype, s.row_dim,
+                index_head_dim=indexer.index_head_dim, indexer_layer_ids=indexer.layer_ids,
+                with_index_k_scale=indexer.with_scale,
+            )  # fmt: skip
         if s.packed:
             return kv_split_spec(spec, (Component("k", s.kv_cache_dim, s.dtype),))
         nope = Component("k", s.kv_lora_rank, s.dtype)
