@@ -10,6 +10,7 @@ layout                        buffer shape          a row's tokens    a page's p
 ``layer_first``               ``(R, size, H, D)``   ``buf[r]``        ``buf[:, s:s+ps]``
 ``page_first``                ``(size, R, H, D)``   ``buf[:, r]``     ``buf[s:s+ps]``
 ``page_first_direct``         ``(P, R, ps, H, D)``  ``buf[:, r]``     ``buf[s // ps]``
+``page_first_kv_split``       ``(P, R, ps, H, D)``  ``buf[:, r]``     ``buf[s // ps]``
 ``page_head``                 ``(P, H, ps, R, D)``  ``buf[..., r, :]`` ``buf[s // ps]``
 ============================  ====================  ================  =============
 
@@ -17,6 +18,9 @@ A flat L3 page is each component's page part, in component order, each in
 its layout's own byte order. A page's memory objects are one per row in
 ``layer_first`` (a page's rows lie ``size`` tokens apart) and one per
 component in the page-first layouts (a page's bytes are contiguous).
+``page_first_kv_split`` is ``page_first_direct`` over the Ascend pools'
+components (MLA's latent row split into its nope ``k`` and rope ``v`` parts);
+only ``sgl_ascend`` builds it.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ _FACTS = {
         rows_outer=False,
     ),
 }
+# The same facts under the Ascend name: its page is per component exactly a page_first_direct one.
+_FACTS[HostLayout.PAGE_FIRST_KV_SPLIT] = _FACTS[HostLayout.PAGE_FIRST_DIRECT]
 
 
 def layout_facts(layout: HostLayout) -> LayoutFacts:

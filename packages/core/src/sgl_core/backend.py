@@ -23,6 +23,8 @@ Groups:
   (how a kind's spec and engine accessors are read); ``TokenHostPool`` (the
   token-row host layouts over any spec) and its engine classes
   ``TokenRowHostPool`` (MLA) and ``MHATokenHostPool`` (MHA/GQA);
+  ``TokenPages`` (the L3 page helpers of a pool whose ``_parts`` lie in a
+  layout of the facts table, ``layout_facts`` / ``LayoutFacts``);
   ``PerLayerMLADevicePool``, ``MLAPoolGeometry``, ``MLAShape``,
   ``PerLayerMHADevicePool``, ``MHAPoolGeometry``, ``MHAShape``,
   ``describe_pairs``, ``device_layers``, ``mha_device_layers``,
@@ -91,6 +93,7 @@ from sgl_core._engine import RunSide, copy_runs, gather_rows
 from sgl_core._engine_views import as_mha_device_pool
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core._host_pages import TokenPages
 from sgl_core._host_pool import HostPoolBase, describe_pairs
 from sgl_core._indexer import IndexerConfig, check_indexer, indexer_of
 from sgl_core._kv_protocols import (
@@ -104,6 +107,7 @@ from sgl_core._kv_protocols import (
     is_mha_device_pool,
 )
 from sgl_core._kv_spec import Component, KVKind, KVSpec, mha_spec, mla_spec
+from sgl_core._layouts import LayoutFacts, layout_facts
 from sgl_core._memory import page_aligned_zeros, should_pin
 from sgl_core._moe import check_routing
 from sgl_core._protocols import Backend, EmulatedWithoutDevice, LayerViews
@@ -156,6 +160,7 @@ __all__ = [
     "KVRows",
     "KVSpec",
     "LayerViews",
+    "LayoutFacts",
     "MHADevicePool",
     "MHAHostPool",
     "MHAHostPoolBase",
@@ -178,6 +183,7 @@ __all__ = [
     "PoolShape",
     "RunSide",
     "TokenHostPool",
+    "TokenPages",
     "TokenRowHostPool",
     "Transfer",
     "as_mha_device_pool",
@@ -207,6 +213,7 @@ __all__ = [
     "gather_rows",
     "indexer_of",
     "is_mha_device_pool",
+    "layout_facts",
     "memmove_blocks",
     "merge_runs",
     "mha_device_layers",
