@@ -16,7 +16,8 @@ Groups:
 * **the KV model**: ``KVSpec`` (a pool's rows as a list of ``Component``: name,
   heads, width, dtype, the layers that keep it), its presets ``mla_spec``
   and ``mha_spec`` (``KVKind``), the one source of sizes, page order and
-  page-format identity;
+  page-format identity; ``layout_facts`` (a token-row layout's ``LayoutFacts``:
+  buffer shape, a row's view, page part) for movers that address host rows;
 * **pool bases and geometry**: ``PoolBackend`` (backend plumbing),
   ``HostPoolBase`` (sizing, accounting, validation before any copy, from the
   spec) with its kind layers ``MLAHostPoolBase`` and ``MHAHostPoolBase``
@@ -104,6 +105,7 @@ from sgl_core._kv_protocols import (
     is_mha_device_pool,
 )
 from sgl_core._kv_spec import Component, KVKind, KVSpec, mha_spec, mla_spec
+from sgl_core._layouts import LayoutFacts, layout_facts
 from sgl_core._memory import page_aligned_zeros, should_pin
 from sgl_core._mha_shapes import MHAShape
 from sgl_core._moe import check_routing
@@ -157,6 +159,7 @@ __all__ = [
     "KVRows",
     "KVSpec",
     "LayerViews",
+    "LayoutFacts",
     "MHADevicePool",
     "MHAHostPool",
     "MHAHostPoolBase",
@@ -208,6 +211,7 @@ __all__ = [
     "gather_rows",
     "indexer_of",
     "is_mha_device_pool",
+    "layout_facts",
     "memmove_blocks",
     "merge_runs",
     "mha_device_layers",

@@ -159,6 +159,12 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
         self.sync_data_ptrs()
         return self._data_ptrs
 
+    def pointer_table(self, device_name: str) -> torch.Tensor:
+        """The address table of the layers in attribute ``device_name`` (``kv_buffer``)."""
+        if device_name != "kv_buffer":
+            raise KeyError(device_name)
+        return self.data_ptrs
+
     def sync_data_ptrs(self) -> None:
         """Refresh ``data_ptrs`` in place if any layer's storage moved (e.g. ``set_``)."""
         current = [t.data_ptr() for t in self.kv_buffer]

@@ -66,6 +66,11 @@ class CudaMHADevicePool(PerLayerMHADevicePool):
         self.sync_data_ptrs()
         return self._tables[1]
 
+    def pointer_table(self, device_name: str) -> torch.Tensor:
+        """The address table of the layers in ``device_name`` (``k_buffer`` or ``v_buffer``)."""
+        self.sync_data_ptrs()
+        return self._tables[("k_buffer", "v_buffer").index(device_name)]
+
     def sync_data_ptrs(self) -> None:
         """Check replaced layers and refresh both tables in place if any address changed."""
         for c, (name, layers, dim) in enumerate(
