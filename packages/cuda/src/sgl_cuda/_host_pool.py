@@ -11,8 +11,8 @@ classes add only their movers table and kind accessors. Supported pairs
 
 Buffers, L3 page helpers and validation are the core ``TokenHostPool``'s
 (SGLang's byte order: MHA K and V halves of one ``(2, ...)`` tensor when
-``head_dim == v_head_dim``). The movers live in ``sgl_cuda._movers``, the
-fence in ``sgl_cuda._stream_fence``.
+``head_dim == v_head_dim``). The movers live in ``sgl_cuda._movers`` (``kernel``) and
+``sgl_cuda._direct_mover`` (``direct``), the fence in ``sgl_cuda._stream_fence``.
 
 Transfers are stream-ordered, as in the serving engines: they return once
 queued on the current CUDA stream, so the engine can overlap them with
@@ -41,14 +41,8 @@ from sgl_core.backend import (
     TokenRowHostPool,
 )
 from sgl_core.errors import UnsupportedLayoutError
-from sgl_cuda._movers import (
-    FENCED,
-    CudaDirectMover,
-    KernelMover,
-    address_table,
-    check_kernel_rows,
-    layer_views,
-)
+from sgl_cuda._direct_mover import CudaDirectMover
+from sgl_cuda._movers import KernelMover, address_table, check_kernel_rows, layer_views
 from sgl_cuda._stream_fence import StreamFence
 
 __all__ = ["CudaMHAHostPool", "CudaMLAHostPool", "CudaTokenHostPool", "StreamFence"]
@@ -59,6 +53,8 @@ _BOTH: Mapping[IOBackend, MoverFactory] = {
 }
 _KERNEL: Mapping[IOBackend, MoverFactory] = {IOBackend.KERNEL: KernelMover}
 _DIRECT: Mapping[IOBackend, MoverFactory] = {IOBackend.DIRECT: CudaDirectMover}
+#: This backend's movers: built with the pool's fence (``CudaTokenHostPool._mover_of``).
+_FENCED = (KernelMover, CudaDirectMover)
 
 
 class CudaTokenHostPool(TokenHostPool[Any, Any]):
@@ -96,7 +92,7 @@ class CudaTokenHostPool(TokenHostPool[Any, Any]):
         return dataclasses.replace(side, parts=rows)
 
     def _mover_of(self, factory: MoverFactory, side: HostSide) -> Mover[Any]:
-        for fenced in FENCED:
+        for fenced in _FENCED:
             if factory is fenced:  # this backend's movers share the pool's fence
                 return fenced(side, self.fence)
         return factory(side)

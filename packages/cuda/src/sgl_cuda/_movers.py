@@ -1,8 +1,8 @@
-"""The cuda host pools' movers, one per io backend for every kind of KV rows.
+"""The cuda host pools' ``kernel`` mover, one for every kind of KV rows.
 
-Both are built from a ``HostSide`` (the host parts: one buffer per component
+It is built from a ``HostSide`` (the host parts: one buffer per component
 of the KV spec, ``kv`` for MLA, ``k`` and ``v`` for MHA) and the pool's
-``StreamFence``, never from the pool, and record the point after each
+``StreamFence``, never from the pool, and records the point after each
 transfer in that fence so the pool's host-side readers (the L3 page helpers)
 wait for queued copies.
 
@@ -13,10 +13,7 @@ per-row address tables for ``layer_first``, to the host bases for
 equal row width share a launch (MHA K and V); a part of another width (V
 narrower than K) is its own launch, checked before the first one runs.
 
-``CudaDirectMover`` is the core ``DirectMover``; with
-``SGL_CUDA_DIRECT_COPY=batch`` (opt-in, ``sgl_cuda._copy_engine``) a
-``layer_first`` or ``page_first_direct`` transfer first tries one batched
-copy-engine call.
+The ``direct`` mover is ``sgl_cuda._direct_mover.CudaDirectMover``.
 """
 
 from __future__ import annotations
@@ -26,22 +23,19 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from sgl_core.backend import (
-    Component,
-    DirectMover,
-    HostLayout,
-    HostSide,
-    PlanCache,
-    Transfer,
-    layout_facts,
-)
+from sgl_core.backend import Component, HostLayout, HostSide, PlanCache, Transfer, layout_facts
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError, UnsupportedLayoutError
-from sgl_cuda import _copy_engine
 from sgl_cuda._kernels import interpreter_active
 from sgl_cuda._kvcacheio_mha import RowForm, prepare_rows
 from sgl_cuda._stream_fence import StreamFence
 
-__all__ = ["CudaDirectMover", "KernelMover", "PointerTables", "check_kernel_rows", "layer_views"]
+__all__ = [
+    "KernelMover",
+    "PointerTables",
+    "address_table",
+    "check_kernel_rows",
+    "layer_views",
+]
 
 
 @runtime_checkable
@@ -270,51 +264,3 @@ class KernelMover:
 def address_table(layers: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     """A ``torch.uint64`` table of ``layers``' addresses on ``device``."""
     return torch.tensor([t.data_ptr() for t in layers], dtype=torch.uint64, device=device)
-
-
-class CudaDirectMover(DirectMover):
-    """``direct`` io (core slice copies), recording each transfer in the pool's fence."""
-
-    def __init__(self, host: HostSide, fence: StreamFence | None = None) -> None:
-        super().__init__(host)
-        self.fence = StreamFence() if fence is None else fence
-
-    def synchronize(self) -> None:
-        self.fence.synchronize()
-
-    def backup(self, transfer: Transfer[Any]) -> None:
-        if not self._batched(transfer, None):
-            super().backup(transfer)
-        self.fence.record(transfer.device_pool.device)
-
-    def load(self, transfer: Transfer[Any], layer_id: int) -> None:
-        if not self._batched(transfer, layer_id):
-            super().load(transfer, layer_id)
-        self.fence.record(transfer.device_pool.device)
-
-    def _batched(self, transfer: Transfer[Any], layer_id: int | None) -> bool:
-        """One batched copy-engine call (opt-in), or False with nothing copied."""
-        mode = _copy_engine.resolve_mode(None)
-        if mode == "foreach" or self.layout not in _BATCHED:
-            return False
-        pool = transfer.device_pool
-        h_idx, d_idx = transfer.host_indices.cpu(), transfer.device_indices.cpu()
-        every = range(self.layer_num) if layer_id is None else range(layer_id, layer_id + 1)
-        devs = [[getattr(pool, p.component.device_name)[r] for r in every] for p in self.parts]
-        if self.layout is HostLayout.PAGE_FIRST_DIRECT:
-            rows = torch.arange(every.start, every.stop, dtype=torch.int64)
-            parts = [(p.buffer, rows, d) for p, d in zip(self.parts, devs, strict=True)]
-            return _copy_engine.page_first(
-                parts, h_idx, d_idx, self.unit, mode, to_host=layer_id is None
-            )
-        hosts = [self.facts.row(p.buffer, r) for p in self.parts for r in every]
-        flat = [t for d in devs for t in d]
-        short = self._tuning(pool).gather_below_run_bytes
-        if layer_id is None:
-            return _copy_engine.layer_first(flat, hosts, d_idx, h_idx, mode, short)
-        return _copy_engine.layer_first(hosts, flat, h_idx, d_idx, mode, short)
-
-
-_BATCHED = (HostLayout.LAYER_FIRST, HostLayout.PAGE_FIRST_DIRECT)
-#: This backend's movers: built with the pool's fence (``CudaTokenHostPool._mover_of``).
-FENCED = (KernelMover, CudaDirectMover)
