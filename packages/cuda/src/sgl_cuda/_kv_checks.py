@@ -177,36 +177,34 @@ def side_words(form: RowForm, item_w: int, item_size: int) -> tuple[Side, int]:
 def check_rows(
     src: Sequence[torch.Tensor],
     dst: Sequence[torch.Tensor],
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-    *,
+    indices: tuple[torch.Tensor, torch.Tensor],
     item_size: int,
-    src_form: RowForm,
-    dst_form: RowForm,
-    layer_offset: int = 0,
-    num_layers: int = 1,
+    forms: tuple[RowForm, RowForm],
+    layers: tuple[int, int] = (0, 1),
     labels: Sequence[str] = ("k", "v"),
 ) -> tuple[int, Side, Side, int, int]:
     """Every O(1) check of a row launch: item words, both sides, head words, layers.
 
-    ``labels`` name each component's arguments in errors (``src_k``,
-    ``src_k_layers``); an empty label names the side alone (``src``, the MLA
-    functions of ``sgl_cuda.kvcacheio``).
+    ``indices`` and ``forms`` are ``(src, dst)``, ``layers`` is ``(layer_offset,
+    num_layers)``. ``labels`` name each component's arguments in errors
+    (``src_k``, ``src_k_layers``); an empty label names the side alone
+    (``src``, the MLA functions of ``sgl_cuda.kvcacheio``).
     """
+    src_form, dst_form = forms
     item_w = words(item_size, "item_size")
     src_side, src_head_w = side_words(src_form, item_w, item_size)
     dst_side, dst_head_w = side_words(dst_form, item_w, item_size)
-    layers = check_layers(num_layers)
-    device = check_indices(src_indices, dst_indices)
+    layer_offset, count = layers[0], check_layers(layers[1])
+    device = check_indices(*indices)
     if not 1 <= len(src) == len(dst) <= len(labels):
         raise ShapeMismatchError("a transfer moves (K,) or (K, V): one or two of each side")
     for tensors, form in ((src, src_form), (dst, dst_form)):
         for label, t in zip(labels, tensors, strict=False):
             name = f"{form.side}_{label}" if label else form.side
             if form.kind == "table":
-                check_table(t, f"{name}_layers", device, layer_offset + layers)
+                check_table(t, f"{name}_layers", device, layer_offset + count)
             else:
                 check_buffer(t, name, device)
     if src_side[5] and dst_side[5]:
         raise ShapeMismatchError("at most one side of a transfer can be page_head")
-    return item_w, src_side, dst_side, min(src_head_w, dst_head_w), layers
+    return item_w, src_side, dst_side, min(src_head_w, dst_head_w), count

@@ -69,17 +69,11 @@ def prepare_rows(
     pool whose V rows differ in width from its K rows prepares one launch per
     component and runs them only once both are checked.
     """
-    item_w, src_side, dst_side, head_w, layers = check_rows(
-        src,
-        dst,
-        src_indices,
-        dst_indices,
-        item_size=item_size,
-        src_form=src_form,
-        dst_form=dst_form,
-        layer_offset=layer_offset,
-        num_layers=num_layers,
+    forms = (src_form, dst_form)
+    checked = check_rows(
+        src, dst, (src_indices, dst_indices), item_size, forms, (layer_offset, num_layers)
     )
+    item_w, src_side, dst_side, head_w, layers = checked
     components = len(src)
     if components == 1:
         src, dst = (src[0], src[0]), (dst[0], dst[0])  # the V deltas are then 0, unused

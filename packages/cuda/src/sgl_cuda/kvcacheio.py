@@ -91,16 +91,9 @@ def _mla(
 
     Interpreted launches hold one process-wide lock (``_launch_lock``).
     """
+    span = (layer_offset, num_layers)
     words, src_side, dst_side, _, layers = _check_rows(
-        (src,),
-        (dst,),
-        *indices,
-        item_size=item_size,
-        src_form=forms[0],
-        dst_form=forms[1],
-        layer_offset=layer_offset,
-        num_layers=num_layers,
-        labels=("",),
+        (src,), (dst,), indices, item_size, forms, span, labels=("",)
     )
     module = kernels()
     with interpreter_launch(bool(module.INTERPRETED)):
