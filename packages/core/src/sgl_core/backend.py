@@ -16,7 +16,8 @@ Groups:
 * **the KV model**: ``KVSpec`` (a pool's rows as a list of ``Component``: name,
   heads, width, dtype, the layers that keep it), its presets ``mla_spec``
   and ``mha_spec`` (``KVKind``), the one source of sizes, page order and
-  page-format identity;
+  page-format identity; ``layout_facts`` (a token-row layout's ``LayoutFacts``:
+  buffer shape, a row's view, page part) for movers that address host rows;
 * **pool bases and geometry**: ``PoolBackend`` (backend plumbing),
   ``HostPoolBase`` (sizing, accounting, validation before any copy, from the
   spec) with its kind layers ``MLAHostPoolBase`` and ``MHAHostPoolBase``
