@@ -88,7 +88,7 @@ AREAS: dict[str, Area] = {
             "sgl_core/_runs.py",
             "sgl_core/_pieces.py",
             "sgl_core/_engine.py",
-            "sgl_core/_row_mover.py",
+            "sgl_core/_direct_mover.py",
         ),
         tests=(
             CORE + "test_copy_paths.py",
@@ -159,32 +159,41 @@ AREAS: dict[str, Area] = {
         modules=tuple(
             f"sgl_core/{name}.py"
             for name in (
-                "_mha_shapes",
-                "_mha_host_pool",
-                "_mha_token_host_pool",
+                "_kv_spec",
+                "_shapes",
+                "_host_args",
+                "_host_kinds",
+                "_host_pages",
+                "_token_host_pool",
                 "_indexer",
                 "_indexer_host",
             )
         ),
         tests=(
+            CORE + "test_kv_spec.py",
+            CORE + "test_pools.py",
             CORE + "test_mha_pools.py",
             CORE + "test_dsa_pools.py",
             CORE + "test_mutation_hostkv.py",
         ),
         functions=(
-            "sgl_core._mha_shapes.xǁMHAShapeǁ*",
+            "sgl_core._kv_spec.*",
+            "sgl_core._shapes.xǁMHAShapeǁ*",
+            "sgl_core._shapes.x__check__*",
+            "sgl_core._host_args.xǁHostArgumentsǁcheck_device_pool__*",
+            "sgl_core._host_slots.xǁHostSlotsǁpage_format_fields__*",
+            "sgl_core._host_kinds.xǁMHAHostPoolBaseǁ_read_shape__*",
             *(
-                f"sgl_core._mha_host_pool.xǁMHAHostPoolBaseǁ{name}__*"
-                for name in ("_read_shape", "page_format_fields", "check_device_pool")
+                f"sgl_core._token_host_pool.xǁTokenHostPoolǁ{name}__*"
+                for name in ("_allocate_buffers", "_check_device_pool_kind", "_device_list")
             ),
             *(
-                f"sgl_core._mha_token_host_pool.xǁMHATokenHostPoolǁ{name}__*"
+                f"sgl_core._host_pages.xǁTokenPagesǁ{name}__*"
                 for name in (
-                    "_check_device_pool_kind",
-                    "_page_views",
                     "get_data_page",
                     "set_from_flat_data_page",
                     "get_page_buffer_meta",
+                    "_objects",
                 )
             ),
             "sgl_core._indexer.xǁIndexerConfigǁ*",
@@ -192,7 +201,6 @@ AREAS: dict[str, Area] = {
             "sgl_core._indexer.x_indexer_of__*",
             "sgl_core._indexer.xǁIndexerRowsǁindexer_slot__*",
             "sgl_core._indexer.xǁIndexerRowsǁ_check_rows__*",
-            "sgl_core._indexer_host.x_host_shape__*",
             "sgl_core._indexer_host.x_check_device_indexer__*",
             "sgl_core._indexer_host.xǁIndexerMoverǁload__*",
         ),
