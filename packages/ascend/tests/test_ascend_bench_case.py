@@ -8,12 +8,13 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_ascend._bench_case import w8a8_dynamic_case
 from sgl_core.errors import BackendUnavailableError
 
 
 def test_registered_under_the_bench_group() -> None:
-    names = {ep.name: ep.value for ep in entry_points(group=sgl_core.MOE_BENCH_GROUP)}
+    names = {ep.name: ep.value for ep in entry_points(group=sgl_core.backend.MOE_BENCH_GROUP)}
     assert names.get("ascend_w8a8_dynamic") == "sgl_ascend._bench_case:w8a8_dynamic_case"
 
 

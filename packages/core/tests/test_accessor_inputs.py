@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core import errors
 from sgl_core.testing import fill_device_random, host_bytes, page_indices
 
@@ -50,7 +51,7 @@ def snapshot(*pools: object) -> list[torch.Tensor]:
     """Bytes of every buffer the pools hold (device lists and host pools)."""
     out: list[torch.Tensor] = []
     for p in pools:
-        if isinstance(p, (sgl_core.TokenRowHostPool,)) or hasattr(p, "get_data_page"):
+        if isinstance(p, (sgl_core.backend.TokenRowHostPool,)) or hasattr(p, "get_data_page"):
             out += host_bytes(p)  # type: ignore[arg-type]
             continue
         for name in ("kv_buffer", "k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer"):

@@ -431,9 +431,10 @@ def test_moe_flags_interpreted_timings(
 ) -> None:
     import torch
 
-    from sgl_core import MoEBenchCase, MoEWeights
+    from sgl_core import MoEWeights
     from sgl_core._cli import _moe_bench
     from sgl_core._moe import TorchMoEMethod
+    from sgl_core.backend import MoEBenchCase
 
     def fake(device: torch.device, small: bool) -> MoEBenchCase:
         gen = torch.Generator().manual_seed(0)

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core.backend import NEVER, Backend, CopyTuning, MLADevicePool
 from sgl_core.testing import BackendConformanceSuite
 
 
-class SeparateLayers(sgl_core.PerLayerMLADevicePool):
+class SeparateLayers(sgl_core.backend.PerLayerMLADevicePool):
     layers_in_one_allocation = False
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 import sgl_core
+import sgl_core.backend
 from sgl_core import errors
 
 
@@ -66,7 +67,7 @@ def test_default_io_is_the_fast_path_and_stable() -> None:
         assert torch_backend.default_io(layout.value.upper()) is IOBackend.DIRECT
 
     class TwoWays(sgl_core.TorchBackend):
-        io_preference = sgl_core.PoolBackend.io_preference  # kernel first
+        io_preference = sgl_core.backend.PoolBackend.io_preference  # kernel first
 
         @property
         def supported_pairs(self) -> dict[HostLayout, frozenset[IOBackend]]:

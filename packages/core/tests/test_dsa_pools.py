@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import sgl_core
-from sgl_core import HostLayout, MLAShape, PerLayerMLADevicePool, TokenRowHostPool
+from sgl_core import HostLayout
+from sgl_core.backend import MLAShape, PerLayerMLADevicePool, TokenRowHostPool
 from sgl_core.errors import PoolMismatchError, PoolSizeError
 from sgl_core.l3 import FilePageStore, page_format, page_keys
 from sgl_core.testing import device_rows, fill_device_random, host_bytes, page_indices

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core import errors
 from sgl_core.testing import device_rows, fill_device_random, host_bytes, page_indices
 
@@ -23,7 +24,7 @@ PAGES = 6
 LAYERS = 3
 
 
-def device_pool(**overrides: object) -> sgl_core.PerLayerMLADevicePool:
+def device_pool(**overrides: object) -> sgl_core.backend.PerLayerMLADevicePool:
     args: dict[str, object] = {
         "size": PAGES * PS,
         "page_size": PS,
@@ -38,7 +39,7 @@ def device_pool(**overrides: object) -> sgl_core.PerLayerMLADevicePool:
 
 def pools(
     layout: str, seed: int = 0
-) -> tuple[sgl_core.PerLayerMLADevicePool, sgl_core.TokenRowHostPool]:
+) -> tuple[sgl_core.backend.PerLayerMLADevicePool, sgl_core.backend.TokenRowHostPool]:
     dev = device_pool()
     fill_device_random(dev, seed)
     host = sgl_core.TorchBackend().create_host_pool(dev, layout=layout)
@@ -49,7 +50,9 @@ def pools(
 
 
 def raw_state(
-    dev: sgl_core.PerLayerMLADevicePool, host: sgl_core.TokenRowHostPool, *extra: torch.Tensor
+    dev: sgl_core.backend.PerLayerMLADevicePool,
+    host: sgl_core.backend.TokenRowHostPool,
+    *extra: torch.Tensor,
 ) -> list[torch.Tensor]:
     """Bytes of every device layer tensor as it is now, the host pool and ``extra`` buffers."""
     layers = [t.contiguous().view(torch.uint8).clone() for t in dev.kv_buffer]
@@ -161,7 +164,7 @@ def test_unavailable_device_is_backend_unavailable() -> None:
 
 # -------------------------------------------------------- indices on a device
 def meta_cases(
-    dev: sgl_core.PerLayerMLADevicePool, host: sgl_core.TokenRowHostPool
+    dev: sgl_core.backend.PerLayerMLADevicePool, host: sgl_core.backend.TokenRowHostPool
 ) -> list[tuple[str, Callable[[], object]]]:
     good = page_indices([1, 2], PS)
     meta = good.to("meta")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core import errors
 from sgl_core._host_kinds import MLAHostPoolBase
 from sgl_core.testing import fill_device_random, page_indices
@@ -53,7 +54,7 @@ def accelerator_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "equal", no_content_reads)
 
 
-def pools() -> tuple[sgl_core.PerLayerMLADevicePool, sgl_core.TokenRowHostPool]:
+def pools() -> tuple[sgl_core.backend.PerLayerMLADevicePool, sgl_core.backend.TokenRowHostPool]:
     backend = sgl_core.TorchBackend()
     dev = backend.create_device_pool(
         size=6 * PS,

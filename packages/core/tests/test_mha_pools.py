@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core import HostLayout, IOBackend, errors
 from sgl_core.backend import NEVER, CopyTuning, MHATokenHostPool, PerLayerMHADevicePool
 from sgl_core.testing import page_indices, read_memory, same_bytes
@@ -180,7 +181,7 @@ def test_backend_dispatches_on_the_device_pools_kind() -> None:
         size=8, page_size=4, dtype=torch.bfloat16, kv_lora_rank=8, qk_rope_head_dim=4, layer_num=1
     )
     assert isinstance(
-        backend.create_host_pool(mla, layout="layer_first"), sgl_core.TokenRowHostPool
+        backend.create_host_pool(mla, layout="layer_first"), sgl_core.backend.TokenRowHostPool
     )
     with pytest.raises(errors.UnsupportedLayoutError):
         backend.create_host_pool(mla, layout="page_head")
@@ -193,10 +194,14 @@ def test_backend_dispatches_on_the_device_pools_kind() -> None:
 
 
 def test_backend_without_mha_pools_says_so() -> None:
-    class MLAOnly(sgl_core.PoolBackend[sgl_core.PerLayerMLADevicePool, sgl_core.TokenRowHostPool]):
+    class MLAOnly(
+        sgl_core.backend.PoolBackend[
+            sgl_core.backend.PerLayerMLADevicePool, sgl_core.backend.TokenRowHostPool
+        ]
+    ):
         name = "mla-only"
 
-    backend = MLAOnly(sgl_core.PerLayerMLADevicePool, sgl_core.TokenRowHostPool)
+    backend = MLAOnly(sgl_core.backend.PerLayerMLADevicePool, sgl_core.backend.TokenRowHostPool)
     assert backend.supported_mha_pairs == {}
     with pytest.raises(errors.UnsupportedLayoutError, match="no MHA"):
         backend.create_mha_device_pool(
@@ -244,7 +249,7 @@ def test_host_pool_rejects_other_kinds_and_shapes_with_nothing_changed() -> None
     before[2] = mha_device_rows(dev, 2, torch.arange(28))
     assert same_bytes(mha_snapshot(dev, host), before)
     with pytest.raises(errors.PoolMismatchError):
-        sgl_core.MHATokenHostPool(mla, layout="page_first")  # type: ignore[arg-type]
+        sgl_core.backend.MHATokenHostPool(mla, layout="page_first")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("layout", ["page_first_direct", "page_head"])

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core.backend import (
     NEVER,
     CopyTuning,
@@ -84,9 +85,9 @@ def test_mha_supported_pairs_come_from_the_movers() -> None:
         }
 
     assert Narrowed.supported_pairs == {HostLayout.PAGE_HEAD: frozenset({IOBackend.DIRECT})}
-    backend = sgl_core.PoolBackend(
-        sgl_core.PerLayerMLADevicePool,
-        sgl_core.TokenRowHostPool,
+    backend = sgl_core.backend.PoolBackend(
+        sgl_core.backend.PerLayerMLADevicePool,
+        sgl_core.backend.TokenRowHostPool,
         mha_device_pool_class=PerLayerMHADevicePool,
         mha_host_pool_class=Narrowed,
     )

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core import errors
 from sgl_core._load_memo import CheckedLoad, IndexStamp, reads_contents, tensor_signature
 from sgl_core._validation import (
@@ -170,7 +171,7 @@ def test_check_backed_exact_fit_and_one_short() -> None:
 
 
 # ------------------------------------------------------------ slot accounting
-def host_pool() -> tuple[sgl_core.PerLayerMLADevicePool, sgl_core.TokenRowHostPool]:
+def host_pool() -> tuple[sgl_core.backend.PerLayerMLADevicePool, sgl_core.backend.TokenRowHostPool]:
     dev = sgl_core.TorchBackend().create_device_pool(
         size=PAGES * PS,
         page_size=PS,

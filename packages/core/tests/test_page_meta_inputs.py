@@ -11,12 +11,13 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core import errors
 
 PS = 4
 
 
-def _host() -> sgl_core.TokenRowHostPool:
+def _host() -> sgl_core.backend.TokenRowHostPool:
     backend = sgl_core.TorchBackend()
     dev = backend.create_device_pool(
         size=6 * PS,

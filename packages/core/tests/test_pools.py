@@ -6,11 +6,12 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core import errors
 from sgl_core.testing import device_rows, fill_device_random, page_indices
 
 
-def small_device(page_size: int = 16, pages: int = 4) -> sgl_core.PerLayerMLADevicePool:
+def small_device(page_size: int = 16, pages: int = 4) -> sgl_core.backend.PerLayerMLADevicePool:
     return sgl_core.TorchBackend().create_device_pool(
         size=pages * page_size,
         page_size=page_size,

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 
 
 def public_modules(name: str) -> Iterator[str]:
@@ -82,7 +83,7 @@ def test_instances_of_published_classes_pickle() -> None:
     """Instances pickle by the public path of their class (enums, dataclasses, errors)."""
     layout = pickle.loads(pickle.dumps(sgl_core.HostLayout.PAGE_FIRST))
     assert layout is sgl_core.HostLayout.PAGE_FIRST
-    shape = sgl_core.MLAShape(
+    shape = sgl_core.backend.MLAShape(
         layer_num=2, kv_lora_rank=16, qk_rope_head_dim=8, dtype=torch.bfloat16
     )
     assert pickle.loads(pickle.dumps(shape)) == shape

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core.backend import (
     NEVER,
     CopyTuning,
@@ -37,7 +38,7 @@ PATHS = {
 
 def pools(
     layout: str, ps: int = 4, tuning: CopyTuning | None = None
-) -> tuple[sgl_core.PerLayerMLADevicePool, TokenRowHostPool]:
+) -> tuple[sgl_core.backend.PerLayerMLADevicePool, TokenRowHostPool]:
     backend = sgl_core.TorchBackend(tuning=tuning)
     dev = backend.create_device_pool(
         size=8 * ps, page_size=ps, dtype=torch.bfloat16, kv_lora_rank=8, qk_rope_head_dim=4,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import sgl_core
+import sgl_core.backend
 from sgl_core.errors import BackendUnavailableError
 from sgl_cuda.quantization._bench_case import ggml_q8_0_case
 
@@ -16,7 +17,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_registered_under_the_bench_group() -> None:
-    names = {ep.name: ep.value for ep in entry_points(group=sgl_core.MOE_BENCH_GROUP)}
+    names = {ep.name: ep.value for ep in entry_points(group=sgl_core.backend.MOE_BENCH_GROUP)}
     assert names.get("ggml_q8_0") == "sgl_cuda.quantization._bench_case:ggml_q8_0_case"
 
 

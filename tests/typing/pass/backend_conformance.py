@@ -12,6 +12,7 @@ import torch
 
 import sgl_ascend
 import sgl_core
+import sgl_core.backend
 import sgl_cuda
 from sgl_ascend import AscendMoEMethod, AscendW8A8DynamicMoEMethod
 from sgl_core import (
@@ -31,7 +32,7 @@ def backends() -> list[Backend]:
 
 
 def device_pools(
-    torch_pool: sgl_core.PerLayerMLADevicePool,
+    torch_pool: sgl_core.backend.PerLayerMLADevicePool,
     cuda_pool: sgl_cuda.CudaMLADevicePool,
     ascend_pool: sgl_ascend.AscendMLADevicePool,
 ) -> list[MLADevicePool]:
@@ -39,7 +40,7 @@ def device_pools(
 
 
 def host_pools(
-    torch_pool: sgl_core.TokenRowHostPool,
+    torch_pool: sgl_core.backend.TokenRowHostPool,
     cuda_pool: sgl_cuda.CudaMLAHostPool,
     ascend_pool: sgl_ascend.AscendMLAHostPool,
 ) -> list[MLAHostPool]:
@@ -67,7 +68,8 @@ def created_pools() -> list[tuple[MLADevicePool, MLAHostPool]]:
 
 
 def mha_pools(
-    torch_device: sgl_core.PerLayerMHADevicePool, torch_host: sgl_core.MHATokenHostPool
+    torch_device: sgl_core.backend.PerLayerMHADevicePool,
+    torch_host: sgl_core.backend.MHATokenHostPool,
 ) -> tuple[MHADevicePool, MHAHostPool]:
     """The torch backend's MHA classes satisfy the MHA protocols."""
     return torch_device, torch_host

@@ -10,12 +10,13 @@ import torch
 
 import sgl_ascend
 import sgl_core
+import sgl_core.backend
 import sgl_cuda
 from sgl_core import IndexerCache, KVRows
 
 
 def raw_row_pools(
-    torch_pool: sgl_core.PerLayerMLADevicePool,
+    torch_pool: sgl_core.backend.PerLayerMLADevicePool,
     cuda_pool: sgl_cuda.CudaMLADevicePool,
     ascend_pool: sgl_ascend.AscendMLADevicePool,
 ) -> list[KVRows]:
@@ -23,7 +24,7 @@ def raw_row_pools(
 
 
 def indexer_pools(
-    torch_pool: sgl_core.PerLayerMLADevicePool,
+    torch_pool: sgl_core.backend.PerLayerMLADevicePool,
     cuda_pool: sgl_cuda.CudaMLADevicePool,
     ascend_pool: sgl_ascend.AscendMLADevicePool,
 ) -> list[IndexerCache]:

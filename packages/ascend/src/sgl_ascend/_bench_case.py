@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from sgl_ascend._moe import AscendW8A8DynamicMoEMethod, W8A8MoEWeights
-from sgl_core import MoEBenchCase, MoEWeights
+from sgl_core import MoEWeights
+from sgl_core.backend import MoEBenchCase
 from sgl_core.errors import BackendUnavailableError
 
 __all__ = ["w8a8_dynamic_case"]

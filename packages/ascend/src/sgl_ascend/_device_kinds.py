@@ -25,11 +25,11 @@ import torch
 
 from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec, kv_split_spec
-from sgl_core import MLAPoolGeometry
 from sgl_core.backend import (
     Component,
     IndexerConfig,
     MHAPoolGeometry,
+    MLAPoolGeometry,
     byte_view,
     check_indexer,
     check_layer_id,

@@ -11,6 +11,10 @@ Start with :func:`get_backend`, then build pools from it::
 MHA/GQA models: ``backend.create_mha_device_pool(size=..., page_size=..., dtype=...,
 head_num=8, head_dim=128, layer_num=80)``; ``create_host_pool`` then returns an
 ``MHAHostPool`` (layouts in ``backend.supported_mha_pairs``).
+
+This module is what an engine uses. What a device package builds on (pool
+bases, the KV spec, the mover seam, the copy kit, entry-point groups) is
+``sgl_core.backend``.
 """
 
 # No ``from __future__ import annotations`` here: it would bind ``annotations``
@@ -19,23 +23,9 @@ from sgl_core import (
     _auto_copy,  # noqa: F401  (registers the AUTO copies with sgl_core._copy)
     errors,
 )
-from sgl_core._backend_base import PoolBackend
-from sgl_core._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
-from sgl_core._device_pool import (
-    MHAPoolGeometry,
-    MLAPoolGeometry,
-    PerLayerMHADevicePool,
-    PerLayerMLADevicePool,
-)
-from sgl_core._discovery import (
-    ENTRY_POINT_GROUP,
-    available_backends,
-    clear_backend_cache,
-    get_backend,
-)
+from sgl_core._discovery import available_backends, clear_backend_cache, get_backend
 from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core._kv_protocols import MHADevicePool, MHAHostPool, MLADevicePool, MLAHostPool
 from sgl_core._moe import (
     MoEWeights,
@@ -46,40 +36,23 @@ from sgl_core._moe import (
 )
 from sgl_core._protocols import Backend, MoEExperts, MoEMethod
 from sgl_core._public import publish_names as _publish_names
-from sgl_core._shapes import MHAShape, MLAShape
-from sgl_core._token_host_pool import MHATokenHostPool, TokenRowHostPool
 from sgl_core._torch_backend import TorchBackend
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Backend",
-    "ENTRY_POINT_GROUP",
     "HostLayout",
     "IOBackend",
     "IndexerCache",
     "KVRows",
     "MHADevicePool",
     "MHAHostPool",
-    "MHAHostPoolBase",
-    "MHAPoolGeometry",
-    "MHAShape",
-    "MHATokenHostPool",
     "MLADevicePool",
     "MLAHostPool",
-    "MLAHostPoolBase",
-    "MLAPoolGeometry",
-    "MLAShape",
-    "MOE_BENCH_GROUP",
-    "MoEBenchCase",
-    "MoEBenchFactory",
     "MoEExperts",
     "MoEMethod",
     "MoEWeights",
-    "PerLayerMHADevicePool",
-    "PerLayerMLADevicePool",
-    "PoolBackend",
-    "TokenRowHostPool",
     "TorchBackend",
     "TorchMoEMethod",
     "__version__",

@@ -8,6 +8,9 @@ is kept stable like the engine API; private modules may change shape freely.
 
 Groups:
 
+* **discovery and bench hooks**: ``ENTRY_POINT_GROUP`` (where a backend
+  registers), ``MOE_BENCH_GROUP``, ``MoEBenchCase``, ``MoEBenchFactory`` (a
+  device package's MoE cases for ``sgl-bench moe``);
 * **protocols and enums**: ``Backend``, ``MLADevicePool``, ``MLAHostPool``,
   ``HostLayout``, ``IOBackend``; the capabilities tools ask for instead of
   naming a device family: ``LayerViews`` (a host pool shows one layer as
@@ -67,6 +70,7 @@ extra, so it is not imported here).
 from __future__ import annotations
 
 from sgl_core._backend_base import PoolBackend
+from sgl_core._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
 from sgl_core._calibrate import Calibrator, CopyChoice, copy_calibration
 from sgl_core._copy import (
     IndexRuns,
@@ -89,6 +93,7 @@ from sgl_core._device_pool import (
 from sgl_core._device_rows import check_raw_rows, device_layers, mha_device_layers, stacked_layers
 from sgl_core._devices import check_fits, parse_device, usable_device
 from sgl_core._direct_mover import DirectMover
+from sgl_core._discovery import ENTRY_POINT_GROUP
 from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._engine import RunSide, copy_runs, gather_rows
 from sgl_core._engine_views import as_mha_device_pool
@@ -147,6 +152,7 @@ __all__ = [
     "CopyTuning",
     "DevicePoolGeometry",
     "DirectMover",
+    "ENTRY_POINT_GROUP",
     "EmulatedWithoutDevice",
     "HostLayout",
     "HostPart",
@@ -174,6 +180,9 @@ __all__ = [
     "MLAHostPoolBase",
     "MLAPoolGeometry",
     "MLAShape",
+    "MOE_BENCH_GROUP",
+    "MoEBenchCase",
+    "MoEBenchFactory",
     "Mover",
     "MoverFactory",
     "NEVER",

@@ -172,7 +172,7 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
     through ``kv_buffer[i] = t`` or :meth:`set_kv_buffer`; the table follows
     (and is re-checked before each kernel transfer). ``kv_cache_dim`` (packed
     rows) and the indexer cache (``index_head_dim``, one tensor per indexer
-    layer) are those of ``sgl_core.PerLayerMLADevicePool``.
+    layer) are those of ``sgl_core.backend.PerLayerMLADevicePool``.
     """
 
     layers_in_one_allocation = False

@@ -7,7 +7,8 @@ import sys
 
 import torch
 
-from sgl_core import MoEBenchCase, MoEWeights
+from sgl_core import MoEWeights
+from sgl_core.backend import MoEBenchCase
 from sgl_core.errors import BackendUnavailableError
 from sgl_cuda.quantization._dequant import dequantize_ggml
 from sgl_cuda.quantization._method import GGMLExpertBank, GGMLMoEMethod
