@@ -103,13 +103,15 @@ class KindCase:
         """Options (over this kind's) of pools that differ from ``device_pool`` in one field.
 
         A host pool built for ``device_pool`` must refuse each of them, byte-exact.
+        Widths change by a factor, not an offset, so each still suits every
+        layout its kind's pool suits (word-moving kernels take whole 8-byte words).
         """
         cases: dict[str, dict[str, Any]] = {
             "other layer_num": {"layer_num": 1 + device_pool.layer_num}
         }
         if self.mha:
             cases["other head_num"] = {"head_num": device_pool.head_num + 1}
-            cases["other v_head_dim"] = {"v_head_dim": device_pool.v_head_dim + 2}
+            cases["other v_head_dim"] = {"v_head_dim": device_pool.v_head_dim * 2}
         else:
             cases["other indexer"] = self.other_indexer()
         return cases

@@ -38,7 +38,7 @@ class PoolChecks(SuiteBase):
             ("host_size_gb", 1e9, ValueError),  # an exabyte: beyond memory
         ):
             with pytest.raises(SGLError) as info:
-                backend.create_host_pool(dev, layout=layout, **{name: value})
+                backend.create_host_pool(dev, layout=layout, **{name: value})  # type: ignore[arg-type]
             assert isinstance(info.value, builtin), f"{name}={value!r}: {info.value!r}"
         for device in ("bogus", 0, "meta"):
             with pytest.raises(DeviceError):

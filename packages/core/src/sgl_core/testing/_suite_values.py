@@ -22,7 +22,7 @@ import torch
 from sgl_core import Backend, IndexerCache, KVRows, MLADevicePool
 from sgl_core.errors import ArgumentTypeError, DeviceError, PoolMismatchError, ShapeMismatchError
 from sgl_core.testing._helpers import device_rows, fill_device_random, page_indices, same_bytes
-from sgl_core.testing._kinds import DevicePool, KindCase, Pair
+from sgl_core.testing._kinds import DevicePool, HostPool, KindCase, Pair
 from sgl_core.testing._suite_base import SuiteBase
 
 __all__ = ["ValueChecks"]
@@ -172,10 +172,11 @@ class ValueChecks(SuiteBase):
         loc = page_indices([1], PAGE)
         layout, io = pair
         dev = self.kind_pool(backend, kind)
-        host = backend.create_host_pool(dev, layout=layout, io_backend=io)
+        host: HostPool = backend.create_host_pool(dev, layout=layout, io_backend=io)
         assert getattr(host, "default_io_backend", None) is io, f"{layout}/{io}"
-        # No io: the pool's own (the protocol keeps io_backend required, for
-        # portability to other implementations; every shipped pool defaults it).
+        # No io: the pool's own (the protocols keep io_backend required, for
+        # portability to other implementations; every shipped pool defaults it,
+        # so the calls below go through an untyped ``HostPool``).
         host.backup_from_device_all_layer(dev, loc, loc)
         twin = self.kind_pool(backend, kind)
         fill_device_random(twin, 33)
@@ -183,7 +184,7 @@ class ValueChecks(SuiteBase):
             layer_id: Any = np.int64(layer)
             host.load_to_device_per_layer(twin, loc, loc, layer_id)
             assert torch.equal(device_rows(twin, layer, loc), device_rows(dev, layer, loc))
-        bare = backend.create_host_pool(dev, layout=layout)
+        bare: HostPool = backend.create_host_pool(dev, layout=layout)
         read = self.pool_bytes(dev)
         self.refused(ArgumentTypeError, read, bare.backup_from_device_all_layer, dev, loc, loc)
 
@@ -193,7 +194,7 @@ class ValueChecks(SuiteBase):
         other_dtype = torch.float16 if dev.dtype != torch.float16 else torch.bfloat16
         other = self.kind_pool(backend, kind, dtype=other_dtype)
         loc = page_indices([1], PAGE)
-        host = backend.create_host_pool(dev, layout=layout)
+        host: HostPool = backend.create_host_pool(dev, layout=layout)
         with pytest.raises(PoolMismatchError) as info:
             host.backup_from_device_all_layer(other, loc, loc, io)
         assert f"dtype is {other_dtype}, expected {dev.dtype}" in str(info.value)
