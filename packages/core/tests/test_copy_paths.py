@@ -5,8 +5,9 @@ address, per-layer gather/scatter, per-block slice copies); the suite's small
 pools would only ever reach some of them. Each class here pins one choice by
 building its backend with a ``CopyTuning``, and runs the whole suite, on device
 pools with the layers in one allocation and in one allocation per layer. The
-kinds: split MLA rows, packed DSA rows with the indexer, and MHA with equal and
-narrower V (the separate-layer classes: the MLA ones, the only pools they change).
+kinds: split MLA rows and MHA with equal and narrower V (the separate-layer
+classes: MLA only, the pools they change); packed rows and the indexer run
+in ``test_conformance_torch``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class SeparateLayers(sgl_core.PerLayerMLADevicePool):
 
 class _PinnedPath(BackendConformanceSuite):
     backend_name = "torch"
-    kinds = kinds_named("mla", "dsa", "mha", "mha_narrow_v")
+    kinds = kinds_named("mla", "mha", "mha_narrow_v")
     tuning: ClassVar[CopyTuning] = CopyTuning()
     separate_layers = False
 
@@ -63,7 +64,7 @@ class TestByAddress(_PinnedPath):
 
 
 class TestByAddressSeparateLayers(_PinnedPath):
-    kinds = kinds_named("mla", "dsa")
+    kinds = kinds_named("mla")
     tuning = _BY_ADDRESS
     separate_layers = True
 
@@ -77,7 +78,7 @@ class TestSliceBlocks(_PinnedPath):
 
 
 class TestSliceBlocksSeparateLayers(_PinnedPath):
-    kinds = kinds_named("mla", "dsa")
+    kinds = kinds_named("mla")
     tuning = _SLICES
     separate_layers = True
 
