@@ -36,7 +36,7 @@ def pools(
         layer_num=LAYERS,
     )
     gen = torch.Generator().manual_seed(seed)
-    for buf in AscendMLAHostPool._device_buffers(dev):
+    for buf in dev.components:
         buf.copy_(random_bits(tuple(buf.shape), buf.dtype, gen))
     host = AscendBackend(tuning=tuning).create_host_pool(dev, layout="page_first_kv_split")
     idx = page_indices(list(range(PAGES)), PS)

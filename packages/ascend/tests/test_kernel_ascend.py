@@ -39,7 +39,7 @@ def pools(
         with_index_k_scale=True,
     )
     gen = torch.Generator().manual_seed(seed)
-    for buf in AscendMLAHostPool._device_buffers(dev):
+    for buf in dev.components:
         buf.copy_(random_bits(tuple(buf.shape), buf.dtype, gen))
     host = AscendBackend(tuning=tuning).create_host_pool(dev, layout="page_first_kv_split")
     return dev, host
@@ -55,7 +55,7 @@ def expected_backup(
     """Oracle: a per-page Python loop over every component."""
     out = [b.clone() for b in host.buffers]
     for h, d in zip(hp, dp, strict=True):
-        for o, src in zip(out, AscendMLAHostPool._device_buffers(dev), strict=True):
+        for o, src in zip(out, dev.components, strict=True):
             o[h] = src[:, d]
     return out
 
@@ -80,14 +80,14 @@ def test_backup_and_load_match_per_page_oracle(short_run_bytes: int) -> None:
         assert torch.equal(as_bytes(got), as_bytes(want))
     dst, _ = pools(1)
     for layer in range(LAYERS):
-        before = [b.clone() for b in AscendMLAHostPool._device_buffers(dst)]
+        before = [b.clone() for b in dst.components]
         host.load_to_device_per_layer(dst, page_indices(hp, PS), page_indices(dp, PS), layer, IO)
         slot = dst.indexer_slot(layer)
         for comp, (now, old, src) in enumerate(
             zip(
-                AscendMLAHostPool._device_buffers(dst),
+                dst.components,
                 before,
-                AscendMLAHostPool._device_buffers(dev),
+                dev.components,
                 strict=True,
             )
         ):
@@ -182,7 +182,7 @@ def test_repeated_load_revalidates_whatever_changed() -> None:
     dev, host = pools(6)
     h_idx, d_idx = page_indices([1, 2], PS), page_indices([3, 4], PS)
     host.load_to_device_per_layer(dev, h_idx, d_idx, 0, IO)
-    snapshot = [b.clone() for b in AscendMLAHostPool._device_buffers(dev)]
+    snapshot = [b.clone() for b in dev.components]
     with pytest.raises(LayerIndexError):
         host.load_to_device_per_layer(dev, h_idx, d_idx, LAYERS, IO)
     d_idx[:PS] += 29  # in place, now misaligned: must be caught although the object is the same
@@ -197,7 +197,7 @@ def test_repeated_load_revalidates_whatever_changed() -> None:
         host.load_to_device_per_layer(other, h_idx, d_idx, 1, IO)
     with pytest.raises(UnsupportedLayoutError):
         host.load_to_device_per_layer(dev, h_idx, d_idx, 1, "direct")
-    for now, before in zip(AscendMLAHostPool._device_buffers(dev), snapshot, strict=True):
+    for now, before in zip(dev.components, snapshot, strict=True):
         assert torch.equal(as_bytes(now), as_bytes(before))
     host.load_to_device_per_layer(dev, h_idx, d_idx, 3, IO)
     dev_ik, host_ik = dev.index_k_buffer, host.index_k_buffer

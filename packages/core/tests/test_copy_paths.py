@@ -89,18 +89,18 @@ class TestStackedAllLayers(_PinnedPath):
 
 def test_each_tuning_takes_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tuning objects above really select different copy paths."""
-    from sgl_core import _copy, _row_mover
+    from sgl_core import _copy, _direct_mover
     from sgl_core.testing import page_indices
 
     seen: list[str] = []
-    for name, module in (("memmove", _copy), ("copy_runs", _row_mover)):
+    for name, module in (("memmove", _copy), ("copy_runs", _direct_mover)):
         real = getattr(module, "memmove_blocks" if name == "memmove" else name)
 
         def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> None:
             seen.append(_name)
             _real(*args, **kw)  # type: ignore[operator]
 
-        monkeypatch.setattr(_row_mover, "memmove_blocks" if name == "memmove" else name, spy)
+        monkeypatch.setattr(_direct_mover, "memmove_blocks" if name == "memmove" else name, spy)
     paths = {}
     for label, tuning in (("by_address", _BY_ADDRESS), ("gather", _GATHER), ("slices", _SLICES)):
         backend = sgl_core.TorchBackend(tuning=tuning)

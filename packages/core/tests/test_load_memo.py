@@ -14,7 +14,7 @@ import torch
 
 import sgl_core
 from sgl_core import errors
-from sgl_core._host_pool import MLAHostPoolBase
+from sgl_core._host_kinds import MLAHostPoolBase
 from sgl_core.testing import fill_device_random, page_indices
 
 PS = 16

@@ -14,9 +14,9 @@ import sgl_core
 from sgl_core.backend import (
     NEVER,
     CopyTuning,
+    DirectMover,
     HostLayout,
     IOBackend,
-    MHADirectMover,
     MHAMoverFactory,
     MHATokenHostPool,
     PerLayerMHADevicePool,
@@ -79,7 +79,7 @@ def test_mha_supported_pairs_come_from_the_movers() -> None:
 
     class Narrowed(MHATokenHostPool):
         movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MHAMoverFactory]]] = {
-            HostLayout.PAGE_HEAD: {IOBackend.DIRECT: MHADirectMover}
+            HostLayout.PAGE_HEAD: {IOBackend.DIRECT: DirectMover}
         }
 
     assert Narrowed.supported_pairs == {HostLayout.PAGE_HEAD: frozenset({IOBackend.DIRECT})}
@@ -125,11 +125,13 @@ def test_by_address_mha_plan_keeps_block_addresses() -> None:
     h_idx, d_idx = page_indices([5, 0, 2], 4), page_indices([1, 3, 2], 4)
     host.load_to_device_per_layer(dev, h_idx, d_idx, 0, "direct")
     mover = host._movers[IOBackend.DIRECT]
-    assert isinstance(mover, MHADirectMover)
+    assert isinstance(mover, DirectMover)
     checked = host._last_checked
     assert checked is not None
     plan = mover._plans.peek(checked.transfer)
-    assert plan is not None and set(plan.addresses) == {0}
-    kept = plan.addresses[0]
+    # Kept per (component, row): K and V of layer 0.
+    assert plan is not None and set(plan.addresses) == {(0, 0), (1, 0)}
+    kept = dict(plan.addresses)
     host.load_to_device_per_layer(dev, h_idx, d_idx, 0, "direct")
-    assert mover._plans.peek(checked.transfer) is plan and plan.addresses[0] is kept
+    assert mover._plans.peek(checked.transfer) is plan
+    assert all(plan.addresses[key] is kept[key] for key in kept)

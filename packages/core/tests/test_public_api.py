@@ -63,7 +63,7 @@ def test_mha_backend_interface_is_public() -> None:
         "HostPoolBase",
         "MHAHostPoolBase",
         "MHATokenHostPool",
-        "MHADirectMover",
+        "DirectMover",
         "PerLayerMHADevicePool",
         "MHAPoolGeometry",
         "MHAShape",

@@ -15,12 +15,12 @@ import sgl_core
 from sgl_core.backend import (
     NEVER,
     CopyTuning,
+    DirectMover,
     HostLayout,
     IOBackend,
     MLAHostPoolBase,
     MoverFactory,
     PlanCache,
-    RowDirectMover,
     TokenRowHostPool,
     Transfer,
 )
@@ -104,9 +104,7 @@ def test_supported_pairs_come_from_the_movers() -> None:
     assert TokenRowHostPool.supported_pairs == {
         layout: frozenset(ios) for layout, ios in TokenRowHostPool.movers.items()
     }
-    assert all(
-        f is RowDirectMover for ios in TokenRowHostPool.movers.values() for f in ios.values()
-    )
+    assert all(f is DirectMover for ios in TokenRowHostPool.movers.values() for f in ios.values())
 
 
 def test_supported_pairs_cannot_be_declared_by_hand() -> None:
@@ -119,7 +117,7 @@ def test_supported_pairs_cannot_be_declared_by_hand() -> None:
 
     class Narrowed(TokenRowHostPool):
         movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
-            sgl_core.HostLayout.PAGE_FIRST: {sgl_core.IOBackend.DIRECT: RowDirectMover}
+            sgl_core.HostLayout.PAGE_FIRST: {sgl_core.IOBackend.DIRECT: DirectMover}
         }
 
     assert Narrowed.supported_pairs == {

@@ -246,3 +246,62 @@ def test_runtime_error_switches_batching_off(monkeypatch: pytest.MonkeyPatch) ->
     assert not ok
     assert "test" in _copy_engine.disabled_reason()
     assert not _copy_engine.available()
+
+
+# ----------------------------------------------------- the host pools' direct io
+def _mla_pool() -> Any:
+    from sgl_cuda import backend
+
+    return backend.create_device_pool(
+        size=8, page_size=4, dtype=torch.bfloat16, kv_lora_rank=8, qk_rope_head_dim=4, layer_num=2
+    )
+
+
+def _mha_pool(v_head_dim: int) -> Any:
+    from sgl_cuda import backend
+
+    return backend.create_mha_device_pool(
+        size=8, page_size=4, dtype=torch.float16, head_num=2, head_dim=4, layer_num=2,
+        v_head_dim=v_head_dim,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["mla", "mha", "mha_narrow_v"])
+@pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
+def test_host_pools_offer_direct_transfers_to_the_copy_engine(
+    kind: str, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``SGL_CUDA_DIRECT_COPY=batch`` both kinds' ``direct`` transfers go to the copy
+    engine first, every part in one call; where it declines (here: no runtime) the
+    slice copies still move every byte."""
+    from sgl_cuda import backend
+
+    monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "batch")
+    calls: list[tuple[str, int]] = []
+    real_lf, real_pf = _copy_engine.layer_first, _copy_engine.page_first
+
+    def layer_first(src: Any, dst: Any, *args: Any) -> bool:
+        calls.append(("layer_first", len(src)))
+        return real_lf(src, dst, *args)
+
+    def page_first(parts: Any, *args: Any, **kwargs: Any) -> bool:
+        calls.append(("page_first", sum(len(p[2]) for p in parts)))
+        return real_pf(parts, *args, **kwargs)
+
+    monkeypatch.setattr(_copy_engine, "layer_first", layer_first)
+    monkeypatch.setattr(_copy_engine, "page_first", page_first)
+    make = {"mla": _mla_pool, "mha": lambda: _mha_pool(4), "mha_narrow_v": lambda: _mha_pool(2)}
+    dev, dst = make[kind](), make[kind]()
+    names = ("kv_buffer",) if kind == "mla" else ("k_buffer", "v_buffer")
+    gen = torch.Generator().manual_seed(3)
+    for name in names:
+        for t in getattr(dev, name):
+            t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+    host = backend.create_host_pool(dev, layout=layout, io_backend="direct")
+    h, d = torch.arange(4, 8), torch.arange(0, 4)
+    host.backup_from_device_all_layer(dev, h, d, "direct")
+    host.load_to_device_per_layer(dst, h, d, 1, "direct")
+    parts = 1 if kind == "mla" else 2
+    assert calls == [(layout.removesuffix("_direct"), 2 * parts), (calls[0][0], parts)]
+    for name in names:
+        assert torch.equal(getattr(dst, name)[1][d], getattr(dev, name)[1][d])

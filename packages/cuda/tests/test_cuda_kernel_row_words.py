@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sgl_core.errors import PoolMismatchError, ShapeMismatchError, UnsupportedLayoutError
-from sgl_cuda import _mha_movers, backend
+from sgl_cuda import _movers, backend
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PS, LAYERS = 4, 2
@@ -97,7 +97,7 @@ def test_unaddressable_v_layer_refused_before_k_moves(layout: str) -> None:
 
 def test_both_launches_checked_before_the_first_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the mover's own checks, the launch checks still refuse V before K moves."""
-    monkeypatch.setattr(_mha_movers.MHAKernelMover, "check", lambda self, device_pool: None)
+    monkeypatch.setattr(_movers.KernelMover, "check", lambda self, device_pool: None)
     dev = device_pool(2, 8, 4)
     host = backend.create_host_pool(dev, layout="page_first", io_backend="kernel")
     idx = torch.arange(PS, 3 * PS)

@@ -16,7 +16,7 @@ import torch
 
 import sgl_core
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError, UnsupportedLayoutError
-from sgl_cuda import CudaMHADevicePool, CudaMHAHostPool, _mha_movers, backend
+from sgl_cuda import CudaMHADevicePool, CudaMHAHostPool, _kvcacheio_mha, _movers, backend
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PS, LAYERS, HEADS, DIM = 4, 3, 2, 8
@@ -145,7 +145,7 @@ def test_one_launch_per_transfer(
 ) -> None:
     """K and V together: one launch per backup and per layer load (two for unequal widths)."""
     calls: list[int] = []
-    real = _mha_movers.prepare_rows
+    real = _kvcacheio_mha.prepare_rows
 
     def counting(*args: Any, **kwargs: Any) -> Callable[[], None]:
         launch = real(*args, **kwargs)
@@ -156,7 +156,7 @@ def test_one_launch_per_transfer(
 
         return counted
 
-    monkeypatch.setattr(_mha_movers, "prepare_rows", counting)
+    monkeypatch.setattr(_movers, "prepare_rows", counting)
     dev = make_device(backend, v_head_dim)
     host = backend.create_host_pool(dev, layout="page_head")
     h, d = shuffled_pages(seed=5)

@@ -131,14 +131,16 @@ def test_supported_pairs() -> None:
 
 @pytest.mark.parametrize("layout", [HostLayout.LAYER_FIRST, HostLayout.PAGE_FIRST])
 def test_kernel_backend_is_one_launch(layout: HostLayout, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sgl_cuda._triton import kv_mha  # the one row kernel of every kind's pool
+
     launches: list[dict[str, object]] = []
-    real: Callable[..., None] = triton_kvcacheio.launch_copy_rows
+    real: Callable[..., None] = kv_mha.launch_copy_kv_rows
 
     def counting(*args: object, **kwargs: object) -> None:
         launches.append(kwargs)
         real(*args, **kwargs)
 
-    monkeypatch.setattr(triton_kvcacheio, "launch_copy_rows", counting)
+    monkeypatch.setattr(kv_mha, "launch_copy_kv_rows", counting)
     dev = make_pool(layers=4)
     fill_device_random(dev, 1)
     host = backend.create_host_pool(dev, layout=layout)

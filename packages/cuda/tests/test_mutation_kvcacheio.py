@@ -21,16 +21,16 @@ def i64(n: int) -> torch.Tensor:
 
 
 def test_words_takes_positive_multiples_of_eight() -> None:
-    assert kvcacheio._words(8, "n") == 1
-    assert kvcacheio._words(24, "n") == 3
+    assert _kv_checks.words(8, "n") == 1
+    assert _kv_checks.words(24, "n") == 3
     for bad in (0, -8, 4, 12, 9, True, 8.0, "8"):
         with pytest.raises(errors.ShapeMismatchError, match="n must be a positive multiple of 8"):
-            kvcacheio._words(bad, "n")  # type: ignore[arg-type]
+            _kv_checks.words(bad, "n")  # type: ignore[arg-type]
 
 
 def test_check_indices_edges(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert kvcacheio._check_indices(i64(3), i64(3)) == CPU
-    assert kvcacheio._check_indices(i64(0), i64(0)) == CPU
+    assert _kv_checks.check_indices(i64(3), i64(3)) == CPU
+    assert _kv_checks.check_indices(i64(0), i64(0)) == CPU
     cases: list[tuple[object, object, type[Exception]]] = [
         (i64(3).int(), i64(3), errors.IndexDTypeError),
         (i64(3), i64(3).int(), errors.IndexDTypeError),
@@ -46,18 +46,18 @@ def test_check_indices_edges(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     for src, dst, error in cases:
         with pytest.raises(error):
-            kvcacheio._check_indices(src, dst)  # type: ignore[arg-type]
-    # the checks live in _kv_checks (kvcacheio re-exports them)
+            _kv_checks.check_indices(src, dst)  # type: ignore[arg-type]
+    # the checks live in _kv_checks
     monkeypatch.setattr(_kv_checks, "interpreter_active", lambda: False)
     with pytest.raises(errors.BackendUnavailableError, match="TRITON_INTERPRET=1"):
-        kvcacheio._check_indices(i64(3), i64(3))
+        _kv_checks.check_indices(i64(3), i64(3))
 
 
 def test_check_table_edges() -> None:
     table = torch.zeros(LAYERS, dtype=torch.uint64)
-    kvcacheio._check_table(table, "t", CPU, LAYERS)
-    kvcacheio._check_table(table, "t", CPU, LAYERS - 1)
-    kvcacheio._check_table(table[:0], "t", CPU, 0)
+    _kv_checks.check_table(table, "t", CPU, LAYERS)
+    _kv_checks.check_table(table, "t", CPU, LAYERS - 1)
+    _kv_checks.check_table(table[:0], "t", CPU, 0)
     for bad, layers in (
         (table.view(torch.int64), LAYERS),
         (table.tolist(), LAYERS),
@@ -68,33 +68,33 @@ def test_check_table_edges() -> None:
         (table, LAYERS + 1),
     ):
         with pytest.raises(errors.ShapeMismatchError, match="t "):
-            kvcacheio._check_table(bad, "t", CPU, layers)  # type: ignore[arg-type]
+            _kv_checks.check_table(bad, "t", CPU, layers)  # type: ignore[arg-type]
 
 
 def test_check_buffer_edges() -> None:
     raw = torch.zeros(64, dtype=torch.uint8)
-    kvcacheio._check_buffer(raw, "b", CPU)
-    kvcacheio._check_buffer(raw[8:], "b", CPU)
+    _kv_checks.check_buffer(raw, "b", CPU)
+    _kv_checks.check_buffer(raw[8:], "b", CPU)
     for offset in (1, 4, 7):
         with pytest.raises(errors.ShapeMismatchError, match="b must start on an 8-byte boundary"):
-            kvcacheio._check_buffer(raw[offset:], "b", CPU)
+            _kv_checks.check_buffer(raw[offset:], "b", CPU)
     with pytest.raises(errors.ShapeMismatchError, match=r"b must be a torch\.Tensor"):
-        kvcacheio._check_buffer(raw.tolist(), "b", CPU)  # type: ignore[arg-type]
+        _kv_checks.check_buffer(raw.tolist(), "b", CPU)  # type: ignore[arg-type]
     with pytest.raises(errors.ShapeMismatchError, match="b is on meta"):
-        kvcacheio._check_buffer(raw.to("meta"), "b", CPU)
+        _kv_checks.check_buffer(raw.to("meta"), "b", CPU)
     # a CUDA kernel reaches CPU memory only when it is pinned
     with pytest.raises(errors.ShapeMismatchError, match="not pinned host memory"):
-        kvcacheio._check_buffer(raw, "b", torch.device("cuda"))
+        _kv_checks.check_buffer(raw, "b", torch.device("cuda"))
     with pytest.raises(errors.ShapeMismatchError, match="b is on cpu"):
-        kvcacheio._check_buffer(raw, "b", torch.device("meta"))
+        _kv_checks.check_buffer(raw, "b", torch.device("meta"))
 
 
 def test_check_layers_and_page_size_edges() -> None:
-    assert kvcacheio._check_layers(0) == 0
-    assert kvcacheio._check_layers(LAYERS) == LAYERS
+    assert _kv_checks.check_layers(0) == 0
+    assert _kv_checks.check_layers(LAYERS) == LAYERS
     for bad in (-1, True, 1.0, None):
         with pytest.raises(errors.LayerIndexError, match="num_layers must be a non-negative"):
-            kvcacheio._check_layers(bad)  # type: ignore[arg-type]
+            _kv_checks.check_layers(bad)  # type: ignore[arg-type]
     assert _direct._check_page_size(1) == 1
     assert _direct._check_page_size(64) == 64
     for bad in (0, -1, True, 2.0, None):
@@ -172,18 +172,18 @@ class ClaimsCuda(torch.Tensor):
 
 def test_pinned_host_memory_is_reachable_from_cuda_only() -> None:
     pinned = torch.zeros(64, dtype=torch.uint8).as_subclass(ClaimsPinned)
-    kvcacheio._check_buffer(pinned, "b", torch.device("cuda", 0))
+    _kv_checks.check_buffer(pinned, "b", torch.device("cuda", 0))
     with pytest.raises(errors.ShapeMismatchError, match="b is on cpu"):
-        kvcacheio._check_buffer(pinned, "b", torch.device("meta"))
+        _kv_checks.check_buffer(pinned, "b", torch.device("meta"))
     with pytest.raises(errors.ShapeMismatchError, match="b must start on an 8-byte boundary"):
-        kvcacheio._check_buffer(pinned[3:], "b", torch.device("cuda", 0))
+        _kv_checks.check_buffer(pinned[3:], "b", torch.device("cuda", 0))
 
 
 def test_cuda_indices_need_no_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the checks live in _kv_checks (kvcacheio re-exports them)
+    # the checks live in _kv_checks
     monkeypatch.setattr(_kv_checks, "interpreter_active", lambda: False)
     src, dst = i64(3).as_subclass(ClaimsCuda), i64(3).as_subclass(ClaimsCuda)
-    assert kvcacheio._check_indices(src, dst) == torch.device("cuda", 0)
+    assert _kv_checks.check_indices(src, dst) == torch.device("cuda", 0)
 
 
 def test_index_errors_name_the_argument() -> None:
@@ -194,7 +194,7 @@ def test_index_errors_name_the_argument() -> None:
         (i64(3), i64(4).view(2, 2), "dst_indices"),
     ):
         with pytest.raises(errors.SGLError, match=rf"^{name} must be"):
-            kvcacheio._check_indices(src, dst)
+            _kv_checks.check_indices(src, dst)
 
 
 # ------------------------------------------------------------ side_words

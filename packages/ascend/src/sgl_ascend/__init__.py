@@ -41,10 +41,8 @@ Example::
 from __future__ import annotations
 
 from sgl_ascend._backend import AscendBackend, backend
-from sgl_ascend._device_pool import AscendMLADevicePool
-from sgl_ascend._host_pool import AscendMLAHostPool
-from sgl_ascend._mha_device_pool import AscendMHADevicePool
-from sgl_ascend._mha_host_pool import AscendMHAHostPool
+from sgl_ascend._device_kinds import AscendMHADevicePool, AscendMLADevicePool
+from sgl_ascend._host_pool import AscendMHAHostPool, AscendMLAHostPool
 from sgl_ascend._moe import (
     AscendMoEMethod,
     AscendW8A8DynamicMoEMethod,

@@ -8,17 +8,14 @@ there is no NPU), which is how its tests and the conformance suite run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sgl_ascend import _npu
-from sgl_ascend._device_pool import AscendMLADevicePool
+from sgl_ascend._device_kinds import AscendMHADevicePool, AscendMLADevicePool
 from sgl_ascend._engine_pool import engine_view
-from sgl_ascend._host_pool import AscendMLAHostPool
-from sgl_ascend._mha_device_pool import AscendMHADevicePool
-from sgl_ascend._mha_host_pool import AscendMHAHostPool
+from sgl_ascend._host_pool import AscendMHAHostPool, AscendMLAHostPool
 from sgl_core.backend import CopyTuning, IOBackend, MLADevicePool, PoolBackend
 
 __all__ = ["AscendBackend", "backend"]
@@ -27,9 +24,12 @@ __all__ = ["AscendBackend", "backend"]
 class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
     """Backend ``"ascend"``: contiguous multi-layer pools and ``kernel_ascend`` transfers.
 
-    MLA device pools come from ``create_device_pool``, MHA / GQA ones from
+    MLA (and DSA) device pools come from ``create_device_pool`` (the
+    ``PoolBackend`` one: an :class:`AscendMLADevicePool`), MHA / GQA ones from
     ``create_mha_device_pool``; ``create_host_pool`` builds the host pool of
     the device pool's kind (both ``page_first_kv_split`` / ``kernel_ascend``).
+    A device pool's ``device`` None is the NPU when usable, else CPU; ``"npu"``
+    without ``torch_npu`` raises ``BackendUnavailableError``, before allocating.
     """
 
     name = "ascend"
@@ -53,46 +53,6 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
     def is_available(self) -> bool:
         """True only when ``torch_npu`` imports and an NPU is visible."""
         return _npu.npu_available()
-
-    def create_device_pool(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        kv_cache_dim: int | None = None,
-        index_head_dim: int | None = None,
-        indexer_layer_ids: Iterable[int] | None = None,
-        with_index_k_scale: bool = False,
-    ) -> AscendMLADevicePool:
-        """An MLA (or DSA) pool of contiguous 5-D layer-major tensors.
-
-        ``size`` tokens (whole ``page_size`` pages) per layer plus the padding
-        page, page 0: slots ``[0, size + page_size)``, in ``size // page_size + 1``
-        pages. ``kv_cache_dim`` gives packed rows (one component, no
-        ``v_buffer``); ``index_head_dim`` adds the indexer cache for
-        ``indexer_layer_ids`` (fp32 scales with ``with_index_k_scale``).
-        ``device`` None: the NPU when usable, else CPU. Raises, before
-        allocating, ``PoolSizeError`` (sizes), ``DeviceError`` (an unusable
-        device) or ``BackendUnavailableError`` (``"npu"`` without torch_npu).
-        """
-        return AscendMLADevicePool(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            kv_lora_rank=kv_lora_rank,
-            qk_rope_head_dim=qk_rope_head_dim,
-            layer_num=layer_num,
-            device=device,
-            kv_cache_dim=kv_cache_dim,
-            index_head_dim=index_head_dim,
-            indexer_layer_ids=indexer_layer_ids,
-            with_index_k_scale=with_index_k_scale,
-        )
 
     def create_mha_device_pool(
         self,

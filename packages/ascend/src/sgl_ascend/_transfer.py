@@ -33,15 +33,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from sgl_ascend import _npu
-from sgl_ascend._device_pool import AscendMLADevicePool
-from sgl_ascend._mha_device_pool import AscendMHADevicePool
 from sgl_core.backend import (
     CopyTuning,
+    HostSide,
     IndexRuns,
     PlanCache,
     RunSide,
@@ -53,10 +52,6 @@ from sgl_core.backend import (
     tuning_for,
     widen_rows,
 )
-
-if TYPE_CHECKING:
-    from sgl_ascend._host_pool import AscendMLAHostPool
-    from sgl_ascend._mha_host_pool import AscendMHAHostPool
 
 __all__ = ["KvSplitMover", "PagePlan", "backup_rows", "plan_pages"]
 
@@ -164,16 +159,21 @@ class _LoadPlan:
 class KvSplitMover:
     """``kernel_ascend`` io of ``page_first_kv_split``: whole pages, every component.
 
-    ``buffers`` are the host components in flat-page order; ``device_buffers``
-    maps a (validated) device pool to its components in the same order and
-    ``rows`` a layer to the row of each component (``indexer_slot``). It runs
-    MLA pools (k, v[, index_k[, scale]]) and MHA pools (k, v) alike.
+    Built from the host side alone: its parts are the host components in
+    flat-page order; a transfer's device pool holds each component's 5-D
+    tensor under the component's ``device_name``. A layer's load moves, per
+    component, the row the component keeps for it (the layer, or its indexer
+    slot; none where the layer has no indexer row). It runs MLA pools (k,
+    v[, index_k[, scale]]) and MHA pools (k, v) alike.
     """
 
-    def __init__(self, pool: AscendMLAHostPool | AscendMHAHostPool) -> None:
-        self.buffers = pool.buffers
-        self.page_size = pool.page_size
-        self.tuning = pool.tuning
+    def __init__(self, side: HostSide) -> None:
+        self.buffers = [p.buffer for p in side.parts]
+        self.page_size = side.page_size
+        self.tuning = side.tuning
+        self._names = [p.component.device_name for p in side.parts]
+        #: Per layer: each component's row (None: the component has none for it).
+        self._rows = [[p.component.slot(i) for p in side.parts] for i in range(side.layer_num)]
         self._plans: PlanCache[_LoadPlan] = PlanCache()
         self._queued_on: set[torch.device] = set()
 
@@ -186,21 +186,23 @@ class KvSplitMover:
             _npu.synchronize(device)
 
     def backup(self, transfer: Transfer[Any]) -> None:
-        pool = _ascend(transfer.device_pool)
-        self._queued_on.add(pool.device)
-        pairs = list(zip(self.buffers, pool.components, strict=True))
-        backup_rows(pairs, self._pages(transfer), self.tuning or tuning_for(pool.device))
+        pool = transfer.device_pool
+        pairs = [(h, getattr(pool, n)) for h, n in zip(self.buffers, self._names, strict=True)]
+        device = pairs[0][1].device
+        self._queued_on.add(device)
+        backup_rows(pairs, self._pages(transfer), self.tuning or tuning_for(device))
 
     def load(self, transfer: Transfer[Any], layer_id: int) -> None:
         """Host -> device of one layer (and its indexer row); other rows untouched."""
-        pool = _ascend(transfer.device_pool)
+        pool = transfer.device_pool
         plan = self._plans.get(transfer, lambda t: _LoadPlan(self._pages(t)))
         pages = plan.pages
-        slot = pool.indexer_slot(layer_id)
-        kv = pool.kv_components
-        rows = [layer_id] * kv + ([] if slot is None else [slot] * (len(self.buffers) - kv))
-        triples = list(zip(self.buffers, pool.components, rows, strict=False))
-        device = pool.device
+        triples = [
+            (host, getattr(pool, name), row)
+            for host, name, row in zip(self.buffers, self._names, self._rows[layer_id], strict=True)
+            if row is not None
+        ]
+        device = triples[0][1].device
         tune = self.tuning or tuning_for(device)
         per_page = sum(_page_bytes(h, 1) for h, _, _ in triples)
         same = self.buffers[0].device == device
@@ -230,9 +232,3 @@ class KvSplitMover:
 
     def _pages(self, transfer: Transfer[Any]) -> PagePlan:
         return plan_pages(transfer.host_indices, transfer.device_indices, self.page_size)
-
-
-def _ascend(device_pool: object) -> AscendMLADevicePool | AscendMHADevicePool:
-    # The host pools accept only Ascend device pools (MLA or MHA, by host pool).
-    assert isinstance(device_pool, (AscendMLADevicePool, AscendMHADevicePool))
-    return device_pool

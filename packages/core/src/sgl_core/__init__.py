@@ -15,10 +15,18 @@ head_num=8, head_dim=128, layer_num=80)``; ``create_host_pool`` then returns an
 
 # No ``from __future__ import annotations`` here: it would bind ``annotations``
 # in the package namespace (``dir(sgl_core)``), and this module annotates nothing.
-from sgl_core import errors
+from sgl_core import (
+    _auto_copy,  # noqa: F401  (registers the AUTO copies with sgl_core._copy)
+    errors,
+)
 from sgl_core._backend_base import PoolBackend
 from sgl_core._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
-from sgl_core._device_pool import MLAPoolGeometry, PerLayerMLADevicePool
+from sgl_core._device_pool import (
+    MHAPoolGeometry,
+    MLAPoolGeometry,
+    PerLayerMHADevicePool,
+    PerLayerMLADevicePool,
+)
 from sgl_core._discovery import (
     ENTRY_POINT_GROUP,
     available_backends,
@@ -27,12 +35,8 @@ from sgl_core._discovery import (
 )
 from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._host_pool import MLAHostPoolBase
-from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool
-from sgl_core._mha_host_pool import MHAHostPoolBase
-from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
-from sgl_core._mha_shapes import MHAShape
-from sgl_core._mha_token_host_pool import MHATokenHostPool
+from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core._kv_protocols import MHADevicePool, MHAHostPool, MLADevicePool, MLAHostPool
 from sgl_core._moe import (
     MoEWeights,
     TorchMoEMethod,
@@ -40,10 +44,10 @@ from sgl_core._moe import (
     maybe_fuse_routed_scale_and_shared_add,
     silu_and_mul,
 )
-from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool, MoEExperts, MoEMethod
+from sgl_core._protocols import Backend, MoEExperts, MoEMethod
 from sgl_core._public import publish_names as _publish_names
-from sgl_core._shapes import MLAShape
-from sgl_core._token_host_pool import TokenRowHostPool
+from sgl_core._shapes import MHAShape, MLAShape
+from sgl_core._token_host_pool import MHATokenHostPool, TokenRowHostPool
 from sgl_core._torch_backend import TorchBackend
 
 __version__ = "0.1.0"

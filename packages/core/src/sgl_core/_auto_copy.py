@@ -257,3 +257,6 @@ def auto_gather(
             gather_pieces(dst, src, d_idx, s_idx, t)
 
     _run(f"gather cpu->cpu {_bucket(row)} rows", total, samples, full)
+
+
+_copy.register_auto_copies(auto_copy_blocks, auto_memmove)

@@ -7,14 +7,11 @@ from typing import Any, ClassVar, Generic, TypeVar, overload
 
 import torch
 
+from sgl_core._engine_views import as_device_pool
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._foreign_pool import as_device_pool
-from sgl_core._host_pool import MLAHostPoolBase
+from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core._kv_protocols import MHADevicePool, MHAHostPool, MLADevicePool, is_mha_device_pool
 from sgl_core._mha_backend import MHABackendMixin
-from sgl_core._mha_host_pool import MHAHostPoolBase
-from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
-from sgl_core._pool_kinds import is_mha_device_pool
-from sgl_core._protocols import MLADevicePool
 from sgl_core._tuning import CopyTuning
 from sgl_core.errors import UnsupportedLayoutError
 

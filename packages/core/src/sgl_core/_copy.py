@@ -46,6 +46,28 @@ _workers = max(1, min(4, os.cpu_count() or 1) - 1)
 _executor_lock = threading.Lock()
 # Below this many bytes per call the thread hand-off costs more than it saves.
 _THREADED_MIN_BYTES = 4 << 20
+
+# The AUTO copies pick a thread count by measurement (sgl_core._auto_copy, which
+# sgl_core imports first); they register here, so the kit never imports its
+# chooser (which calls back into the kit with a count).
+_AutoBlocks = Callable[[list[torch.Tensor], list[torch.Tensor]], None]
+_AutoMemmove = Callable[[Sequence[int], Sequence[int], Sequence[int]], None]
+_auto: dict[str, Callable[..., None]] = {}
+
+
+def register_auto_copies(blocks: _AutoBlocks, memmove: _AutoMemmove) -> None:
+    """Install the measured ``copy_blocks`` / ``memmove_blocks`` that ``AUTO`` calls."""
+    _auto["blocks"] = blocks
+    _auto["memmove"] = memmove
+
+
+def _auto_copy(name: str) -> Callable[..., None]:
+    try:
+        return _auto[name]
+    except KeyError:
+        raise RuntimeError("internal error: sgl_core._auto_copy was not imported") from None
+
+
 # ATen splits a CPU copy across its own threads above this many elements.
 _ATEN_GRAIN = 32768
 
@@ -156,9 +178,7 @@ def copy_blocks(
     on_cpu = dst_list[0].device.type == "cpu" and src_list[0].device.type == "cpu"
     if threads == AUTO and on_cpu:
         if sum(t.numel() * t.element_size() for t in dst_list) >= AUTO_MIN_BYTES:
-            from sgl_core._auto_copy import auto_copy_blocks  # it calls back with a count
-
-            auto_copy_blocks(dst_list, src_list)
+            _auto_copy("blocks")(dst_list, src_list)
             return
         threads = 1
     if threads == 1 and on_cpu:
@@ -260,9 +280,7 @@ def memmove_blocks(
     count = len(sizes)
     if threads == AUTO:
         if count >= 2 and sum(sizes) >= AUTO_MIN_BYTES:
-            from sgl_core._auto_copy import auto_memmove  # it calls back with a count
-
-            auto_memmove(dst, src, sizes)
+            _auto_copy("memmove")(dst, src, sizes)
             return
         threads = 1
     if threads == 1:

@@ -1,35 +1,34 @@
-"""Per-layer MLA device pool: the layout of the torch and CUDA backends."""
+"""The per-layer device pools of the torch backend (and, subclassed, cuda), both kinds.
+
+``MLAPoolGeometry`` / ``MHAPoolGeometry`` are the geometry every device pool
+of a kind reports (backend authors subclass them); ``PerLayerMLADevicePool``
+and ``PerLayerMHADevicePool`` keep their spec's components as per-layer
+tensors (``sgl_core._device_rows``) and add the kind's engine accessors:
+``set_mla_kv_buffer`` / ``get_mla_kv_buffer`` and the raw-row ``set_kv_rows``
+/ ``get_kv_rows`` (MLA, with the DSA indexer's ``set_index_k_buffer``), and
+``set_kv_buffer`` / ``get_kv_buffer`` (MHA: K and V rows, SGLang's
+``MHATokenToKVPool`` field names).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
 from sgl_core._copy import byte_view
+from sgl_core._device_rows import PerLayerRows, check_raw_rows
 from sgl_core._devices import usable_device
 from sgl_core._indexer import IndexerRows, check_indexer
-from sgl_core._protocols import MLADevicePool
-from sgl_core._shapes import MLAShape
+from sgl_core._kv_protocols import MHADevicePool
+from sgl_core._kv_spec import mha_spec, mla_spec
+from sgl_core._shapes import MHAShape, MLAShape
 from sgl_core._slot_geometry import SlotGeometry, check_pool_geometry
-from sgl_core._validation import (
-    check_index_bounds,
-    check_index_device,
-    check_index_tensor,
-    check_layer_id,
-    check_value_rows,
-)
-from sgl_core.errors import PoolMismatchError, PoolSizeError
+from sgl_core._validation import check_layer_id, check_value_rows
+from sgl_core.errors import PoolMismatchError
 
-__all__ = [
-    "MLAPoolGeometry",
-    "PerLayerMLADevicePool",
-    "check_pool_geometry",
-    "check_raw_rows",
-    "device_layers",
-    "stacked_layers",
-]
+__all__ = ["MHAPoolGeometry", "MLAPoolGeometry", "PerLayerMHADevicePool", "PerLayerMLADevicePool"]
 
 
 class MLAPoolGeometry(SlotGeometry):
@@ -70,14 +69,9 @@ class MLAPoolGeometry(SlotGeometry):
         return self.shape.kv_cache_dim
 
 
-class PerLayerMLADevicePool(MLAPoolGeometry, IndexerRows):
-    """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor.
-
-    Slot 0 (the first page) is the engine's padding page, valid to address but
-    never handed out by an allocator. With ``layers_in_one_allocation`` the
-    layers are equally spaced views of one tensor, which lets the ``direct``
-    io backend move a run of pages for every layer in one strided copy;
-    subclasses that want one allocation per layer set it to False.
+class PerLayerMLADevicePool(MLAPoolGeometry, PerLayerRows, IndexerRows):
+    """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor
+    (``layers_in_one_allocation``: see ``sgl_core._device_rows``).
 
     ``kv_cache_dim`` makes each row that many elements of ``dtype`` whatever
     the rank split (a packed row the engine quantizes itself, e.g. 656
@@ -88,7 +82,7 @@ class PerLayerMLADevicePool(MLAPoolGeometry, IndexerRows):
     adds the sparse-attention indexer cache (``sgl_core._indexer``).
     """
 
-    layers_in_one_allocation: ClassVar[bool] = True
+    kv_buffer: list[torch.Tensor]
 
     def __init__(
         self,
@@ -115,36 +109,26 @@ class PerLayerMLADevicePool(MLAPoolGeometry, IndexerRows):
             device=usable_device(device),
             kv_cache_dim=kv_cache_dim,
         )
-        self.indexer = check_indexer(
+        self.indexer = cfg = check_indexer(
             index_head_dim, indexer_layer_ids, with_index_k_scale, layer_num
         )
-        layer_shape = (size + page_size, 1, self.shape.kv_cache_dim)
-        try:
-            if self.layers_in_one_allocation:
-                stacked = torch.zeros((layer_num, *layer_shape), dtype=dtype, device=self._device)
-                self.kv_buffer: list[torch.Tensor] = list(stacked.unbind(0))
-            else:
-                self.kv_buffer = [
-                    torch.zeros(layer_shape, dtype=dtype, device=self._device)
-                    for _ in range(layer_num)
-                ]
-            self._allocate_indexer(size + page_size, self.layers_in_one_allocation)
-        except (torch.OutOfMemoryError, MemoryError) as exc:
-            raise PoolSizeError(f"device pool does not fit on {self._device}: {exc}") from None
-
-    @property
-    def device(self) -> torch.device:
-        return self.kv_buffer[0].device
+        s = self.shape
+        self.spec = mla_spec(
+            layer_num,
+            s.kv_lora_rank,
+            s.qk_rope_head_dim,
+            dtype,
+            s.row_dim,
+            index_head_dim=None if cfg is None else cfg.index_head_dim,
+            indexer_layer_ids=() if cfg is None else cfg.layer_ids,
+            with_index_k_scale=cfg is not None and cfg.with_scale,
+        )
+        self.index_k_buffer = None
+        self.index_k_scale_buffer = None
+        self._allocate_rows()  # kv_buffer, and index_k_buffer / index_k_scale_buffer
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.kv_buffer[check_layer_id(layer_id, self.layer_num)]
-
-    def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
-        layer_id = check_layer_id(layer_id, self.layer_num)
-        check_index_tensor(loc, "loc")
-        check_index_device(loc, "loc", self.device)
-        check_index_bounds(loc, self.slot_count, "loc")
-        return loc.to(self.device)
 
     def set_mla_kv_buffer(
         self,
@@ -201,44 +185,111 @@ class PerLayerMLADevicePool(MLAPoolGeometry, IndexerRows):
         return byte_view(self.kv_buffer[layer_id][:, 0]).index_select(0, loc).view(self.dtype)
 
 
-def check_raw_rows(rows: object, n: int, dim: int, dtype: torch.dtype) -> None:
-    """``rows`` is an ``(n, dim)`` tensor of ``dtype`` with values, else a typed error
-    (``ShapeMismatchError`` for shape or dtype, ``DeviceError`` for a meta tensor)."""
-    check_value_rows(rows, "rows", (n, dim), dtype)
+class MHAPoolGeometry(SlotGeometry):
+    """Geometry every MHA device pool reports (the ``MHADevicePool`` properties).
 
-
-def stacked_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """``(layer_num, *layer.shape)`` view of layers that are equally spaced in one storage.
-
-    None when the layers are separate allocations (or replaced, or strided):
-    the caller then copies layer by layer.
+    Backend authors subclass it, call ``__init__`` first, then allocate their
+    buffers; override ``device`` to report the buffers' own device.
     """
-    first = layers[0]
-    if len(layers) < 2 or not first.is_contiguous():
-        return None
-    item = first.element_size()
-    step = layers[1].data_ptr() - first.data_ptr()
-    if step < first.numel() * item or step % item:
-        return None
-    storage = first.untyped_storage().data_ptr()
-    for i, layer in enumerate(layers):
-        if (
-            layer.data_ptr() != first.data_ptr() + i * step
-            or layer.untyped_storage().data_ptr() != storage
-            or layer.shape != first.shape
-            or layer.dtype != first.dtype
-            or not layer.is_contiguous()
-        ):
-            return None
-    return first.as_strided((len(layers), *first.shape), (step // item, *first.stride()))
+
+    shape: MHAShape
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: torch.device,
+        v_head_dim: int | None = None,
+    ) -> None:
+        check_pool_geometry(size, page_size)
+        v_dim = head_dim if v_head_dim is None else v_head_dim
+        self.shape = MHAShape(layer_num, head_num, head_dim, v_dim, dtype)
+        self._set_slots(size, page_size, device)
+
+    @property
+    def head_num(self) -> int:
+        return self.shape.head_num
+
+    @property
+    def head_dim(self) -> int:
+        return self.shape.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.shape.v_head_dim
 
 
-def device_layers(device_pool: MLADevicePool) -> list[torch.Tensor]:
-    """The per-layer ``kv_buffer`` list of a device pool, or ``PoolMismatchError``."""
-    layers = getattr(device_pool, "kv_buffer", None)
-    if not isinstance(layers, list) or len(layers) != device_pool.layer_num:
-        raise PoolMismatchError(
-            f"{type(device_pool).__name__} has no per-layer kv_buffer list; "
-            "this host pool needs a per-layer device pool (torch or cuda backend)"
+class PerLayerMHADevicePool(MHAPoolGeometry, PerLayerRows):
+    """``k_buffer[layer]`` / ``v_buffer[layer]``: one K and one V tensor per layer
+    (``layers_in_one_allocation``: see ``sgl_core._device_rows``)."""
+
+    k_buffer: list[torch.Tensor]
+    v_buffer: list[torch.Tensor]
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+        v_head_dim: int | None = None,
+    ) -> None:
+        super().__init__(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            head_num=head_num,
+            head_dim=head_dim,
+            layer_num=layer_num,
+            device=usable_device(device),
+            v_head_dim=v_head_dim,
         )
-    return layers
+        s = self.shape
+        self.spec = mha_spec(layer_num, s.head_num, s.head_dim, s.v_head_dim, dtype)
+        self._allocate_rows()  # k_buffer, v_buffer
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k_buffer[check_layer_id(layer_id, self.layer_num)]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v_buffer[check_layer_id(layer_id, self.layer_num)]
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+    ) -> None:
+        loc = self._check_loc(layer_id, loc)
+        n = loc.numel()
+        for name, tensor, dim in (
+            ("cache_k", cache_k, self.head_dim),
+            ("cache_v", cache_v, self.v_head_dim),
+        ):
+            check_value_rows(tensor, name, (n, self.head_num, dim), self.dtype)
+        # fp8 caches move as bytes (no fp8 index kernels).
+        for layers, tensor in ((self.k_buffer, cache_k), (self.v_buffer, cache_v)):
+            rows = byte_view(tensor.to(self.device).contiguous())
+            byte_view(layers[layer_id]).index_copy_(0, loc, rows)
+
+    def get_kv_buffer(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc = self._check_loc(layer_id, loc)
+        k = byte_view(self.k_buffer[layer_id]).index_select(0, loc).view(self.dtype)
+        v = byte_view(self.v_buffer[layer_id]).index_select(0, loc).view(self.dtype)
+        return k, v
+
+
+if TYPE_CHECKING:
+    _pool: MHADevicePool = PerLayerMHADevicePool(
+        size=1, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=1, layer_num=1
+    )

@@ -3,27 +3,26 @@
 SGLang's ``MLATokenToKVPool`` has every member our host pools read (sizes,
 ``dtype``, a per-layer ``kv_buffer`` list) except that its ``device`` is a
 ``str`` such as ``"cuda:0"``, and its ``set_mla_kv_buffer``/``get_mla_kv_buffer``
-take the engine's attention-layer objects, not layer ids. :func:`as_device_pool`
-returns such a pool wrapped in a view whose ``device`` is a ``torch.device``
-and whose KV accessors follow :class:`sgl_core.MLADevicePool`; the view shares
-the engine's ``kv_buffer`` list, so every transfer reads and writes the
-engine's own tensors. Pools that already follow the protocol pass through.
+take the engine's attention-layer objects, not layer ids.
+``sgl_core._engine_views.as_device_pool`` returns such a pool wrapped in a
+view whose ``device`` is a ``torch.device`` and whose KV accessors follow
+:class:`sgl_core.MLADevicePool`; the view shares the engine's ``kv_buffer``
+list, so every transfer reads and writes the engine's own tensors. Pools
+that already follow the protocol pass through.
 """
 
 from __future__ import annotations
 
-import contextlib
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sgl_core._copy import byte_view
-from sgl_core._protocols import MLADevicePool
+from sgl_core._kv_protocols import MLADevicePool
 from sgl_core._validation import check_index_tensor, check_value_rows
 from sgl_core.errors import PoolMismatchError, ShapeMismatchError
 
-__all__ = ["ForeignMLADevicePool", "as_device_pool", "engine_dtype", "meant_layers"]
+__all__ = ["ForeignMLADevicePool", "engine_dtype", "meant_layers"]
 
 
 def engine_dtype(pool: Any, layers: list[torch.Tensor]) -> torch.dtype:
@@ -145,39 +144,6 @@ class ForeignMLADevicePool:
         rows = byte_view(self._rows(layer_id))[loc].view(self.dtype)
         rank = self.kv_lora_rank
         return rows[..., :rank].clone(), rows[..., rank:].clone()
-
-
-# One view per engine pool, so the per-layer load memo (which compares device
-# pools by identity) still recognizes the pool from one layer to the next.
-_views: weakref.WeakKeyDictionary[Any, ForeignMLADevicePool] = weakref.WeakKeyDictionary()
-
-
-def _view_of(pool: Any) -> ForeignMLADevicePool:
-    # An indexer kept in pages (SGLang's DSATokenToKVPool) gets the view that mirrors it.
-    from sgl_core._paged_indexer import ForeignPagedIndexerPool, has_paged_indexer
-
-    if has_paged_indexer(pool):
-        return ForeignPagedIndexerPool(pool)
-    return ForeignMLADevicePool(pool)
-
-
-def as_device_pool(pool: Any) -> MLADevicePool:
-    """``pool`` itself if its ``device`` is a ``torch.device``, else a cached view of it."""
-    if isinstance(pool, ForeignMLADevicePool):
-        return pool
-    device = getattr(pool, "device", None)
-    if isinstance(device, torch.device):
-        typed: MLADevicePool = pool
-        return typed
-    try:
-        view = _views.get(pool)
-    except TypeError:  # not weak-referenceable or not hashable: no caching
-        return _view_of(pool)
-    if view is None or view.wrapped is not pool:
-        view = _view_of(pool)
-        with contextlib.suppress(TypeError):
-            _views[pool] = view
-    return view
 
 
 if TYPE_CHECKING:  # static conformance of the view

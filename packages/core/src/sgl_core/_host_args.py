@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._kv_protocols import DevicePoolGeometry
+from sgl_core._kv_spec import KVSpec
 from sgl_core._memory import available_host_bytes
-from sgl_core._pool_kinds import DevicePoolGeometry
-from sgl_core.errors import ArgumentTypeError, PoolSizeError, UnsupportedLayoutError
+from sgl_core._validation import differing_fields
+from sgl_core.errors import (
+    ArgumentTypeError,
+    PoolMismatchError,
+    PoolSizeError,
+    UnsupportedLayoutError,
+)
 
 __all__ = ["HostArguments", "describe_pairs", "size_argument"]
 
@@ -42,13 +49,77 @@ def describe_pairs(pairs: Mapping[HostLayout, frozenset[IOBackend]]) -> str:
 
 
 class HostArguments:
-    """Layout, io backend and size checks; ``supported_pairs`` is the host class's."""
+    """Layout, io backend and size checks; the class's ``movers`` and ``supported_pairs``."""
 
+    #: Per host layout this class builds: each io backend it runs and its mover factory.
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]]
+    #: Host layouts this class builds, each with the io backends it runs (from ``movers``).
     supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "supported_pairs" in cls.__dict__ and "movers" not in cls.__dict__:
+            # A hand-written list could name pairs no mover runs: it is derived.
+            raise TypeError(f"{cls.__name__} sets supported_pairs: declare movers instead")
+        movers = getattr(cls, "movers", None)
+        if movers is not None:
+            cls.supported_pairs = {layout: frozenset(ios) for layout, ios in movers.items()}
+
     _page_size: int
+
+    spec: KVSpec
+    default_io_backend: IOBackend | None
+    _layout: HostLayout
 
     def _bytes_per_token(self, device_pool: Any) -> int:
         raise NotImplementedError
+
+    def _is_page_granular(self, io_backend: IOBackend) -> bool:
+        raise NotImplementedError
+
+    def _check_device_pool_kind(self, device_pool: Any) -> None:
+        raise NotImplementedError
+
+    @property
+    def layer_num(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> Any:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ the device
+    def check_device_pool(self, device_pool: Any) -> None:
+        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
+        names = ("layer_num", *(n for n, _ in self.spec.identity), "dtype", "page_size")
+        mine = (self.layer_num, *(v for _, v in self.spec.identity), self.dtype, self._page_size)
+        try:
+            theirs = tuple(getattr(device_pool, name) for name in names)
+        except AttributeError as exc:
+            kind = self.spec.kind.value.upper()
+            raise PoolMismatchError(f"device_pool is not an {kind} device pool: {exc}") from None
+        if mine != theirs:
+            raise PoolMismatchError(
+                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
+            )
+        self._check_device_pool_kind(device_pool)
+
+    # ------------------------------------------------------------ io backend
+    def moves_whole_pages(self, io_backend: IOBackend | str | None = None) -> bool:
+        """True when ``io_backend`` (None: the pool's default) takes whole, aligned pages only."""
+        io = self._given_io(io_backend)
+        return self._is_page_granular(self._check_io_backend(self._layout, io))
+
+    def _given_io(self, io_backend: IOBackend | str | None) -> IOBackend | str:
+        """``io_backend``, or the pool's default when None (``ArgumentTypeError`` if none)."""
+        if io_backend is not None:
+            return io_backend
+        if self.default_io_backend is None:
+            raise ArgumentTypeError(
+                "io_backend is None and this host pool was created without an io_backend: "
+                "pass one to the call or to create_host_pool"
+            )
+        return self.default_io_backend
 
     # ---------------------------------------------------------------- sizing
     def _check_layout(

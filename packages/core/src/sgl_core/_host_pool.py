@@ -1,13 +1,15 @@
-"""Host-pool base shared by every backend: sizing, accounting, validation, dispatch.
+"""Host-pool base shared by every backend and kind: sizing, accounting, validation, dispatch.
 
-:class:`HostPoolBase` is generic over the device-pool kind (MLA or MHA): it
-sizes, accounts, validates and dispatches; :class:`MLAHostPoolBase` adds the
-MLA geometry and its device-pool check (``_mha_host_pool`` the MHA one).
-Backend authors subclass :class:`MLAHostPoolBase`, implement
-``_allocate_buffers`` and the L3 page helpers, and declare ``movers``: per
-layout, the io backends the class runs and a factory for each one's
-:class:`~sgl_core._transfer.Mover`. ``supported_pairs`` is derived from
-``movers``. The public transfer methods validate *everything* first into a
+:class:`HostPoolBase` reads the device pool's KV spec (``sgl_core._kv_spec``)
+and from it sizes, accounts, validates and dispatches (device-pool and
+argument checks: ``_host_args``; slots and L3 declarations: ``_host_slots``). The kind layers of
+``sgl_core._host_kinds`` (``MLAHostPoolBase``, ``MHAHostPoolBase``) add only
+how a kind's spec and engine accessors are read. Backend authors subclass
+one of them, implement ``_allocate_buffers`` and the L3 page helpers, and
+declare ``movers``: per layout, the io backends the class runs and a
+factory for each one's :class:`~sgl_core._transfer.Mover`, called with the
+pool's :class:`~sgl_core._transfer.HostSide` (its buffers, never the
+pool). The public transfer methods validate *everything* first into a
 :class:`~sgl_core._transfer.Transfer` and then hand it to the mover in one
 call, so a mover may assume well-formed, in-range, duplicate-free arguments
 and never has to undo a partial copy.
@@ -17,22 +19,20 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._foreign_pool import as_device_pool
 from sgl_core._host_args import HostArguments, describe_pairs, size_argument
 from sgl_core._host_slots import HostSlots
+from sgl_core._kv_protocols import DevicePoolGeometry, PoolShape
+from sgl_core._kv_spec import KVSpec
 from sgl_core._load_memo import CheckedLoad, tensor_signature
 from sgl_core._memory import should_pin
-from sgl_core._pool_kinds import DevicePoolGeometry, PoolShape
-from sgl_core._protocols import MLADevicePool
-from sgl_core._shapes import MLAShape
 from sgl_core._slot_geometry import pool_repr
-from sgl_core._transfer import Mover, MoverFactory, Transfer
+from sgl_core._transfer import HostPart, HostSide, Mover, Transfer
 from sgl_core._tuning import CopyTuning
 from sgl_core._validation import (
     check_index_bounds,
@@ -41,15 +41,10 @@ from sgl_core._validation import (
     check_layer_id,
     check_page_runs,
     check_unique,
-    differing_fields,
 )
-from sgl_core.errors import (
-    ArgumentTypeError,
-    PoolMismatchError,
-    PoolSizeError,
-)
+from sgl_core.errors import PoolSizeError
 
-__all__ = ["HostPoolBase", "MLAHostPoolBase", "describe_pairs"]
+__all__ = ["DevT", "HostPoolBase", "ShapeT", "describe_pairs"]
 
 DevT = TypeVar("DevT", bound=DevicePoolGeometry)
 ShapeT = TypeVar("ShapeT", bound=PoolShape)
@@ -58,20 +53,7 @@ ShapeT = TypeVar("ShapeT", bound=PoolShape)
 class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     """Common behaviour of host pools of one device-pool kind ``DevT``, geometry ``ShapeT``."""
 
-    #: Per host layout this class builds: each io backend it runs and its mover factory.
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]]
     shape: ShapeT
-    #: Host layouts this class builds, each with the io backends it runs (from ``movers``).
-    supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "supported_pairs" in cls.__dict__ and "movers" not in cls.__dict__:
-            # A hand-written list could name pairs no mover runs: it is derived.
-            raise TypeError(f"{cls.__name__} sets supported_pairs: declare movers instead")
-        movers = getattr(cls, "movers", None)
-        if movers is not None:
-            cls.supported_pairs = {layout: frozenset(ios) for layout, ios in movers.items()}
 
     def __init__(
         self,
@@ -93,6 +75,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         )
         self._configure(device_pool)
         self.shape = self._read_shape(device_pool)
+        self.spec = self._read_spec(device_pool)
         self._page_size = device_pool.page_size
         self._size = self._compute_size(
             device_pool,
@@ -118,16 +101,34 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         """The per-token geometry of ``device_pool`` (called after ``_configure``)."""
 
     @abc.abstractmethod
-    def check_device_pool(self, device_pool: DevT) -> None:
-        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
+    def _read_spec(self, device_pool: DevT) -> KVSpec:
+        """The components of ``device_pool``'s rows (called after ``_read_shape``)."""
 
     @abc.abstractmethod
     def _allocate_buffers(self, device_pool: DevT) -> None:
         """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
 
-    def _make_mover(self, factory: Callable[[Any], Mover[DevT]]) -> Mover[DevT]:
+    def _host_parts(self) -> tuple[HostPart, ...]:
+        """The host buffer of each component, in spec order (token-row pools set ``_parts``)."""
+        parts: tuple[HostPart, ...] = getattr(self, "_parts", ())
+        return parts
+
+    @property
+    def host_side(self) -> HostSide:
+        """What this pool's movers are built from: its layout, geometry and host buffers."""
+        return HostSide(
+            self._layout,
+            self._size,
+            self._page_size,
+            self.layer_num,
+            self._host_parts(),
+            self.tuning,
+            self.pin_memory,
+        )
+
+    def _make_mover(self, factory: Callable[[HostSide], Mover[DevT]]) -> Mover[DevT]:
         """The mover of one io backend, built once the buffers exist (a hook to wrap it)."""
-        return factory(self)
+        return factory(self.host_side)
 
     def _configure(self, device_pool: DevT) -> None:
         """Read what sizing and allocation need from ``device_pool`` (first hook called)."""
@@ -138,7 +139,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
 
     def _bytes_per_token(self, device_pool: DevT) -> int:
         """Host bytes one token costs across layers and components."""
-        return self.shape.layout_dim
+        return self.spec.token_bytes
 
     def _is_page_granular(self, io_backend: IOBackend) -> bool:
         """True when ``io_backend`` on this layout moves whole pages only."""
@@ -160,22 +161,6 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         """Wait for every transfer this pool queued; a no-op where transfers are synchronous."""
         for mover in self._movers.values():
             mover.synchronize()
-
-    def moves_whole_pages(self, io_backend: IOBackend | str | None = None) -> bool:
-        """True when ``io_backend`` (None: the pool's default) takes whole, aligned pages only."""
-        io = self._given_io(io_backend)
-        return self._is_page_granular(self._check_io_backend(self._layout, io))
-
-    def _given_io(self, io_backend: IOBackend | str | None) -> IOBackend | str:
-        """``io_backend``, or the pool's default when None (``ArgumentTypeError`` if none)."""
-        if io_backend is not None:
-            return io_backend
-        if self.default_io_backend is None:
-            raise ArgumentTypeError(
-                "io_backend is None and this host pool was created without an io_backend: "
-                "pass one to the call or to create_host_pool"
-            )
-        return self.default_io_backend
 
     def layer_views(
         self, device_pool: DevT, layer_id: int
@@ -313,62 +298,3 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
             check_page_runs(device_indices, self._page_size, "device_indices")
         self._movers[io].check(device_pool)
         return Transfer(device_pool, host_indices, device_indices, io)
-
-
-class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
-    """Common behaviour of MLA host pools (see ``sgl_core.MLAHostPool``)."""
-
-    #: Per host layout this class builds: each io backend it runs and its mover factory.
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
-
-    def _as_device_pool(self, device_pool: MLADevicePool) -> MLADevicePool:
-        # The same view create_host_pool made: SGLang's pool moves its own bytes.
-        return as_device_pool(device_pool)
-
-    def _read_shape(self, device_pool: MLADevicePool) -> MLAShape:
-        return MLAShape(
-            device_pool.layer_num,
-            device_pool.kv_lora_rank,
-            device_pool.qk_rope_head_dim,
-            device_pool.dtype,
-            device_pool.kv_cache_dim,
-        )
-
-    @property
-    def kv_cache_dim(self) -> int:
-        return self.shape.kv_cache_dim
-
-    def check_device_pool(self, device_pool: MLADevicePool) -> None:
-        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
-        mine = (
-            self.layer_num,
-            self.shape.kv_lora_rank,
-            self.shape.qk_rope_head_dim,
-            self.dtype,
-            self._page_size,
-            self.kv_cache_dim,
-        )
-        try:
-            theirs = (
-                device_pool.layer_num,
-                device_pool.kv_lora_rank,
-                device_pool.qk_rope_head_dim,
-                device_pool.dtype,
-                device_pool.page_size,
-                device_pool.kv_cache_dim,
-            )
-        except AttributeError as exc:
-            raise PoolMismatchError(f"device_pool is not an MLA device pool: {exc}") from None
-        if mine != theirs:
-            names = (
-                "layer_num",
-                "kv_lora_rank",
-                "qk_rope_head_dim",
-                "dtype",
-                "page_size",
-                "kv_cache_dim",
-            )
-            raise PoolMismatchError(
-                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
-            )
-        self._check_device_pool_kind(device_pool)

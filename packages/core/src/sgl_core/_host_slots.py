@@ -1,4 +1,4 @@
-"""Slot accounting and L3 page-index checks of a host pool (a base of ``MLAHostPoolBase``).
+"""Slot accounting and the L3 page methods of a host pool (a base of ``HostPoolBase``).
 
 ``alloc`` hands out whole pages from a free list and ``free`` takes them back,
 rejecting double frees, partial pages and out-of-range slots with
@@ -8,11 +8,13 @@ page helpers check the arguments of the L3 page methods.
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections.abc import Sequence
 
 import torch
 
+from sgl_core._kv_spec import KVKind, KVSpec
 from sgl_core._validation import (
     as_index_tensor,
     check_index_bounds,
@@ -41,9 +43,45 @@ class HostSlots:
     _allocated: torch.Tensor
     _free_slots: torch.Tensor
 
+    #: The device pool's rows as components: sizes, page order and format identity.
+    spec: KVSpec
+
     @property
     def dtype(self) -> torch.dtype:
         raise NotImplementedError
+
+    def page_format_fields(self) -> dict[str, object]:
+        """What an L3 page's bytes mean beyond what ``sgl_core.l3`` reads off the pool.
+
+        MLA pages are named by the pool's own attributes (ranks, row width,
+        indexer buffers); MHA pages by the kind and its heads and head dims.
+        """
+        if self.spec.kind is KVKind.MLA:
+            return {}
+        return {"kv_kind": self.spec.kind.value, **dict(self.spec.identity)}
+
+    # ------------------------------------------- L3 page helpers (per layout)
+    @abc.abstractmethod
+    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
+        """A copy of the page starting at token ``index`` (flat: components in spec order)."""
+
+    @abc.abstractmethod
+    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
+        """Write a flat page (as ``get_data_page`` returns it) at token ``index``."""
+
+    @abc.abstractmethod
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        """A zeroed flat page."""
+
+    @abc.abstractmethod
+    def get_page_buffer_meta(
+        self, indices: torch.Tensor | Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        """Addresses and sizes of each page's memory objects, components in spec order."""
+
+    @abc.abstractmethod
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """``(base_ptrs, total_bytes, object_bytes)`` of each host buffer."""
 
     # ------------------------------------------------------------ accounting
     def available_size(self) -> int:

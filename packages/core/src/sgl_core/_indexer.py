@@ -119,30 +119,6 @@ class IndexerRows:
     def device(self) -> torch.device:
         raise NotImplementedError
 
-    def _allocate_indexer(self, slot_count: int, one_allocation: bool) -> None:
-        self.index_k_buffer = None
-        self.index_k_scale_buffer = None
-        cfg = self.indexer
-        if cfg is None:
-            return
-        n = len(cfg.layer_ids)
-        device = self.device
-        keys = (slot_count, 1, cfg.index_head_dim)
-        scales = (slot_count, 1, 1)
-        if one_allocation:
-            self.index_k_buffer = list(torch.zeros((n, *keys), dtype=self.dtype, device=device))
-            if cfg.with_scale:
-                stacked = torch.zeros((n, *scales), dtype=torch.float32, device=device)
-                self.index_k_scale_buffer = list(stacked)
-        else:
-            self.index_k_buffer = [
-                torch.zeros(keys, dtype=self.dtype, device=device) for _ in range(n)
-            ]
-            if cfg.with_scale:
-                self.index_k_scale_buffer = [
-                    torch.zeros(scales, dtype=torch.float32, device=device) for _ in range(n)
-                ]
-
     @property
     def index_head_dim(self) -> int | None:
         return None if self.indexer is None else self.indexer.index_head_dim

@@ -10,8 +10,8 @@ to ``kv_buffer``, one buffer per indexer component in the pool's own layout,
 
 and ``index_k_scale_buffer`` the same with a last dim of 1, float32. The
 indexer moves with the KV: :class:`IndexerMover` wraps the io backend's KV
-mover and moves each component with the core direct engine
-(``RowDirectMover`` over that component), so there is one copy engine. A
+mover and moves the indexer components with the core direct engine
+(``DirectMover`` over those parts), so there is one copy engine. A
 backup moves every indexer row; a per-layer load moves only that layer's
 indexer slot (none for a layer without one). The component copies are
 issued *before* the KV mover's, on the same stream, so a mover that records
@@ -25,45 +25,19 @@ from typing import Protocol
 
 import torch
 
-from sgl_core._device_pool import check_pool_geometry
-from sgl_core._enums import HostLayout
 from sgl_core._indexer import IndexerConfig, indexer_of
-from sgl_core._protocols import MLADevicePool
+from sgl_core._kv_protocols import DevicePoolGeometry, MLADevicePool
 from sgl_core._transfer import Mover, Transfer
 from sgl_core._validation import check_backed
 from sgl_core.errors import PoolMismatchError
 
-__all__ = ["IndexerMover", "check_device_indexer", "device_indexer_rows", "host_shape"]
+__all__ = ["IndexerMover", "check_device_indexer"]
 
 _NAMES = ("index_k_buffer", "index_k_scale_buffer")
 
 
-def host_shape(
-    layout: HostLayout, rows: int, size: int, page_size: int, dim: int
-) -> tuple[int, ...]:
-    """Shape of a host buffer of ``rows`` token rows of ``dim`` elements in ``layout``."""
-    check_pool_geometry(size, page_size)
-    if layout is HostLayout.LAYER_FIRST:
-        return (rows, size, 1, dim)
-    if layout is HostLayout.PAGE_FIRST:
-        return (size, rows, 1, dim)
-    return (size // page_size, rows, page_size, 1, dim)
-
-
-def device_indexer_rows(name: str) -> Callable[[MLADevicePool], list[torch.Tensor]]:
-    """Reads the (validated) per-slot device tensors of one indexer component."""
-
-    def rows(device_pool: MLADevicePool) -> list[torch.Tensor]:
-        tensors = getattr(device_pool, name, None)
-        if not isinstance(tensors, list):
-            raise PoolMismatchError(f"device_pool.{name} is not a per-layer list")
-        return tensors
-
-    return rows
-
-
 def check_device_indexer(
-    device_pool: MLADevicePool, expected: IndexerConfig | None, dtype: torch.dtype
+    device_pool: DevicePoolGeometry, expected: IndexerConfig | None, dtype: torch.dtype
 ) -> list[torch.Tensor]:
     """``PoolMismatchError`` unless the device pool's indexer is ``expected``; its tensors.
 
@@ -112,7 +86,7 @@ def _describe(cfg: IndexerConfig | None) -> object:
 
 
 class IndexerPart(Protocol):
-    """Moves one indexer component: every slot on backup, one slot on load."""
+    """Moves indexer rows: every slot on backup, one layer's (or one slot's) on load."""
 
     def backup(self, transfer: Transfer) -> None: ...
 
@@ -122,14 +96,23 @@ class IndexerPart(Protocol):
 class IndexerMover:
     """An io backend's KV mover plus the movers of the indexer components.
 
-    The parts are direct movers of token rows (``RowDirectMover``), or of an
-    engine's indexer pages (``sgl_core._paged_indexer.PagedIndexerPart``).
+    The parts are the core direct mover over the indexer's token rows (it
+    maps a layer to its slot itself: ``slot_of`` None), or movers of an
+    engine's indexer pages (``sgl_core._paged_indexer.PagedIndexerPart``),
+    which take the slot ``slot_of`` gives. The parts move first, on the same
+    stream, so a KV mover that records the point after its transfer (the
+    cuda backend's ``StreamFence``) covers them.
     """
 
-    def __init__(self, kv: Mover, parts: Sequence[IndexerPart], cfg: IndexerConfig) -> None:
+    def __init__(
+        self,
+        kv: Mover,
+        parts: Sequence[IndexerPart],
+        slot_of: Callable[[int], int | None] | None,
+    ) -> None:
         self.kv = kv
         self.parts = parts
-        self.cfg = cfg
+        self.slot_of = slot_of
 
     def check(self, device_pool: MLADevicePool) -> None:
         self.kv.check(device_pool)
@@ -143,7 +126,7 @@ class IndexerMover:
         self.kv.backup(transfer)
 
     def load(self, transfer: Transfer, layer_id: int) -> None:
-        slot = self.cfg.slot(layer_id)
+        slot = layer_id if self.slot_of is None else self.slot_of(layer_id)
         if slot is not None:
             for part in self.parts:
                 part.load(transfer, slot)

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
+from sgl_core._engine_views import as_mha_device_pool
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._mha_foreign_pool import as_mha_device_pool
-from sgl_core._mha_host_pool import MHAHostPoolBase
-from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
+from sgl_core._host_kinds import MHAHostPoolBase
+from sgl_core._kv_protocols import MHADevicePool, MHAHostPool
 from sgl_core._tuning import CopyTuning
 from sgl_core.errors import UnsupportedLayoutError
 

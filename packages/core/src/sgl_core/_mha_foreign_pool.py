@@ -3,7 +3,7 @@
 SGLang's MHA pool has what our MHA host pools read (sizes, heads, head
 dims, per-layer ``k_buffer`` / ``v_buffer`` lists in the default NHD layout)
 but its ``device`` is a ``str`` and its KV accessors take attention-layer
-objects. :func:`as_mha_device_pool` returns a cached view whose ``device`` is
+objects. ``sgl_core._engine_views.as_mha_device_pool`` returns a cached view whose ``device`` is
 a ``torch.device`` and whose accessors follow ``MHADevicePool``; the view
 shares the engine's lists, so transfers move the engine's own tensors. The
 dtype reported is the one the engine means (SGLang's ``dtype``, e.g.
@@ -16,19 +16,17 @@ shape check.
 
 from __future__ import annotations
 
-import contextlib
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sgl_core._copy import byte_view
 from sgl_core._foreign_pool import engine_dtype, meant_layers
-from sgl_core._mha_protocols import MHADevicePool
+from sgl_core._kv_protocols import MHADevicePool
 from sgl_core._validation import check_index_tensor, check_value_rows
 from sgl_core.errors import PoolMismatchError
 
-__all__ = ["ForeignMHADevicePool", "as_mha_device_pool"]
+__all__ = ["ForeignMHADevicePool"]
 
 
 class ForeignMHADevicePool:
@@ -122,29 +120,6 @@ class ForeignMHADevicePool:
         i = self._layer(layer_id)
         k = byte_view(self.k_buffer[i])[loc].view(self.dtype)
         return k, byte_view(self.v_buffer[i])[loc].view(self.dtype)
-
-
-# One view per engine pool, so the per-layer load memo (device pools compared
-# by identity) recognizes the pool from one layer to the next.
-_views: weakref.WeakKeyDictionary[Any, ForeignMHADevicePool] = weakref.WeakKeyDictionary()
-
-
-def as_mha_device_pool(pool: Any) -> MHADevicePool:
-    """``pool`` itself if its ``device`` is a ``torch.device``, else a cached view of it."""
-    if isinstance(pool, ForeignMHADevicePool) or isinstance(
-        getattr(pool, "device", None), torch.device
-    ):
-        typed: MHADevicePool = pool
-        return typed
-    try:
-        view = _views.get(pool)
-    except TypeError:  # not weak-referenceable or not hashable: no caching
-        return ForeignMHADevicePool(pool)
-    if view is None or view.wrapped is not pool:
-        view = ForeignMHADevicePool(pool)
-        with contextlib.suppress(TypeError):
-            _views[pool] = view
-    return view
 
 
 if TYPE_CHECKING:  # static conformance of the view

@@ -29,7 +29,6 @@ import torch
 from sgl_core._enums import HostLayout
 from sgl_core._foreign_pool import ForeignMLADevicePool
 from sgl_core._indexer import SCALE_BYTES, IndexerConfig
-from sgl_core._protocols import MLADevicePool
 from sgl_core._transfer import Transfer
 from sgl_core._validation import check_backed
 from sgl_core.errors import PoolMismatchError
@@ -86,7 +85,7 @@ def _format(pool: Any) -> PagedFormat:
     return PagedFormat(dim, ps, ids)
 
 
-def paged_buffers(device_pool: MLADevicePool, fmt: PagedFormat) -> list[torch.Tensor]:
+def paged_buffers(device_pool: object, fmt: PagedFormat) -> list[torch.Tensor]:
     """The engine's index buffers of the indexer layers; ``PoolMismatchError`` unless ``fmt``."""
     if not isinstance(device_pool, ForeignPagedIndexerPool):
         raise PoolMismatchError(

@@ -1,10 +1,11 @@
-"""Structural contracts between serving engines, sgl_core and backends.
+"""Structural contracts between serving engines, sgl_core and backends: backends,
+MoE methods and capabilities (the KV pools' own: ``sgl_core._kv_protocols``).
 
 Backend authors: implement these Protocols (no inheritance needed) and add a
 static conformance line to your module, e.g.::
 
     if TYPE_CHECKING:
-        _pool: MLAHostPool = MyHostPool(...)
+        _backend: Backend = MyBackend()
 
 then run ``sgl_core.testing`` against your backend. Engines type their code
 against these Protocols only, never against a backend's concrete classes.
@@ -12,159 +13,15 @@ against these Protocols only, never against a backend's concrete classes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Protocol, overload, runtime_checkable
 
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
+from sgl_core._kv_protocols import MHADevicePool, MHAHostPool, MLADevicePool, MLAHostPool
 
-__all__ = [
-    "Backend",
-    "EmulatedWithoutDevice",
-    "LayerViews",
-    "MLADevicePool",
-    "MLAHostPool",
-    "MoEExperts",
-    "MoEMethod",
-]
-
-
-@runtime_checkable
-class MLADevicePool(Protocol):
-    """An accelerator-side MLA KV cache: one ``kv_cache_dim`` row per token per layer.
-
-    Token slots are ``[0, size + page_size)``: ``size`` tokens of pages
-    ``1 .. size // page_size`` plus one extra page, page 0 (slots
-    ``[0, page_size)``), the engine's padding page (valid to address, never
-    handed out). ``loc`` arguments are 1-D ``torch.int64`` token indices.
-    """
-
-    @property
-    def size(self) -> int: ...
-    @property
-    def page_size(self) -> int: ...
-    @property
-    def layer_num(self) -> int: ...
-    @property
-    def kv_lora_rank(self) -> int: ...
-    @property
-    def qk_rope_head_dim(self) -> int: ...
-    @property
-    def kv_cache_dim(self) -> int: ...
-    @property
-    def dtype(self) -> torch.dtype: ...
-    @property
-    def device(self) -> torch.device: ...
-
-    def set_mla_kv_buffer(
-        self,
-        layer_id: int,
-        loc: torch.Tensor,
-        cache_k_nope: torch.Tensor,
-        cache_k_rope: torch.Tensor,
-    ) -> None:
-        """Write ``(n, 1, kv_lora_rank)`` and ``(n, 1, qk_rope_head_dim)`` rows at ``loc``."""
-        ...
-
-    def get_mla_kv_buffer(
-        self, layer_id: int, loc: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return copies of the ``(k_nope, k_rope)`` rows at ``loc``."""
-        ...
-
-
-@runtime_checkable
-class MLAHostPool(Protocol):
-    """A host-memory backup of MLA KV pages (HiCache L2), see docs/design.md section 6.
-
-    Host token indices are ``[0, size)``; ``size`` is whole pages. Transfers
-    validate every argument first: a rejected call raises a
-    ``sgl_core.errors`` exception and changes no byte of either pool.
-    Transfers may return once queued on an accelerator stream: call
-    ``synchronize()`` before reading host bytes another way than through the
-    pool (its own page helpers wait by themselves).
-    """
-
-    @property
-    def layout(self) -> HostLayout: ...
-    @property
-    def size(self) -> int: ...
-    @property
-    def page_size(self) -> int: ...
-    @property
-    def layer_num(self) -> int: ...
-    @property
-    def dtype(self) -> torch.dtype: ...
-
-    def backup_from_device_all_layer(
-        self,
-        device_pool: MLADevicePool,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        io_backend: IOBackend | str,
-    ) -> None:
-        """Copy every layer of ``device_indices`` rows to ``host_indices`` rows."""
-        ...
-
-    def load_to_device_per_layer(
-        self,
-        device_pool: MLADevicePool,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        layer_id: int,
-        io_backend: IOBackend | str,
-    ) -> None:
-        """Copy layer ``layer_id`` of ``host_indices`` rows back to the device."""
-        ...
-
-    def synchronize(self) -> None:
-        """Wait until every transfer this pool queued has finished (no-op when synchronous)."""
-        ...
-
-    def moves_whole_pages(self, io_backend: IOBackend | str) -> bool:
-        """True when ``io_backend`` on this pool's layout takes whole, aligned pages only."""
-        ...
-
-    def alloc(self, need_size: int) -> torch.Tensor | None:
-        """Reserve ``need_size`` slots (whole pages); ``None`` when not enough are free."""
-        ...
-
-    def free(self, indices: torch.Tensor) -> int:
-        """Release slots; freeing a free or out-of-range slot raises ``FreeError``."""
-        ...
-
-    def available_size(self) -> int: ...
-    def clear(self) -> None:
-        """Mark every slot free (contents are left as they are)."""
-        ...
-
-    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
-        """A copy of the page starting at token ``index`` (flat: 1-D, layout byte order)."""
-        ...
-
-    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
-        """Write a flat page (as returned by ``get_data_page``) at token ``index``."""
-        ...
-
-    def get_dummy_flat_data_page(self) -> torch.Tensor:
-        """A zeroed flat page of the right dtype and length."""
-        ...
-
-    def get_page_buffer_meta(
-        self, indices: torch.Tensor | Sequence[int]
-    ) -> tuple[list[int], list[int]]:
-        """Addresses and byte sizes of the memory objects of whole pages.
-
-        ``indices`` are token indices of whole, aligned pages. The objects of
-        one page, concatenated in order, are exactly ``get_data_page(start)``.
-        """
-        ...
-
-    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
-        """``(base_ptrs, total_bytes, object_bytes)`` of each host buffer, for registration."""
-        ...
+__all__ = ["Backend", "EmulatedWithoutDevice", "LayerViews", "MoEExperts", "MoEMethod"]
 
 
 @runtime_checkable

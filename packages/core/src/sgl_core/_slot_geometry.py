@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from sgl_core._devices import check_fits
-from sgl_core._pool_kinds import PoolShape
+from sgl_core._kv_protocols import PoolShape
 from sgl_core.errors import PoolSizeError
 
 __all__ = ["SlotGeometry", "check_pool_geometry"]

@@ -13,11 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from sgl_core._backend_base import PoolBackend
-from sgl_core._device_pool import PerLayerMLADevicePool
+from sgl_core._device_pool import PerLayerMHADevicePool, PerLayerMLADevicePool
 from sgl_core._enums import IOBackend
-from sgl_core._mha_device_pool import PerLayerMHADevicePool
-from sgl_core._mha_token_host_pool import MHATokenHostPool
-from sgl_core._token_host_pool import TokenRowHostPool
+from sgl_core._token_host_pool import MHATokenHostPool, TokenRowHostPool
 from sgl_core._tuning import CopyTuning
 
 __all__ = ["TorchBackend", "backend"]
@@ -43,8 +41,8 @@ class TorchBackend(PoolBackend[PerLayerMLADevicePool, TokenRowHostPool]):
 backend = TorchBackend()
 
 if TYPE_CHECKING:
-    from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
-    from sgl_core._protocols import Backend, MLADevicePool, MLAHostPool
+    from sgl_core._kv_protocols import MHADevicePool, MHAHostPool, MLADevicePool, MLAHostPool
+    from sgl_core._protocols import Backend
 
     _backend: Backend = backend
     _device: MLADevicePool = backend.create_device_pool(

@@ -22,17 +22,25 @@ from typing import Any, Generic, Protocol
 
 import torch
 
-from sgl_core._enums import IOBackend
-from sgl_core._mha_protocols import MHADevicePool
-from sgl_core._pool_kinds import DevicePoolGeometry
-from sgl_core._protocols import MLADevicePool
+from sgl_core._enums import HostLayout, IOBackend
+from sgl_core._kv_protocols import DevicePoolGeometry, MLADevicePool
+from sgl_core._kv_spec import Component
+from sgl_core._tuning import CopyTuning
 
 if sys.version_info >= (3, 13):
     from typing import TypeVar
 else:  # TypeVar defaults (PEP 696); typing_extensions comes with torch
     from typing_extensions import TypeVar
 
-__all__ = ["MHAMoverFactory", "Mover", "MoverFactory", "PlanCache", "Transfer"]
+__all__ = [
+    "HostPart",
+    "HostSide",
+    "MHAMoverFactory",
+    "Mover",
+    "MoverFactory",
+    "PlanCache",
+    "Transfer",
+]
 
 # The device-pool kind of a transfer; a bare ``Transfer`` / ``Mover`` is the MLA one.
 PoolT_co = TypeVar("PoolT_co", bound=DevicePoolGeometry, covariant=True, default=MLADevicePool)
@@ -91,10 +99,34 @@ class Mover(Protocol[PoolT_contra]):
         ...
 
 
-#: Builds a pool's mover once the pool has its buffers; takes the pool.
-MoverFactory = Callable[[Any], Mover]
-#: The same for an MHA host pool's movers.
-MHAMoverFactory = Callable[[Any], Mover[MHADevicePool]]
+@dataclasses.dataclass(frozen=True)
+class HostPart:
+    """One component's host buffer, in its layout's dim order (``sgl_core._layouts``)."""
+
+    component: Component
+    buffer: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSide:
+    """What a mover is built from: the host buffers and their geometry, never the pool.
+
+    ``parts`` are in the spec's component order (the order of a flat page).
+    """
+
+    layout: HostLayout
+    size: int
+    page_size: int
+    layer_num: int
+    parts: tuple[HostPart, ...]
+    tuning: CopyTuning | None
+    pin_memory: bool
+
+
+#: Builds a pool's mover once the pool has its buffers, from its ``HostSide``.
+MoverFactory = Callable[[HostSide], Mover[Any]]
+#: The same name for MHA host pools (one factory type serves every kind).
+MHAMoverFactory = MoverFactory
 
 PlanT = TypeVar("PlanT")
 

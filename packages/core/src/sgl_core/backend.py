@@ -13,27 +13,35 @@ Groups:
   naming a device family: ``LayerViews`` (a host pool shows one layer as
   tensors) and ``EmulatedWithoutDevice`` (a backend that, without its device,
   runs only emulated);
+* **the KV model**: ``KVSpec`` (a pool's rows as a list of ``Component``: name,
+  heads, width, dtype, the layers that keep it), its presets ``mla_spec``
+  and ``mha_spec`` (``KVKind``), the one source of sizes, page order and
+  page-format identity; ``layout_facts`` (a token-row layout's ``LayoutFacts``:
+  buffer shape, a row's view, page part) for movers that address host rows;
 * **pool bases and geometry**: ``PoolBackend`` (backend plumbing),
-  ``MLAHostPoolBase`` (sizing, accounting, validation before any copy),
-  ``TokenRowHostPool`` (the token-row host layouts), ``PerLayerMLADevicePool``,
-  ``MLAPoolGeometry``, ``MLAShape``, ``describe_pairs``, ``device_layers``,
-  ``stacked_layers``;
-* **MHA/GQA pools** (docs/design.md section 5b): the protocols
-  ``MHADevicePool`` and ``MHAHostPool``; ``MHAHostPoolBase`` (the MHA host
-  base: geometry and device-pool check on ``HostPoolBase``, which it shares
-  with ``MLAHostPoolBase``), ``MHATokenHostPool`` (the four MHA host layouts,
-  ``direct`` io through ``MHADirectMover``), ``PerLayerMHADevicePool``,
-  ``MHAPoolGeometry``, ``MHAShape``, ``mha_device_layers``,
-  ``is_mha_device_pool``, ``MHAMoverFactory``, ``as_mha_device_pool`` (an
-  engine's own MHA pool, e.g. SGLang's, seen through ``MHADevicePool``); ``DevicePoolGeometry`` and
-  ``PoolShape`` are what ``HostPoolBase`` needs of either kind, ``KVHostPool``
-  a host pool of either kind (what L3 stores take);
+  ``HostPoolBase`` (sizing, accounting, validation before any copy, from the
+  spec) with its kind layers ``MLAHostPoolBase`` and ``MHAHostPoolBase``
+  (how a kind's spec and engine accessors are read); ``TokenHostPool`` (the
+  token-row host layouts over any spec) and its engine classes
+  ``TokenRowHostPool`` (MLA) and ``MHATokenHostPool`` (MHA/GQA);
+  ``TokenPages`` (the L3 page helpers of a pool whose ``_parts`` lie in a
+  layout of the facts table, ``layout_facts`` / ``LayoutFacts``);
+  ``PerLayerMLADevicePool``, ``MLAPoolGeometry``, ``MLAShape``,
+  ``PerLayerMHADevicePool``, ``MHAPoolGeometry``, ``MHAShape``,
+  ``describe_pairs``, ``device_layers``, ``mha_device_layers``,
+  ``stacked_layers``, ``is_mha_device_pool``, ``as_mha_device_pool`` (an
+  engine's own MHA pool, e.g. SGLang's, seen through ``MHADevicePool``);
+  ``DevicePoolGeometry`` and ``PoolShape`` are what ``HostPoolBase`` needs of
+  either kind, ``KVHostPool`` a host pool of either kind (what L3 stores take);
 * **the mover seam**: a host pool validates a call into a ``Transfer`` and
   hands it to the ``Mover`` of its io backend (``mover.backup(transfer)``,
-  ``mover.load(transfer, layer_id)``); ``MLAHostPoolBase.movers`` declares,
+  ``mover.load(transfer, layer_id)``); ``HostPoolBase.movers`` declares,
   per layout, each io backend's ``MoverFactory`` (``supported_pairs`` is
-  derived from it); ``PlanCache`` keeps a mover's plan for the per-layer
-  loads of one transfer; ``RowDirectMover`` is the token-row ``direct`` mover;
+  derived from it), called with the pool's ``HostSide`` (layout, geometry and
+  one ``HostPart`` per component: the host buffers, never the pool);
+  ``PlanCache`` keeps a mover's plan for the per-layer loads of one transfer;
+  ``DirectMover`` is the ``direct`` mover of every token-row layout and kind
+  (``MHAMoverFactory`` is ``MoverFactory``);
 * **validation helpers** (each raises a typed ``sgl_core.errors`` error):
   ``check_index_tensor``, ``check_index_pair``, ``check_index_device``,
   ``check_index_bounds``, ``check_unique``, ``check_page_runs``,
@@ -73,40 +81,49 @@ from sgl_core._copy import (
     widen_rows,
 )
 from sgl_core._device_pool import (
+    MHAPoolGeometry,
     MLAPoolGeometry,
+    PerLayerMHADevicePool,
     PerLayerMLADevicePool,
-    check_raw_rows,
-    device_layers,
-    stacked_layers,
 )
+from sgl_core._device_rows import check_raw_rows, device_layers, mha_device_layers, stacked_layers
 from sgl_core._devices import check_fits, parse_device, usable_device
+from sgl_core._direct_mover import DirectMover
 from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._engine import RunSide, copy_runs, gather_rows
+from sgl_core._engine_views import as_mha_device_pool
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._host_pool import HostPoolBase, MLAHostPoolBase, describe_pairs
+from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core._host_pages import TokenPages
+from sgl_core._host_pool import HostPoolBase, describe_pairs
 from sgl_core._indexer import IndexerConfig, check_indexer, indexer_of
-from sgl_core._memory import page_aligned_zeros, should_pin
-from sgl_core._mha_device_pool import MHAPoolGeometry, PerLayerMHADevicePool, mha_device_layers
-from sgl_core._mha_foreign_pool import as_mha_device_pool
-from sgl_core._mha_host_pool import MHAHostPoolBase
-from sgl_core._mha_mover import MHADirectMover
-from sgl_core._mha_protocols import MHADevicePool, MHAHostPool
-from sgl_core._mha_shapes import MHAShape
-from sgl_core._mha_token_host_pool import MHATokenHostPool
-from sgl_core._moe import check_routing
-from sgl_core._pool_kinds import DevicePoolGeometry, KVHostPool, PoolShape, is_mha_device_pool
-from sgl_core._protocols import (
-    Backend,
-    EmulatedWithoutDevice,
-    LayerViews,
+from sgl_core._kv_protocols import (
+    DevicePoolGeometry,
+    KVHostPool,
+    MHADevicePool,
+    MHAHostPool,
     MLADevicePool,
     MLAHostPool,
+    PoolShape,
+    is_mha_device_pool,
 )
+from sgl_core._kv_spec import Component, KVKind, KVSpec, mha_spec, mla_spec
+from sgl_core._layouts import LayoutFacts, layout_facts
+from sgl_core._memory import page_aligned_zeros, should_pin
+from sgl_core._moe import check_routing
+from sgl_core._protocols import Backend, EmulatedWithoutDevice, LayerViews
 from sgl_core._public import publish_names
-from sgl_core._row_mover import RowDirectMover
-from sgl_core._shapes import MLAShape
-from sgl_core._token_host_pool import TokenRowHostPool
-from sgl_core._transfer import MHAMoverFactory, Mover, MoverFactory, PlanCache, Transfer
+from sgl_core._shapes import MHAShape, MLAShape
+from sgl_core._token_host_pool import MHATokenHostPool, TokenHostPool, TokenRowHostPool
+from sgl_core._transfer import (
+    HostPart,
+    HostSide,
+    MHAMoverFactory,
+    Mover,
+    MoverFactory,
+    PlanCache,
+    Transfer,
+)
 from sgl_core._tuning import AUTO, NEVER, CopyTuning, tuning_for
 from sgl_core._validation import (
     check_backed,
@@ -125,21 +142,27 @@ __all__ = [
     "AUTO",
     "Backend",
     "Calibrator",
+    "Component",
     "CopyChoice",
     "CopyTuning",
     "DevicePoolGeometry",
+    "DirectMover",
     "EmulatedWithoutDevice",
     "HostLayout",
+    "HostPart",
     "HostPoolBase",
+    "HostSide",
     "IOBackend",
     "IndexRuns",
     "IndexerCache",
     "IndexerConfig",
     "KVHostPool",
+    "KVKind",
     "KVRows",
+    "KVSpec",
     "LayerViews",
+    "LayoutFacts",
     "MHADevicePool",
-    "MHADirectMover",
     "MHAHostPool",
     "MHAHostPoolBase",
     "MHAMoverFactory",
@@ -159,8 +182,9 @@ __all__ = [
     "PlanCache",
     "PoolBackend",
     "PoolShape",
-    "RowDirectMover",
     "RunSide",
+    "TokenHostPool",
+    "TokenPages",
     "TokenRowHostPool",
     "Transfer",
     "as_mha_device_pool",
@@ -190,9 +214,12 @@ __all__ = [
     "gather_rows",
     "indexer_of",
     "is_mha_device_pool",
+    "layout_facts",
     "memmove_blocks",
     "merge_runs",
     "mha_device_layers",
+    "mha_spec",
+    "mla_spec",
     "page_aligned_zeros",
     "parse_device",
     "publish_names",

@@ -20,9 +20,8 @@ from sgl_core.backend import publish_names as _publish_names
 from sgl_cuda import kvcacheio
 from sgl_cuda._backend import CudaBackend, backend
 from sgl_cuda._device_pool import CudaMLADevicePool
-from sgl_cuda._host_pool import CudaMLAHostPool
+from sgl_cuda._host_pool import CudaMHAHostPool, CudaMLAHostPool
 from sgl_cuda._mha_device_pool import CudaMHADevicePool
-from sgl_cuda._mha_host_pool import CudaMHAHostPool
 
 __version__ = "0.1.0"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import SupportsIndex, overload
+from collections.abc import Iterable, Mapping
+from typing import Any, SupportsIndex, overload
 
 import torch
 
@@ -11,7 +11,7 @@ from sgl_core.backend import PerLayerMLADevicePool, check_layer_id, parse_device
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError
 from sgl_cuda.kvcacheio import interpreter_active
 
-__all__ = ["CudaMLADevicePool", "resolve_device"]
+__all__ = ["CudaMLADevicePool", "LayerTables", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -53,6 +53,81 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         f"device={str(device)!r}: the cuda backend runs on 'cuda' (or 'cpu' under "
         "TRITON_INTERPRET=1)"
     )
+
+
+class LayerTables:
+    """The ``torch.uint64`` address tables of a device pool's per-layer lists.
+
+    One table per list attribute (``kv_buffer``; ``k_buffer``/``v_buffer``) on
+    the pool's device. A table is refreshed *in place* (holders of it stay
+    valid) when a layer was replaced or re-pointed (``set_``), after the new
+    layers are checked: ``layer_num`` of them, each a contiguous tensor of the
+    list's shape, the pool's dtype, on its device.
+    """
+
+    def __init__(
+        self,
+        pool: Any,
+        shapes: Mapping[str, tuple[int, ...]],
+        device: torch.device,
+    ) -> None:
+        self._pool = pool
+        self.shapes = dict(shapes)
+        self.device = device
+        self._ptrs = {name: self._addresses(name) for name in shapes}
+        self._tables = {
+            name: torch.tensor(ptrs, dtype=torch.uint64, device=device)
+            for name, ptrs in self._ptrs.items()
+        }
+
+    def _addresses(self, name: str) -> list[int]:
+        layers = getattr(self._pool, name)
+        return [t.data_ptr() if isinstance(t, torch.Tensor) else 0 for t in layers]
+
+    def table(self, name: str) -> torch.Tensor:
+        """The table of ``name``, refreshed first if a layer's address changed."""
+        self.sync(name)
+        return self._tables[name]
+
+    def sync(self, name: str) -> None:
+        layers = getattr(self._pool, name)
+        count = self._pool.layer_num
+        if len(layers) != count:
+            raise PoolMismatchError(f"{name} must hold {count} layer tensors, got {len(layers)}")
+        current = self._addresses(name)
+        if current != self._ptrs[name]:
+            for i, tensor in enumerate(layers):
+                self.check(name, i, tensor)
+            self._tables[name].copy_(torch.tensor(current, dtype=torch.uint64))
+            self._ptrs[name] = current
+
+    def check(self, name: str, layer_id: int, tensor: object) -> None:
+        """``tensor`` may be layer ``layer_id`` of ``name``, or ``PoolMismatchError``."""
+        check_layer(name, layer_id, tensor, self.shapes[name], self._pool.dtype, self.device)
+
+
+def check_layer(
+    name: str,
+    layer_id: int,
+    tensor: object,
+    expected: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    """``tensor`` is a contiguous ``expected`` tensor of ``dtype`` on ``device``, or
+    ``PoolMismatchError`` naming ``name[layer_id]``."""
+    if not isinstance(tensor, torch.Tensor):
+        raise PoolMismatchError(f"{name}[{layer_id}] must be a torch.Tensor")
+    if (
+        tuple(tensor.shape) != expected
+        or tensor.dtype != dtype
+        or tensor.device != device
+        or not tensor.is_contiguous()
+    ):
+        raise PoolMismatchError(
+            f"{name}[{layer_id}] must be a contiguous {expected} {dtype} tensor on "
+            f"{device}, got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
+        )
 
 
 class _LayerBuffers(list[torch.Tensor]):
@@ -118,7 +193,6 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
         with_index_k_scale: bool = False,
     ) -> None:
         self._layers: _LayerBuffers | None = None
-        self._ptr_list: list[int] = []
         super().__init__(
             size=size,
             page_size=page_size,
@@ -147,52 +221,33 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
                 f"kv_buffer must hold {self.layer_num} layer tensors, got {len(layers)}"
             )
         device = layers[0].device if self._layers is None else self.device
-        for i, tensor in enumerate(layers):
-            self._check_layer_tensor(i, tensor, device)
+        shape = (self.slot_count, 1, self.kv_cache_dim)
+        for i, tensor in enumerate(layers):  # before any layer is kept
+            check_layer("kv_buffer", i, tensor, shape, self.dtype, device)
         self._layers = _LayerBuffers(self, layers)
-        self._ptr_list = [t.data_ptr() for t in layers]
-        self._data_ptrs = torch.tensor(self._ptr_list, dtype=torch.uint64, device=device)
+        self._tables = LayerTables(self, {"kv_buffer": shape}, device)
 
     @property
     def data_ptrs(self) -> torch.Tensor:
         """``torch.uint64`` table of ``kv_buffer[i].data_ptr()`` on the pool's device."""
-        self.sync_data_ptrs()
-        return self._data_ptrs
+        return self._tables.table("kv_buffer")
+
+    def pointer_table(self, device_name: str) -> torch.Tensor:
+        """The address table of the layers in attribute ``device_name`` (``kv_buffer``)."""
+        return self._tables.table(device_name)
 
     def sync_data_ptrs(self) -> None:
         """Refresh ``data_ptrs`` in place if any layer's storage moved (e.g. ``set_``)."""
-        current = [t.data_ptr() for t in self.kv_buffer]
-        if current != self._ptr_list:
-            for i, tensor in enumerate(self.kv_buffer):
-                self._check_layer_tensor(i, tensor, self.device)
-            self._ptr_list = current
-            self._data_ptrs.copy_(torch.tensor(current, dtype=torch.uint64))
+        self._tables.sync("kv_buffer")
 
     def set_kv_buffer(self, layer_id: int, tensor: torch.Tensor) -> None:
         """Replace layer ``layer_id``'s buffer; ``data_ptrs`` is updated in place."""
         layer_id = check_layer_id(layer_id, self.layer_num)
-        self._check_layer_tensor(layer_id, tensor, self.device)
+        self._tables.check("kv_buffer", layer_id, tensor)
         assert self._layers is not None
         self._layers._store(layer_id, tensor)
         self.sync_data_ptrs()
 
-    def _check_layer_tensor(
-        self, layer_id: int, tensor: torch.Tensor, device: torch.device
-    ) -> None:
-        expected = (self.slot_count, 1, self.kv_cache_dim)
-        if not isinstance(tensor, torch.Tensor):
-            raise PoolMismatchError(f"kv_buffer[{layer_id}] must be a torch.Tensor")
-        if (
-            tuple(tensor.shape) != expected
-            or tensor.dtype != self.dtype
-            or tensor.device != device
-            or not tensor.is_contiguous()
-        ):
-            raise PoolMismatchError(
-                f"kv_buffer[{layer_id}] must be a contiguous {expected} {self.dtype} tensor "
-                f"on {device}, got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
-            )
-
     @property
     def device(self) -> torch.device:
-        return self._data_ptrs.device
+        return self._tables.device

@@ -1,44 +1,122 @@
-"""CUDA MLA host pool: token-row host layouts moved by Triton kernels or slice copies.
+"""CUDA host pools: token-row host layouts moved by Triton kernels or slice copies.
 
-Supported pairs (docs/design.md section 10), one mover each:
+One implementation (:class:`CudaTokenHostPool`) for every kind; the engine
+classes add only their movers table and kind accessors. Supported pairs
+(docs/design.md section 10), ``kernel`` first where a layout runs it:
 
 * ``layer_first``        ``kernel``, ``direct``
 * ``page_first``         ``kernel``
 * ``page_first_direct``  ``direct``
+* ``page_head``          ``kernel`` (MHA only)
 
-The movers live in ``sgl_cuda._movers`` and the fence in
-``sgl_cuda._stream_fence``; this module re-exports both for its importers.
+Buffers, L3 page helpers and validation are the core ``TokenHostPool``'s
+(SGLang's byte order: MHA K and V halves of one ``(2, ...)`` tensor when
+``head_dim == v_head_dim``). The movers live in ``sgl_cuda._movers`` (``kernel``) and
+``sgl_cuda._direct_mover`` (``direct``), the fence in ``sgl_cuda._stream_fence``.
 
 Transfers are stream-ordered, as in the serving engines: they return once
 queued on the current CUDA stream, so the engine can overlap them with
 compute and track them with its own events. Both movers record the point
 after each transfer in the pool's ``StreamFence``; the pool's own host-side
 readers and writers (the L3 page helpers) first wait for it, other host-side
-readers call :meth:`CudaMLAHostPool.synchronize`.
+readers call ``synchronize()``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from sgl_core.backend import (
     HostLayout,
+    HostSide,
     IOBackend,
-    MLADevicePool,
+    MHATokenHostPool,
+    Mover,
     MoverFactory,
+    TokenHostPool,
     TokenRowHostPool,
 )
 from sgl_core.errors import UnsupportedLayoutError
-from sgl_cuda._movers import DirectMover, KernelMover
+from sgl_cuda._direct_mover import CudaDirectMover
+from sgl_cuda._movers import KernelMover, address_table, check_kernel_rows, layer_views
 from sgl_cuda._stream_fence import StreamFence
 
-__all__ = ["CudaMLAHostPool", "DirectMover", "KernelMover", "StreamFence"]
+__all__ = ["CudaMHAHostPool", "CudaMLAHostPool", "CudaTokenHostPool", "StreamFence"]
+
+_BOTH: Mapping[IOBackend, MoverFactory] = {
+    IOBackend.KERNEL: KernelMover,
+    IOBackend.DIRECT: CudaDirectMover,
+}
+_KERNEL: Mapping[IOBackend, MoverFactory] = {IOBackend.KERNEL: KernelMover}
+_DIRECT: Mapping[IOBackend, MoverFactory] = {IOBackend.DIRECT: CudaDirectMover}
+#: This backend's movers: built with the pool's fence (``CudaTokenHostPool._mover_of``).
+_FENCED = (KernelMover, CudaDirectMover)
 
 
-class CudaMLAHostPool(TokenRowHostPool):
+class CudaTokenHostPool(TokenHostPool[Any, Any]):
+    """The cuda host pool of any kind: the core token rows plus the cuda movers' needs.
+
+    It refuses, before any memory is taken, rows no ``kernel`` transfer could
+    move and unpinned memory where ``kernel`` is the only io; keeps the
+    per-layer host views of each every-layer component and their address
+    tables on the device pool's device; and builds this backend's movers with
+    the pool's one ``StreamFence``.
+    """
+
+    fence: StreamFence
+
+    def _allocate_buffers(self, device_pool: Any) -> None:
+        ios = self.supported_pairs[self.layout]
+        if IOBackend.KERNEL in ios:
+            check_kernel_rows(self.layout, self.spec.components)
+        if device_pool.device.type == "cuda" and not self.pin_memory and ios == {IOBackend.KERNEL}:
+            raise UnsupportedLayoutError(
+                f"layout={self.layout.value!r} runs only the 'kernel' io backend, which "
+                "reaches host memory from the GPU and needs it pinned (pin_memory=False given)"
+            )
+        super()._allocate_buffers(device_pool)
+        self.fence = StreamFence()
+        #: Per every-layer component (spec order): its per-layer host views and their table.
+        self._layer_refs = layer_views(self._rows_side())
+        self._layer_tables = tuple(
+            address_table(views, device_pool.device) for views in self._layer_refs
+        )
+
+    def _rows_side(self) -> HostSide:
+        side = self.host_side
+        rows = tuple(p for p in side.parts if p.component.layers is None)
+        return dataclasses.replace(side, parts=rows)
+
+    def _mover_of(self, factory: MoverFactory, side: HostSide) -> Mover[Any]:
+        for fenced in _FENCED:
+            if factory is fenced:  # this backend's movers share the pool's fence
+                return fenced(side, self.fence)
+        return factory(side)
+
+    @property
+    def reuse_index_uploads(self) -> bool:
+        """Opt-in: per-layer ``kernel`` loads of one transfer share one index upload."""
+        mover = self._kernel_mover()
+        return mover is not None and mover.reuse_index_uploads
+
+    @reuse_index_uploads.setter
+    def reuse_index_uploads(self, value: bool) -> None:
+        mover = self._kernel_mover()
+        if mover is not None:
+            mover.reuse_index_uploads = bool(value)
+
+    def _kernel_mover(self) -> KernelMover | None:
+        # With an indexer the KV mover is wrapped (core IndexerMover keeps it as ``kv``).
+        mover = self._movers.get(IOBackend.KERNEL)
+        mover = getattr(mover, "kv", mover)
+        return mover if isinstance(mover, KernelMover) else None
+
+
+class CudaMLAHostPool(CudaTokenHostPool, TokenRowHostPool):
     """Host (L2) copy of a per-layer MLA device pool, for the ``cuda`` backend.
 
     ``data_refs`` are the per-layer host views (strided for ``page_first``) and
@@ -48,61 +126,40 @@ class CudaMLAHostPool(TokenRowHostPool):
     """
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
-        HostLayout.LAYER_FIRST: {IOBackend.KERNEL: KernelMover, IOBackend.DIRECT: DirectMover},
-        HostLayout.PAGE_FIRST: {IOBackend.KERNEL: KernelMover},
-        HostLayout.PAGE_FIRST_DIRECT: {IOBackend.DIRECT: DirectMover},
+        HostLayout.LAYER_FIRST: _BOTH,
+        HostLayout.PAGE_FIRST: _KERNEL,
+        HostLayout.PAGE_FIRST_DIRECT: _DIRECT,
     }
 
-    data_refs: list[torch.Tensor]
-    data_ptrs: torch.Tensor
-    fence: StreamFence
-
-    def _allocate_buffers(self, device_pool: MLADevicePool) -> None:
-        row = self.shape.token_stride_size
-        if IOBackend.KERNEL in self.supported_pairs[self.layout] and row % 8:
-            # The kernels move rows as int64 words; the pool would hold rows no
-            # kernel transfer could move. (Indexer rows move by the direct engine.)
-            raise UnsupportedLayoutError(
-                f"layout={self.layout.value!r} runs io_backend='kernel', which moves rows as "
-                f"8-byte words; a row here is {row} bytes ({self.kv_cache_dim} x {self.dtype}), "
-                "not a multiple of 8: use layout 'page_first_direct' (io 'direct') or the "
-                "'torch' backend"
-            )
-        super()._allocate_buffers(device_pool)
-        if self.layout is HostLayout.LAYER_FIRST:
-            self.data_refs = [self.kv_buffer[i] for i in range(self.layer_num)]
-        else:
-            self.data_refs = [self.kv_buffer[:, i] for i in range(self.layer_num)]
-        self._ptr_values = [ref.data_ptr() for ref in self.data_refs]
-        self._ptr_tables: dict[torch.device, torch.Tensor] = {}
-        self.fence = StreamFence()
-        self.data_ptrs = self.host_table(device_pool.device)
-        if (
-            device_pool.device.type == "cuda"
-            and not self.pin_memory
-            and self.supported_pairs[self.layout] == frozenset({IOBackend.KERNEL})
-        ):
-            raise UnsupportedLayoutError(
-                f"layout={self.layout.value!r} runs only the 'kernel' io backend, which "
-                "reaches host memory from the GPU and needs it pinned (pin_memory=False given)"
-            )
-
-    def host_table(self, device: torch.device) -> torch.Tensor:
-        """The host layers' address table on ``device`` (built once per device)."""
-        table = self._ptr_tables.get(device)
-        if table is None:
-            table = torch.tensor(self._ptr_values, dtype=torch.uint64, device=device)
-            self._ptr_tables[device] = table
-        return table
+    @property
+    def data_refs(self) -> list[torch.Tensor]:
+        return self._layer_refs[0]
 
     @property
-    def reuse_index_uploads(self) -> bool:
-        """Opt-in: per-layer ``kernel`` loads of one transfer share one index upload."""
-        mover = self._movers.get(IOBackend.KERNEL)
-        return isinstance(mover, KernelMover) and mover.reuse_index_uploads
+    def data_ptrs(self) -> torch.Tensor:
+        return self._layer_tables[0]
 
-    @reuse_index_uploads.setter
-    def reuse_index_uploads(self, value: bool) -> None:
-        mover = self._movers.get(IOBackend.KERNEL)
-        if isinstance(mover, KernelMover):
-            mover.reuse_index_uploads = bool(value)
+
+class CudaMHAHostPool(CudaTokenHostPool, MHATokenHostPool):
+    """Host (L2) copy of a per-layer MHA device pool, for the ``cuda`` backend.
+
+    ``k_data_ptrs`` / ``v_data_ptrs`` are ``torch.uint64`` tables of the
+    per-layer host views' addresses on the device pool's device (strided views
+    for the page-first layouts), as in SGLang's MHA host pool. Host memory is
+    pinned when CUDA is available, which the ``kernel`` io backend needs.
+    """
+
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
+        HostLayout.LAYER_FIRST: _BOTH,
+        HostLayout.PAGE_FIRST: _KERNEL,
+        HostLayout.PAGE_FIRST_DIRECT: _DIRECT,
+        HostLayout.PAGE_HEAD: _KERNEL,
+    }
+
+    @property
+    def k_data_ptrs(self) -> torch.Tensor:
+        return self._layer_tables[0]
+
+    @property
+    def v_data_ptrs(self) -> torch.Tensor:
+        return self._layer_tables[1]

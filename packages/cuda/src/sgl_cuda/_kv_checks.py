@@ -8,6 +8,7 @@ in ``sgl_cuda.kvcacheio``'s docstring.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 
@@ -22,11 +23,13 @@ from sgl_cuda._kernels import interpreter_active
 
 __all__ = [
     "RowForm",
+    "Side",
     "check_buffer",
     "check_head_num",
     "check_indices",
     "check_layer_id",
     "check_layers",
+    "check_rows",
     "check_page_size",
     "check_table",
     "side_words",
@@ -135,7 +138,7 @@ def check_head_num(head_num: int, **dims: int) -> int:
 
 
 # A side's geometry in int64 words: (row, layer, page, head strides, page_size, page_head).
-_Side = tuple[int, int, int, int, int, bool]
+Side = tuple[int, int, int, int, int, bool]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +158,7 @@ class RowForm:
     head_num: int = 1
 
 
-def side_words(form: RowForm, item_w: int, item_size: int) -> tuple[_Side, int]:
+def side_words(form: RowForm, item_w: int, item_size: int) -> tuple[Side, int]:
     """A side's geometry and its head width in words (the whole row unless page_head)."""
     if form.kind in ("layer_first", "table"):
         return (item_w, 0, 0, 0, 1, False), item_w
@@ -169,3 +172,39 @@ def side_words(form: RowForm, item_w: int, item_size: int) -> tuple[_Side, int]:
     head_row_w = layout_w // heads  # one head of one token, all layers
     side = (head_row_w, item_w // heads, ps * layout_w, ps * head_row_w, ps, True)
     return side, item_w // heads
+
+
+def check_rows(
+    src: Sequence[torch.Tensor],
+    dst: Sequence[torch.Tensor],
+    indices: tuple[torch.Tensor, torch.Tensor],
+    item_size: int,
+    forms: tuple[RowForm, RowForm],
+    layers: tuple[int, int] = (0, 1),
+    labels: Sequence[str] = ("k", "v"),
+) -> tuple[int, Side, Side, int, int]:
+    """Every O(1) check of a row launch: item words, both sides, head words, layers.
+
+    ``indices`` and ``forms`` are ``(src, dst)``, ``layers`` is ``(layer_offset,
+    num_layers)``. ``labels`` name each component's arguments in errors
+    (``src_k``, ``src_k_layers``); an empty label names the side alone
+    (``src``, the MLA functions of ``sgl_cuda.kvcacheio``).
+    """
+    src_form, dst_form = forms
+    item_w = words(item_size, "item_size")
+    src_side, src_head_w = side_words(src_form, item_w, item_size)
+    dst_side, dst_head_w = side_words(dst_form, item_w, item_size)
+    layer_offset, count = layers[0], check_layers(layers[1])
+    device = check_indices(*indices)
+    if not 1 <= len(src) == len(dst) <= len(labels):
+        raise ShapeMismatchError("a transfer moves (K,) or (K, V): one or two of each side")
+    for tensors, form in ((src, src_form), (dst, dst_form)):
+        for label, t in zip(labels, tensors, strict=False):
+            name = f"{form.side}_{label}" if label else form.side
+            if form.kind == "table":
+                check_table(t, f"{name}_layers", device, layer_offset + count)
+            else:
+                check_buffer(t, name, device)
+    if src_side[5] and dst_side[5]:
+        raise ShapeMismatchError("at most one side of a transfer can be page_head")
+    return item_w, src_side, dst_side, min(src_head_w, dst_head_w), count

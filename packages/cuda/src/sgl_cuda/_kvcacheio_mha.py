@@ -34,18 +34,8 @@ from types import ModuleType
 import torch
 
 from sgl_core.backend import byte_view
-from sgl_core.errors import ShapeMismatchError
 from sgl_cuda._kernels import kernels
-from sgl_cuda._kv_checks import (
-    RowForm,
-    check_buffer,
-    check_indices,
-    check_layer_id,
-    check_layers,
-    check_table,
-    side_words,
-    words,
-)
+from sgl_cuda._kv_checks import RowForm, check_layer_id, check_rows
 from sgl_cuda._launch_lock import interpreter_launch
 
 __all__ = [
@@ -57,39 +47,7 @@ __all__ = [
     "transfer_kv_per_layer",
     "transfer_kv_per_layer_pf_lf",
     "transfer_kv_per_layer_ph_lf",
-    "transfer_rows",
 ]
-
-
-def transfer_rows(
-    src: Sequence[torch.Tensor],
-    dst: Sequence[torch.Tensor],
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-    *,
-    item_size: int,
-    src_form: RowForm,
-    dst_form: RowForm,
-    layer_offset: int = 0,
-    num_layers: int = 1,
-) -> None:
-    """Checked launch for ``(K,)`` or ``(K, V)`` buffers (or tables) of one row size.
-
-    The upstream-named functions below call it with both components; a host
-    pool whose V rows differ in width from its K rows prepares one launch per
-    component with ``prepare_rows`` and runs them only once both are checked.
-    """
-    prepare_rows(
-        src,
-        dst,
-        src_indices,
-        dst_indices,
-        item_size=item_size,
-        src_form=src_form,
-        dst_form=dst_form,
-        layer_offset=layer_offset,
-        num_layers=num_layers,
-    )()
 
 
 def prepare_rows(
@@ -104,22 +62,18 @@ def prepare_rows(
     layer_offset: int = 0,
     num_layers: int = 1,
 ) -> Callable[[], None]:
-    """Every check of ``transfer_rows`` now; the launch itself when the result is called."""
-    item_w = words(item_size, "item_size")
-    src_side, src_head_w = side_words(src_form, item_w, item_size)
-    dst_side, dst_head_w = side_words(dst_form, item_w, item_size)
-    layers = check_layers(num_layers)
-    device = check_indices(src_indices, dst_indices)
-    if not 1 <= len(src) == len(dst) <= 2:
-        raise ShapeMismatchError("a transfer moves (K,) or (K, V): one or two of each side")
-    for tensors, form in ((src, src_form), (dst, dst_form)):
-        for c, t in zip("kv", tensors, strict=False):
-            if form.kind == "table":
-                check_table(t, f"{form.side}_{c}_layers", device, layer_offset + layers)
-            else:
-                check_buffer(t, f"{form.side}_{c}", device)
-    if src_side[5] and dst_side[5]:
-        raise ShapeMismatchError("at most one side of a transfer can be page_head")
+    """Check a launch for ``(K,)`` or ``(K, V)`` buffers (or tables) of one row size now;
+    the launch itself runs when the result is called.
+
+    The upstream-named functions below call it with both components; a host
+    pool whose V rows differ in width from its K rows prepares one launch per
+    component and runs them only once both are checked.
+    """
+    forms = (src_form, dst_form)
+    checked = check_rows(
+        src, dst, (src_indices, dst_indices), item_size, forms, (layer_offset, num_layers)
+    )
+    item_w, src_side, dst_side, head_w, layers = checked
     components = len(src)
     if components == 1:
         src, dst = (src[0], src[0]), (dst[0], dst[0])  # the V deltas are then 0, unused
@@ -136,7 +90,7 @@ def prepare_rows(
                 src_indices,
                 dst_indices,
                 words=item_w,
-                head_words=min(src_head_w, dst_head_w),
+                head_words=head_w,
                 layer_offset=layer_offset,
                 num_layers=layers,
                 # V is reached as K's address plus their distance (both 8-byte aligned).
@@ -150,6 +104,28 @@ def prepare_rows(
             )
 
     return launch
+
+
+def _kv(
+    src: tuple[torch.Tensor, torch.Tensor],
+    dst: tuple[torch.Tensor, torch.Tensor],
+    indices: tuple[torch.Tensor, torch.Tensor],
+    item_size: int,
+    forms: tuple[RowForm, RowForm],
+    layer_offset: int = 0,
+    num_layers: int = 1,
+) -> None:
+    """K and V in one checked launch (the upstream-named functions below)."""
+    prepare_rows(
+        src,
+        dst,
+        *indices,
+        item_size=item_size,
+        src_form=forms[0],
+        dst_form=forms[1],
+        layer_offset=layer_offset,
+        num_layers=num_layers,
+    )()
 
 
 def _mha_kernels() -> ModuleType:
@@ -172,15 +148,8 @@ def transfer_kv_per_layer(
     item_size: int,
 ) -> None:
     """One layer, layer-first to layer-first, K and V: ``src_indices[i]`` -> ``dst_indices[i]``."""
-    transfer_rows(
-        (src_k, src_v),
-        (dst_k, dst_v),
-        src_indices,
-        dst_indices,
-        item_size=item_size,
-        src_form=RowForm("layer_first", "src"),
-        dst_form=RowForm("layer_first", "dst"),
-    )
+    forms = RowForm("layer_first", "src"), RowForm("layer_first", "dst")
+    _kv((src_k, src_v), (dst_k, dst_v), (src_indices, dst_indices), item_size, forms)
 
 
 def transfer_kv_per_layer_pf_lf(
@@ -195,15 +164,14 @@ def transfer_kv_per_layer_pf_lf(
     src_layout_dim: int,
 ) -> None:
     """Layer ``layer_id`` of page-first ``src_k``/``src_v`` into layer-first ``dst_k``/``dst_v``."""
-    transfer_rows(
+    forms = RowForm("page_first", "src", src_layout_dim), RowForm("layer_first", "dst")
+    _kv(
         (src_k, src_v),
         (dst_k, dst_v),
-        src_indices,
-        dst_indices,
-        item_size=item_size,
-        src_form=RowForm("page_first", "src", src_layout_dim),
-        dst_form=RowForm("layer_first", "dst"),
-        layer_offset=check_layer_id(layer_id),
+        (src_indices, dst_indices),
+        item_size,
+        forms,
+        check_layer_id(layer_id),
     )
 
 
@@ -221,15 +189,17 @@ def transfer_kv_per_layer_ph_lf(
     head_num: int,
 ) -> None:
     """Layer ``layer_id`` of page-head ``src_k``/``src_v`` into layer-first ``dst_k``/``dst_v``."""
-    transfer_rows(
+    forms = (
+        RowForm("page_head", "src", src_layout_dim, page_size, head_num),
+        RowForm("layer_first", "dst"),
+    )
+    _kv(
         (src_k, src_v),
         (dst_k, dst_v),
-        src_indices,
-        dst_indices,
-        item_size=item_size,
-        src_form=RowForm("page_head", "src", src_layout_dim, page_size, head_num),
-        dst_form=RowForm("layer_first", "dst"),
-        layer_offset=check_layer_id(layer_id),
+        (src_indices, dst_indices),
+        item_size,
+        forms,
+        check_layer_id(layer_id),
     )
 
 
@@ -244,15 +214,15 @@ def transfer_kv_all_layer(
     num_layers: int,
 ) -> None:
     """Every layer, K and V, pointer tables to pointer tables (``torch.uint64``), one launch."""
-    transfer_rows(
+    forms = RowForm("table", "src"), RowForm("table", "dst")
+    _kv(
         (src_k_layers, src_v_layers),
         (dst_k_layers, dst_v_layers),
-        src_indices,
-        dst_indices,
-        item_size=item_size,
-        src_form=RowForm("table", "src"),
-        dst_form=RowForm("table", "dst"),
-        num_layers=num_layers,
+        (src_indices, dst_indices),
+        item_size,
+        forms,
+        0,
+        num_layers,
     )
 
 
@@ -268,15 +238,15 @@ def transfer_kv_all_layer_lf_pf(
     num_layers: int,
 ) -> None:
     """Every layer, K and V, pointer tables to page-first ``dst_k``/``dst_v``, one launch."""
-    transfer_rows(
+    forms = RowForm("table", "src"), RowForm("page_first", "dst", dst_layout_dim)
+    _kv(
         (src_k_layers, src_v_layers),
         (dst_k, dst_v),
-        src_indices,
-        dst_indices,
-        item_size=item_size,
-        src_form=RowForm("table", "src"),
-        dst_form=RowForm("page_first", "dst", dst_layout_dim),
-        num_layers=num_layers,
+        (src_indices, dst_indices),
+        item_size,
+        forms,
+        0,
+        num_layers,
     )
 
 
@@ -294,13 +264,16 @@ def transfer_kv_all_layer_lf_ph(
     head_num: int,
 ) -> None:
     """Every layer, K and V, pointer tables to page-head ``dst_k``/``dst_v``, one launch."""
-    transfer_rows(
+    forms = (
+        RowForm("table", "src"),
+        RowForm("page_head", "dst", dst_layout_dim, page_size, head_num),
+    )
+    _kv(
         (src_k_layers, src_v_layers),
         (dst_k, dst_v),
-        src_indices,
-        dst_indices,
-        item_size=item_size,
-        src_form=RowForm("table", "src"),
-        dst_form=RowForm("page_head", "dst", dst_layout_dim, page_size, head_num),
-        num_layers=num_layers,
+        (src_indices, dst_indices),
+        item_size,
+        forms,
+        0,
+        num_layers,
     )

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from sgl_core.backend import PerLayerMHADevicePool
-from sgl_core.errors import PoolMismatchError
-from sgl_cuda._device_pool import resolve_device
+from sgl_cuda._device_pool import LayerTables, resolve_device
 
 __all__ = ["CudaMHADevicePool"]
 
@@ -46,56 +45,28 @@ class CudaMHADevicePool(PerLayerMHADevicePool):
             device=resolve_device(device),
             v_head_dim=v_head_dim,
         )
-        self._ptr_lists = (
-            [t.data_ptr() for t in self.k_buffer],
-            [t.data_ptr() for t in self.v_buffer],
-        )
-        self._tables = tuple(
-            torch.tensor(ptrs, dtype=torch.uint64, device=self.device) for ptrs in self._ptr_lists
-        )
+        shapes = {"k_buffer": (self.slot_count, head_num, head_dim)}
+        shapes["v_buffer"] = (self.slot_count, head_num, self.v_head_dim)
+        self._tables = LayerTables(self, shapes, self.device)
 
     @property
     def k_data_ptrs(self) -> torch.Tensor:
         """``torch.uint64`` table of ``k_buffer[i].data_ptr()`` on the pool's device."""
-        self.sync_data_ptrs()
-        return self._tables[0]
+        return self._tables.table("k_buffer")
 
     @property
     def v_data_ptrs(self) -> torch.Tensor:
         """``torch.uint64`` table of ``v_buffer[i].data_ptr()`` on the pool's device."""
-        self.sync_data_ptrs()
-        return self._tables[1]
+        return self._tables.table("v_buffer")
+
+    def pointer_table(self, device_name: str) -> torch.Tensor:
+        """The address table of the layers in ``device_name`` (``k_buffer`` or ``v_buffer``)."""
+        return self._tables.table(device_name)
 
     def sync_data_ptrs(self) -> None:
         """Check replaced layers and refresh both tables in place if any address changed."""
-        for c, (name, layers, dim) in enumerate(
-            (
-                ("k_buffer", self.k_buffer, self.head_dim),
-                ("v_buffer", self.v_buffer, self.v_head_dim),
-            )
-        ):
-            if len(layers) != self.layer_num:
-                raise PoolMismatchError(
-                    f"{name} must hold {self.layer_num} layer tensors, got {len(layers)}"
-                )
-            current = [t.data_ptr() if isinstance(t, torch.Tensor) else 0 for t in layers]
-            if current == self._ptr_lists[c]:
-                continue
-            expected = (self.slot_count, self.head_num, dim)
-            for i, t in enumerate(layers):
-                if not (
-                    isinstance(t, torch.Tensor)
-                    and tuple(t.shape) == expected
-                    and t.dtype == self.dtype
-                    and t.device == self.device
-                    and t.is_contiguous()
-                ):
-                    raise PoolMismatchError(
-                        f"{name}[{i}] must be a contiguous {expected} {self.dtype} tensor "
-                        f"on {self.device}"
-                    )
-            self._tables[c].copy_(torch.tensor(current, dtype=torch.uint64))
-            self._ptr_lists[c][:] = current
+        for name in ("k_buffer", "v_buffer"):
+            self._tables.sync(name)
 
     @property
     def device(self) -> torch.device:

@@ -39,18 +39,15 @@ from __future__ import annotations
 import torch
 
 from sgl_core.backend import byte_view, publish_names
-from sgl_core.errors import LayerIndexError
 from sgl_cuda._direct import (
     transfer_kv_all_layer_direct_lf_pf,
     transfer_kv_direct,
     transfer_kv_per_layer_direct_pf_lf,
 )
 from sgl_cuda._kernels import interpreter_active, kernels, start_interpreter
-from sgl_cuda._kv_checks import check_buffer as _check_buffer
-from sgl_cuda._kv_checks import check_indices as _check_indices
-from sgl_cuda._kv_checks import check_layers as _check_layers
-from sgl_cuda._kv_checks import check_table as _check_table
-from sgl_cuda._kv_checks import words as _words
+from sgl_cuda._kv_checks import RowForm
+from sgl_cuda._kv_checks import check_layer_id as _check_layer_id
+from sgl_cuda._kv_checks import check_rows as _check_rows
 from sgl_cuda._kvcacheio_mha import (
     transfer_kv_all_layer,
     transfer_kv_all_layer_lf_pf,
@@ -81,20 +78,39 @@ __all__ = [
 
 
 # ------------------------------------------------------------------ kernels
-def _launch(
+def _mla(
     src: torch.Tensor,
     dst: torch.Tensor,
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-    **params: int | bool,
+    indices: tuple[torch.Tensor, torch.Tensor],
+    item_size: int,
+    forms: tuple[RowForm, RowForm],
+    layer_offset: int = 0,
+    num_layers: int = 1,
 ) -> None:
-    """One launch; rows move as int64 words, so fp8 buffers go in as bytes (tables unchanged).
+    """One checked launch; rows move as int64 words, so fp8 buffers go in as bytes.
 
     Interpreted launches hold one process-wide lock (``_launch_lock``).
     """
+    span = (layer_offset, num_layers)
+    words, src_side, dst_side, _, layers = _check_rows(
+        (src,), (dst,), indices, item_size, forms, span, labels=("",)
+    )
     module = kernels()
     with interpreter_launch(bool(module.INTERPRETED)):
-        module.launch_copy_rows(byte_view(src), byte_view(dst), src_indices, dst_indices, **params)
+        module.launch_copy_rows(
+            byte_view(src),
+            byte_view(dst),
+            *indices,
+            words=words,
+            layer_offset=layer_offset,
+            num_layers=layers,
+            src_row_w=src_side[0],
+            src_layer_w=src_side[1],
+            dst_row_w=dst_side[0],
+            dst_layer_w=dst_side[1],
+            src_table=forms[0].kind == "table",
+            dst_table=forms[1].kind == "table",
+        )
 
 
 def transfer_kv_per_layer_mla(
@@ -110,25 +126,8 @@ def transfer_kv_per_layer_mla(
     e.g. ``(tokens, 1, kv_cache_dim)``); one is usually pinned host memory.
     Unchecked: bounds, duplicates, the buffers' row stride.
     """
-    words = _words(item_size, "item_size")
-    device = _check_indices(src_indices, dst_indices)
-    _check_buffer(src, "src", device)
-    _check_buffer(dst, "dst", device)
-    _launch(
-        src,
-        dst,
-        src_indices,
-        dst_indices,
-        words=words,
-        layer_offset=0,
-        num_layers=1,
-        src_row_w=words,
-        src_layer_w=0,
-        dst_row_w=words,
-        dst_layer_w=0,
-        src_table=False,
-        dst_table=False,
-    )
+    forms = RowForm("layer_first", "src"), RowForm("layer_first", "dst")
+    _mla(src, dst, (src_indices, dst_indices), item_size, forms)
 
 
 def transfer_kv_per_layer_mla_pf_lf(
@@ -146,28 +145,9 @@ def transfer_kv_per_layer_mla_pf_lf(
     writes ``dst_base + dst_indices[i] * item_size``. Unchecked: bounds,
     duplicates, ``layer_id`` against the layer count of ``src``.
     """
-    words = _words(item_size, "item_size")
-    layout_w = _words(src_layout_dim, "src_layout_dim")
-    if isinstance(layer_id, bool) or not isinstance(layer_id, int) or layer_id < 0:
-        raise LayerIndexError(f"layer_id must be a non-negative int, got {layer_id!r}")
-    device = _check_indices(src_indices, dst_indices)
-    _check_buffer(src, "src", device)
-    _check_buffer(dst, "dst", device)
-    _launch(
-        src,
-        dst,
-        src_indices,
-        dst_indices,
-        words=words,
-        layer_offset=layer_id,
-        num_layers=1,
-        src_row_w=layout_w,
-        src_layer_w=words,
-        dst_row_w=words,
-        dst_layer_w=0,
-        src_table=False,
-        dst_table=False,
-    )
+    layer = _check_layer_id(layer_id)
+    forms = RowForm("page_first", "src", src_layout_dim), RowForm("layer_first", "dst")
+    _mla(src, dst, (src_indices, dst_indices), item_size, forms, layer)
 
 
 def transfer_kv_all_layer_mla(
@@ -184,26 +164,8 @@ def transfer_kv_all_layer_mla(
     addresses on the kernel's device: row ``tbl[layer] + idx * item_size``.
     Unchecked: the addresses themselves, bounds, duplicates.
     """
-    words = _words(item_size, "item_size")
-    layers = _check_layers(num_layers)
-    device = _check_indices(src_indices, dst_indices)
-    _check_table(src_layers, "src_layers", device, layers)
-    _check_table(dst_layers, "dst_layers", device, layers)
-    _launch(
-        src_layers,
-        dst_layers,
-        src_indices,
-        dst_indices,
-        words=words,
-        layer_offset=0,
-        num_layers=layers,
-        src_row_w=words,
-        src_layer_w=0,
-        dst_row_w=words,
-        dst_layer_w=0,
-        src_table=True,
-        dst_table=True,
-    )
+    forms = RowForm("table", "src"), RowForm("table", "dst")
+    _mla(src_layers, dst_layers, (src_indices, dst_indices), item_size, forms, 0, num_layers)
 
 
 def transfer_kv_all_layer_mla_lf_pf(
@@ -221,27 +183,8 @@ def transfer_kv_all_layer_mla_lf_pf(
     ``dst_base + dst_indices[i] * dst_layout_dim + layer * item_size``.
     Unchecked: the table's addresses, bounds, duplicates.
     """
-    words = _words(item_size, "item_size")
-    layout_w = _words(dst_layout_dim, "dst_layout_dim")
-    layers = _check_layers(num_layers)
-    device = _check_indices(src_indices, dst_indices)
-    _check_table(src_layers, "src_layers", device, layers)
-    _check_buffer(dst, "dst", device)
-    _launch(
-        src_layers,
-        dst,
-        src_indices,
-        dst_indices,
-        words=words,
-        layer_offset=0,
-        num_layers=layers,
-        src_row_w=words,
-        src_layer_w=0,
-        dst_row_w=layout_w,
-        dst_layer_w=words,
-        src_table=True,
-        dst_table=False,
-    )
+    forms = RowForm("table", "src"), RowForm("page_first", "dst", dst_layout_dim)
+    _mla(src_layers, dst, (src_indices, dst_indices), item_size, forms, 0, num_layers)
 
 
 publish_names(__name__, globals())  # the kernels' entry points report sgl_cuda.kvcacheio

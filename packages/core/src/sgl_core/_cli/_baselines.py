@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from sgl_core._cli._views import Component, layer_components
-from sgl_core._protocols import MLADevicePool, MLAHostPool
+from sgl_core._kv_protocols import MLADevicePool, MLAHostPool
 
 __all__ = ["BASELINES", "Transfer", "contiguous_copy", "per_page", "per_token"]
 

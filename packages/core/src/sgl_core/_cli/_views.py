@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from sgl_core._protocols import LayerViews, MLADevicePool, MLAHostPool
+from sgl_core._kv_protocols import MLADevicePool, MLAHostPool
+from sgl_core._protocols import LayerViews
 
 __all__ = ["Component", "layer_components"]
 

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import torch
 
-from sgl_core._pool_kinds import KVHostPool
+from sgl_core._kv_protocols import KVHostPool
 from sgl_core._validation import (
     as_index_tensor,
     check_index_bounds,

@@ -15,8 +15,7 @@ the deliberate differences, are listed in ``docs/sglang.md``.
 
 from __future__ import annotations
 
-from sgl_core._foreign_pool import as_device_pool
-from sgl_core._mha_foreign_pool import as_mha_device_pool
+from sgl_core._engine_views import as_device_pool, as_mha_device_pool
 from sgl_core._public import publish_names as _publish_names
 from sgl_core.integrations.sglang._builder import kv_host_pool_builder
 from sgl_core.integrations.sglang._host import SGLangHostPool, wrap_host_pool

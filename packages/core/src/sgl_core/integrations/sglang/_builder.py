@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._mha_host_pool import MHAHostPoolBase
+from sgl_core._host_kinds import MHAHostPoolBase
 from sgl_core._paged_indexer import has_paged_indexer
 from sgl_core._protocols import Backend
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError

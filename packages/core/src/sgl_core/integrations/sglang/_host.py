@@ -22,10 +22,9 @@ from typing import Any, cast
 import torch
 
 from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._host_pool import HostPoolBase, MLAHostPoolBase
-from sgl_core._mha_host_pool import MHAHostPoolBase
-from sgl_core._mha_protocols import MHAHostPool
-from sgl_core._protocols import MLAHostPool
+from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core._host_pool import HostPoolBase
+from sgl_core._kv_protocols import MHAHostPool, MLAHostPool
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
 from sgl_core.integrations.sglang._host_pages import SGLangPageMembers
 

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from sgl_core._discovery import get_backend
-from sgl_core._foreign_pool import as_device_pool
-from sgl_core._protocols import MLADevicePool, MLAHostPool
+from sgl_core._engine_views import as_device_pool
+from sgl_core._kv_protocols import MLADevicePool, MLAHostPool
 from sgl_core.errors import (
     ArgumentTypeError,
     IndexOutOfRangeError,

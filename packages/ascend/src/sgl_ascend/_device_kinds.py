@@ -1,0 +1,281 @@
+"""The Ascend device pools' kinds: constructor arguments and engine accessors only.
+
+Storage, component views and index checks are ``AscendDevicePool``'s
+(``sgl_ascend._device_pool``); a kind names its components::
+
+    AscendMLADevicePool  k_buffer (rows, page_num, page_size, 1, kv_lora_rank)
+                         v_buffer (rows, page_num, page_size, 1, qk_rope_head_dim)
+                         [index_k_buffer (slots, ..., 1, index_head_dim)
+                          [index_k_scale_buffer (slots, ..., 1, 1) float32]]
+    AscendMHADevicePool  k_buffer (rows, page_num, page_size, head_num, head_dim)
+                         v_buffer (rows, page_num, page_size, head_num, v_head_dim)
+
+With ``kv_cache_dim`` (packed MLA rows the engine quantizes itself, e.g. 656
+``uint8`` for DeepSeek-V3.2's FP8 MLA) ``k_buffer`` holds the whole row and
+``v_buffer`` is None. The MHA layout is the one the Ascend serving engine
+allocates for MHA models (page 0 is its padding page); for GQA ``head_num`` is
+the number of KV heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from sgl_ascend import _npu
+from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec, kv_split_spec
+from sgl_core import MLAPoolGeometry
+from sgl_core.backend import (
+    Component,
+    IndexerConfig,
+    MHAPoolGeometry,
+    byte_view,
+    check_indexer,
+    check_layer_id,
+    check_raw_rows,
+    mha_spec,
+    mla_spec,
+)
+from sgl_core.errors import LayerIndexError, PoolMismatchError
+
+__all__ = ["AscendMHADevicePool", "AscendMLADevicePool"]
+
+
+class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
+    """Layer-major contiguous MLA KV cache, optionally with a DSA/NSA indexer cache.
+
+    Pass ``index_head_dim`` to add ``index_k_buffer`` for the layers in
+    ``indexer_layer_ids`` (default: every layer), and ``with_index_k_scale``
+    to add its fp32 per-token scale. ``indexer_slot(layer_id)`` maps a model
+    layer to its row in the indexer buffers.
+    """
+
+    optional_buffers = ("v_buffer", "index_k_buffer", "index_k_scale_buffer")
+    v_buffer: torch.Tensor | None
+    index_k_buffer: torch.Tensor | None
+    index_k_scale_buffer: torch.Tensor | None
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+        kv_cache_dim: int | None = None,
+        index_head_dim: int | None = None,
+        indexer_layer_ids: Iterable[int] | None = None,
+        with_index_k_scale: bool = False,
+    ) -> None:
+        super().__init__(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=qk_rope_head_dim,
+            layer_num=layer_num,
+            device=_npu.resolve_device(device),
+            kv_cache_dim=kv_cache_dim,
+        )
+        cfg = check_indexer(index_head_dim, indexer_layer_ids, with_index_k_scale, layer_num)
+        self._build(self._kv_split(cfg))
+
+    def _kv_split(self, indexer: IndexerConfig | None = None) -> KvSplitSpec:
+        """This pool's kv-split spec: ``k`` and ``v`` (or packed ``k``) plus indexer rows."""
+        s = self.shape
+        if indexer is None:
+            spec = mla_spec(s.layer_num, s.kv_lora_rank, s.qk_rope_head_dim, s.dtype, s.row_dim)
+        else:
+            spec = mla_spec(
+                s.layer_num, s.kv_lora_rank, s.qk_rope_head_dim, s.dtype, s.row_dim,
+                index_head_dim=indexer.index_head_dim, indexer_layer_ids=indexer.layer_ids,
+                with_index_k_scale=indexer.with_scale,
+            )  # fmt: skip
+        if s.packed:
+            return kv_split_spec(spec, (Component("k", s.kv_cache_dim, s.dtype),))
+        nope = Component("k", s.kv_lora_rank, s.dtype)
+        return kv_split_spec(spec, (nope, Component("v", s.qk_rope_head_dim, s.dtype)))
+
+    # ------------------------------------------------------------ properties
+    @property
+    def index_head_dim(self) -> int | None:
+        return self.spec.component("index_k").dim if self.spec.has("index_k") else None
+
+    @property
+    def indexer_layer_ids(self) -> tuple[int, ...]:
+        """Model layers that have an indexer cache, ascending (empty: no indexer)."""
+        return self.spec.indexer_layers
+
+    @property
+    def has_index_k_scale(self) -> bool:
+        return self.index_k_scale_buffer is not None
+
+    # ------------------------------------------------------------ token rows
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """``(page_num, page_size, 1, qk_rope_head_dim)`` view of one layer's rope cache."""
+        return self._split_v("get_value_buffer")[check_layer_id(layer_id, self.layer_num)]
+
+    def _split_v(self, what: str) -> torch.Tensor:
+        if self.v_buffer is None:
+            raise PoolMismatchError(
+                f"{what}: this pool's rows are {self.kv_cache_dim} packed {self.dtype} elements "
+                f"(kv_cache_dim given), not kv_lora_rank={self.kv_lora_rank} + "
+                f"qk_rope_head_dim={self.qk_rope_head_dim} values; use set_kv_rows / get_kv_rows"
+            )
+        return self.v_buffer
+
+    def set_mla_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+    ) -> None:
+        """Write ``(n, 1, kv_lora_rank)`` / ``(n, 1, qk_rope_head_dim)`` rows at token ``loc``."""
+        loc = self._check_loc(layer_id, loc)
+        v_buffer = self._split_v("set_mla_kv_buffer")
+        n = loc.numel()
+        nope = self._values("cache_k_nope", cache_k_nope, (n, 1, self.kv_lora_rank))
+        rope = self._values("cache_k_rope", cache_k_rope, (n, 1, self.qk_rope_head_dim))
+        self._rows(self.k_buffer, layer_id).index_copy_(0, loc, nope)
+        self._rows(v_buffer, layer_id).index_copy_(0, loc, rope)
+
+    def get_mla_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the ``(k_nope, k_rope)`` rows at token ``loc``."""
+        loc = self._check_loc(layer_id, loc)
+        v_buffer = self._split_v("get_mla_kv_buffer")
+        return (
+            self._rows(self.k_buffer, layer_id).index_select(0, loc).view(self.dtype),
+            self._rows(v_buffer, layer_id).index_select(0, loc).view(self.dtype),
+        )
+
+    def set_kv_rows(self, layer_id: int, loc: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write raw ``(n, kv_cache_dim)`` rows of the pool's dtype (no conversion) at ``loc``."""
+        loc = self._check_loc(layer_id, loc)
+        check_raw_rows(rows, loc.numel(), self.kv_cache_dim, self.dtype)
+        raw = byte_view(rows.to(self.device).contiguous())
+        start = 0
+        for buffer in self.components[: self.kv_components]:
+            width = buffer.shape[-1]
+            part = raw[:, start : start + width].unsqueeze(1)
+            self._rows(buffer, layer_id).index_copy_(0, loc, part)
+            start += width
+
+    def get_kv_rows(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        """A copy of the raw ``(n, kv_cache_dim)`` rows at ``loc``, of the pool's dtype."""
+        loc = self._check_loc(layer_id, loc)
+        parts = [
+            self._rows(b, layer_id).index_select(0, loc)[:, 0]
+            for b in self.components[: self.kv_components]
+        ]
+        return torch.cat(parts, dim=-1).view(self.dtype)
+
+    # --------------------------------------------------------------- indexer
+    def _indexer_row(self, layer_id: int) -> tuple[int, torch.Tensor]:
+        slot = self.indexer_slot(layer_id)
+        if slot is None or self.index_k_buffer is None:
+            raise LayerIndexError(
+                f"layer_id={layer_id} has no indexer cache "
+                f"(indexer_layer_ids={list(self.indexer_layer_ids)})"
+            )
+        return slot, self.index_k_buffer
+
+    def set_index_k_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        index_k: torch.Tensor,
+        index_k_scale: torch.Tensor | None = None,
+    ) -> None:
+        """Write ``(n, 1, index_head_dim)`` indexer keys (and ``(n, 1, 1)`` fp32 scales)."""
+        loc = self._check_loc(layer_id, loc)
+        slot, keys_buf = self._indexer_row(layer_id)
+        n = loc.numel()
+        keys = self._values("index_k", index_k, (n, 1, int(keys_buf.shape[-1])))
+        scale_buf = self.index_k_scale_buffer
+        if (index_k_scale is None) != (scale_buf is None):
+            raise PoolMismatchError(
+                "index_k_scale must be given exactly when the pool has index_k_scale_buffer"
+            )
+        if index_k_scale is not None and scale_buf is not None:
+            scales = self._values("index_k_scale", index_k_scale, (n, 1, 1), torch.float32)
+            self._rows(scale_buf, slot).index_copy_(0, loc, scales)
+        self._rows(keys_buf, slot).index_copy_(0, loc, keys)
+
+    def get_index_k_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Copies of the indexer keys (and scales, or None) at token ``loc``."""
+        loc = self._check_loc(layer_id, loc)
+        slot, keys_buf = self._indexer_row(layer_id)
+        keys = self._rows(keys_buf, slot).index_select(0, loc).view(self.dtype)
+        scale_buf = self.index_k_scale_buffer
+        scales = None if scale_buf is None else self._rows(scale_buf, slot).index_select(0, loc)
+        return keys, scales
+
+
+class AscendMHADevicePool(AscendDevicePool, MHAPoolGeometry):
+    """Layer-major contiguous MHA / GQA KV cache: one K and one V 5-D tensor."""
+
+    v_buffer: torch.Tensor
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+        v_head_dim: int | None = None,
+    ) -> None:
+        super().__init__(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            head_num=head_num,
+            head_dim=head_dim,
+            layer_num=layer_num,
+            device=_npu.resolve_device(device),
+            v_head_dim=v_head_dim,
+        )
+        self._build(self._kv_split())
+
+    def _kv_split(self) -> KvSplitSpec:
+        """This pool's kv-split spec: ``k`` and ``v``, each its own tensor."""
+        spec = mha_spec(self.layer_num, self.head_num, self.head_dim, self.v_head_dim, self.dtype)
+        return kv_split_spec(spec, spec.components)
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """``(page_num, page_size, head_num, v_head_dim)`` view of one layer's V cache."""
+        return self.v_buffer[check_layer_id(layer_id, self.layer_num)]
+
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+    ) -> None:
+        """Write ``(n, head_num, head_dim)`` K and ``(n, head_num, v_head_dim)`` V rows at ``loc``.
+
+        Every argument is checked before either buffer changes.
+        """
+        loc = self._check_loc(layer_id, loc)
+        n = loc.numel()
+        k_rows = self._values("cache_k", cache_k, (n, self.head_num, self.head_dim))
+        v_rows = self._values("cache_v", cache_v, (n, self.head_num, self.v_head_dim))
+        self._rows(self.k_buffer, layer_id).index_copy_(0, loc, k_rows)
+        self._rows(self.v_buffer, layer_id).index_copy_(0, loc, v_rows)
+
+    def get_kv_buffer(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the ``(k, v)`` rows at token ``loc``."""
+        loc = self._check_loc(layer_id, loc)
+        return (
+            self._rows(self.k_buffer, layer_id).index_select(0, loc).view(self.dtype),
+            self._rows(self.v_buffer, layer_id).index_select(0, loc).view(self.dtype),
+        )
