@@ -21,6 +21,9 @@ from sgl_core.testing._kinds import KINDS, DevicePool, HostPool, KindCase, Pair,
 __all__ = ["SuiteBase"]
 
 
+_ROW_OPTIONS = ("kv_cache_dim", "index_head_dim", "indexer_layer_ids", "with_index_k_scale")
+
+
 def _pair_id(pair: Pair) -> str:
     return f"{pair[0].value}-{pair[1].value}"
 
@@ -46,6 +49,10 @@ class SuiteBase:
 
     # ----------------------------------------------------------- parameters
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        # The row options were class attributes once; set now, they would do nothing.
+        stale = [n for n in _ROW_OPTIONS if hasattr(self, n)]
+        if stale:
+            raise TypeError(f"{type(self).__name__} sets {stale}: add a KindCase to kinds instead")
         names = metafunc.fixturenames
         if "kind" not in names and "pair" not in names:
             return
