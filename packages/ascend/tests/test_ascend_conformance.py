@@ -1,7 +1,8 @@
 """The shared backend conformance suite, run against the ascend backend on CPU tensors.
 
-Every class runs the MLA checks and the MHA ones (``test_mha_*``, on
-``AscendMHADevicePool`` / ``AscendMHAHostPool``).
+Every class runs every KV kind of ``sgl_core.testing.KINDS`` (MLA, packed
+MLA, the indexer cache on split and on packed 656-byte rows, MHA with equal
+and narrower V) on every pair the backend declares.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import sgl_ascend
-from sgl_core import Backend, MLADevicePool
+from sgl_core import Backend
 from sgl_core.backend import NEVER, CopyTuning
 from sgl_core.errors import PoolMismatchError
 from sgl_core.testing import BackendConformanceSuite
@@ -20,39 +21,8 @@ class TestAscendConformance(BackendConformanceSuite):
     backend_name = "ascend"
 
 
-class TestAscendIndexerConformance(BackendConformanceSuite):
-    """Same contract with an indexer cache (index_k + fp32 scale) on two of three layers."""
-
-    backend_name = "ascend"
-    page_sizes = (1, 16)
-
-    def make_device_pool(self, backend: Backend, *, page_size: int, pages: int) -> MLADevicePool:
-        assert backend is sgl_ascend.backend
-        return sgl_ascend.backend.create_device_pool(
-            size=pages * page_size,
-            page_size=page_size,
-            dtype=self.dtype,
-            kv_lora_rank=self.kv_lora_rank,
-            qk_rope_head_dim=self.qk_rope_head_dim,
-            layer_num=self.layer_num,
-            index_head_dim=8,
-            indexer_layer_ids=[0, 2],
-            with_index_k_scale=True,
-        )
-
-
-class TestAscendLoadByAddressConformance(TestAscendIndexerConformance):
-    """The indexer contract again, with every CPU per-row load copied by address."""
-
-    @pytest.fixture
-    def backend(self, monkeypatch: pytest.MonkeyPatch) -> Backend:
-        # The backend's tuning object goes to every host pool it builds.
-        monkeypatch.setattr(sgl_ascend.backend, "tuning", CopyTuning(by_address_min_block_bytes=0))
-        return sgl_ascend.backend
-
-
-class TestAscendLoadByAddressPlainConformance(TestAscendConformance):
-    """The plain contract, every CPU per-row load copied by address."""
+class TestAscendLoadByAddressConformance(TestAscendConformance):
+    """The whole contract again, with every CPU per-row load copied by address."""
 
     @pytest.fixture
     def backend(self, monkeypatch: pytest.MonkeyPatch) -> Backend:
@@ -76,23 +46,17 @@ class TestAscendGQAGatherConformance(TestAscendConformance):
         return sgl_ascend.backend
 
 
-class TestAscendDSAConformance(BackendConformanceSuite):
-    """Packed 656-byte uint8 rows (one k component, no v) with the indexer cache."""
-
-    backend_name = "ascend"
-    dtype = torch.uint8
-    kv_cache_dim = 656
-    index_head_dim = 16
-    indexer_layer_ids = (0, 2)
-    with_index_k_scale = True
-    page_sizes = (1, 16)
-
-    def test_packed_pool_has_one_kv_component(self, backend: Backend) -> None:
-        dev = self.make_device_pool(backend, page_size=16, pages=2)
-        assert isinstance(dev, sgl_ascend.AscendMLADevicePool)
-        assert dev.v_buffer is None and dev.k_buffer.shape[-1] == 656
-        host = backend.create_host_pool(dev, layout="page_first_kv_split")
-        assert [b.shape[-1] for b in host.buffers] == [656, 16, 1]  # type: ignore[attr-defined]
+def test_packed_pool_has_one_kv_component() -> None:
+    """Packed 656-byte uint8 rows with the indexer: one k component, no v."""
+    dev = sgl_ascend.backend.create_device_pool(
+        size=32, page_size=16, dtype=torch.uint8, kv_lora_rank=512, qk_rope_head_dim=64,
+        layer_num=3, kv_cache_dim=656, index_head_dim=16, indexer_layer_ids=[0, 2],
+        with_index_k_scale=True,
+    )  # fmt: skip
+    assert isinstance(dev, sgl_ascend.AscendMLADevicePool)
+    assert dev.v_buffer is None and dev.k_buffer.shape[-1] == 656
+    host = sgl_ascend.backend.create_host_pool(dev, layout="page_first_kv_split")
+    assert [b.shape[-1] for b in host.buffers] == [656, 16, 1]  # type: ignore[attr-defined]
 
 
 def test_a_device_pool_that_lost_a_component_is_a_mismatch() -> None:

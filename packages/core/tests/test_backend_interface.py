@@ -75,10 +75,14 @@ def test_capabilities_of_the_torch_pools() -> None:
 
 # Files that must not name a device family: they ask pools and backends instead.
 NEUTRAL = [
+    "testing/_helpers.py",
+    "testing/_kinds.py",
     "testing/_suite.py",
     "testing/_suite_base.py",
+    "testing/_suite_misuse.py",
     "testing/_suite_pools.py",
-    "testing/_helpers.py",
+    "testing/_suite_rows.py",
+    "testing/_suite_values.py",
     "_cli/_hicache_plan.py",
     "_cli/_views.py",
 ]

@@ -4,12 +4,15 @@ The host pool picks a path by block size (all-layer strided copies, copies by
 address, per-layer gather/scatter, per-block slice copies); the suite's small
 pools would only ever reach some of them. Each class here pins one choice by
 building its backend with a ``CopyTuning``, and runs the whole suite, on device
-pools with the layers in one allocation and in one allocation per layer.
+pools with the layers in one allocation and in one allocation per layer. The
+kinds: split MLA rows and MHA with equal and narrower V (the separate-layer
+classes: MLA only, the pools they change); packed rows and the indexer run
+in ``test_conformance_torch``.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -17,7 +20,11 @@ import torch
 import sgl_core
 import sgl_core.backend
 from sgl_core.backend import NEVER, Backend, CopyTuning, MLADevicePool
-from sgl_core.testing import BackendConformanceSuite
+from sgl_core.testing import KINDS, BackendConformanceSuite, KindCase
+
+
+def kinds_named(*names: str) -> tuple[KindCase, ...]:
+    return tuple(k for k in KINDS if k.name in names)
 
 
 class SeparateLayers(sgl_core.backend.PerLayerMLADevicePool):
@@ -26,6 +33,7 @@ class SeparateLayers(sgl_core.backend.PerLayerMLADevicePool):
 
 class _PinnedPath(BackendConformanceSuite):
     backend_name = "torch"
+    kinds = kinds_named("mla", "mha", "mha_narrow_v")
     tuning: ClassVar[CopyTuning] = CopyTuning()
     separate_layers = False
 
@@ -33,17 +41,13 @@ class _PinnedPath(BackendConformanceSuite):
     def backend(self) -> Backend:
         return sgl_core.TorchBackend(tuning=self.tuning)
 
-    def make_device_pool(self, backend: Backend, *, page_size: int, pages: int) -> MLADevicePool:
+    def make_device_pool(
+        self, backend: Backend, *, page_size: int, pages: int, **options: Any
+    ) -> MLADevicePool:
         if not self.separate_layers:
-            return super().make_device_pool(backend, page_size=page_size, pages=pages)
-        return SeparateLayers(
-            size=pages * page_size,
-            page_size=page_size,
-            dtype=self.dtype,
-            kv_lora_rank=self.kv_lora_rank,
-            qk_rope_head_dim=self.qk_rope_head_dim,
-            layer_num=self.layer_num,
-        )
+            return super().make_device_pool(backend, page_size=page_size, pages=pages, **options)
+        args = self.device_pool_args(**options)
+        return SeparateLayers(size=pages * page_size, page_size=page_size, **args)
 
 
 _BY_ADDRESS = CopyTuning(stacked_min_run_bytes=NEVER, by_address_min_block_bytes=0)
@@ -61,6 +65,7 @@ class TestByAddress(_PinnedPath):
 
 
 class TestByAddressSeparateLayers(_PinnedPath):
+    kinds = kinds_named("mla")
     tuning = _BY_ADDRESS
     separate_layers = True
 
@@ -74,6 +79,7 @@ class TestSliceBlocks(_PinnedPath):
 
 
 class TestSliceBlocksSeparateLayers(_PinnedPath):
+    kinds = kinds_named("mla")
     tuning = _SLICES
     separate_layers = True
 

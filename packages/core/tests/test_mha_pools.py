@@ -17,8 +17,14 @@ import sgl_core
 import sgl_core.backend
 from sgl_core import HostLayout, IOBackend, errors
 from sgl_core.backend import NEVER, CopyTuning, MHATokenHostPool, PerLayerMHADevicePool
-from sgl_core.testing import page_indices, read_memory, same_bytes
-from sgl_core.testing._mha_helpers import fill_mha_device_random, mha_device_rows, mha_snapshot
+from sgl_core.testing import (
+    device_rows,
+    fill_device_random,
+    page_indices,
+    read_memory,
+    same_bytes,
+    snapshot,
+)
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
 PATHS = {
@@ -104,7 +110,7 @@ def _expected_host(host: MHATokenHostPool, dev: PerLayerMHADevicePool, c: int) -
 @pytest.mark.parametrize("v_head_dim", [None, 4])
 def test_host_byte_order_is_the_documented_one(layout: str, v_head_dim: int | None) -> None:
     dev, host = pools(layout, v_head_dim=v_head_dim, ratio=1.0)
-    fill_mha_device_random(dev, 1)
+    fill_device_random(dev, 1)
     idx = torch.arange(host.size)
     host.backup_from_device_all_layer(dev, idx, idx, "direct")
     for c, buf in enumerate((host.k_buffer, host.v_buffer)):
@@ -125,25 +131,25 @@ def test_every_copy_path_round_trips(
     path: str, layout: str, page_size: int, v_head_dim: int | None
 ) -> None:
     dev, host = pools(layout, page_size=page_size, v_head_dim=v_head_dim, tuning=PATHS[path])
-    fill_mha_device_random(dev, 2)
+    fill_device_random(dev, 2)
     # shuffled pages on both sides, and one contiguous run of two pages
     h = page_indices([5, 0, 7, 8], page_size)
     d = page_indices([3, 6, 1, 2], page_size)
     host.backup_from_device_all_layer(dev, h, d, "direct")
     target, _ = pools(layout, page_size=page_size, v_head_dim=v_head_dim)
-    before = mha_snapshot(target, host)
+    before = snapshot(target, host)
     for layer in range(dev.layer_num):
         host.load_to_device_per_layer(target, h, d, layer, "direct")
-        assert torch.equal(mha_device_rows(target, layer, d), mha_device_rows(dev, layer, d))
+        assert torch.equal(device_rows(target, layer, d), device_rows(dev, layer, d))
     untouched = torch.tensor(sorted(set(range(target.size + page_size)) - set(d.tolist())))
     for layer in range(dev.layer_num):
-        assert torch.equal(mha_device_rows(target, layer, untouched), before[layer][untouched])
+        assert torch.equal(device_rows(target, layer, untouched), before[layer][untouched])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_flat_page_is_its_objects_k_then_v(layout: str) -> None:
     dev, host = pools(layout, v_head_dim=4, ratio=1.0)
-    fill_mha_device_random(dev, 3)
+    fill_device_random(dev, 3)
     idx = torch.arange(host.size)
     host.backup_from_device_all_layer(dev, idx, idx, "direct")
     ps = host.page_size
@@ -214,7 +220,7 @@ def test_backend_without_mha_pools_says_so() -> None:
 
 def test_host_pool_rejects_other_kinds_and_shapes_with_nothing_changed() -> None:
     dev, host = pools("page_first", v_head_dim=4)
-    fill_mha_device_random(dev, 4)
+    fill_device_random(dev, 4)
     idx = page_indices([1], 4)
     backend = sgl_core.TorchBackend()
     mla = backend.create_device_pool(
@@ -235,7 +241,7 @@ def test_host_pool_rejects_other_kinds_and_shapes_with_nothing_changed() -> None
         pools("page_first", v_head_dim=4, dtype=torch.float16)[0],
         pools("page_first", v_head_dim=4, page_size=2)[0],
     ]
-    before = mha_snapshot(dev, host)
+    before = snapshot(dev, host)
     for other in others:
         with pytest.raises(errors.PoolMismatchError):
             host.backup_from_device_all_layer(other, idx, idx, "direct")  # type: ignore[arg-type]
@@ -246,8 +252,8 @@ def test_host_pool_rejects_other_kinds_and_shapes_with_nothing_changed() -> None
     with pytest.raises(errors.PoolMismatchError, match="v_buffer"):
         host.backup_from_device_all_layer(dev, idx, idx, "direct")
     dev.v_buffer[2] = torch.zeros(28, 2, 4, dtype=torch.bfloat16)
-    before[2] = mha_device_rows(dev, 2, torch.arange(28))
-    assert same_bytes(mha_snapshot(dev, host), before)
+    before[2] = device_rows(dev, 2, torch.arange(28))
+    assert same_bytes(snapshot(dev, host), before)
     with pytest.raises(errors.PoolMismatchError):
         sgl_core.backend.MHATokenHostPool(mla, layout="page_first")  # type: ignore[arg-type]
 
@@ -256,43 +262,41 @@ def test_host_pool_rejects_other_kinds_and_shapes_with_nothing_changed() -> None
 def test_page_granular_layouts_take_whole_pages_only(layout: str) -> None:
     dev, host = pools(layout)
     assert host.moves_whole_pages("direct")
-    fill_mha_device_random(dev, 5)
-    before = mha_snapshot(dev, host)
+    fill_device_random(dev, 5)
+    before = snapshot(dev, host)
     partial = torch.tensor([4, 5, 6])
     with pytest.raises(errors.PageAlignmentError):
         host.backup_from_device_all_layer(dev, partial, partial, "direct")
     shifted = torch.arange(5, 9)
     with pytest.raises(errors.PageAlignmentError):
         host.load_to_device_per_layer(dev, shifted, torch.arange(4, 8), 0, "direct")
-    assert same_bytes(mha_snapshot(dev, host), before)
+    assert same_bytes(snapshot(dev, host), before)
 
 
 @pytest.mark.parametrize("layout", ["layer_first", "page_first"])
 def test_token_layouts_move_partial_pages(layout: str) -> None:
     dev, host = pools(layout)
     assert not host.moves_whole_pages("direct")
-    fill_mha_device_random(dev, 6)
+    fill_device_random(dev, 6)
     h, d = torch.tensor([9, 3, 4]), torch.tensor([1, 22, 7])
     host.backup_from_device_all_layer(dev, h, d, "direct")
     target, _ = pools(layout)
     for layer in range(3):
         host.load_to_device_per_layer(target, h, d, layer, "direct")
-        assert torch.equal(mha_device_rows(target, layer, d), mha_device_rows(dev, layer, d))
+        assert torch.equal(device_rows(target, layer, d), device_rows(dev, layer, d))
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float32])
 def test_other_element_types_move_bit_exact(dtype: torch.dtype) -> None:
     for layout in LAYOUTS:
         dev, host = pools(layout, dtype=dtype)
-        fill_mha_device_random(dev, 7)
+        fill_device_random(dev, 7)
         idx = page_indices([2, 0], 4)
         host.backup_from_device_all_layer(dev, idx, idx, "direct")
         target, _ = pools(layout, dtype=dtype)
         for layer in range(3):
             host.load_to_device_per_layer(target, idx, idx, layer, "direct")
-            assert torch.equal(
-                mha_device_rows(target, layer, idx), mha_device_rows(dev, layer, idx)
-            )
+            assert torch.equal(device_rows(target, layer, idx), device_rows(dev, layer, idx))
 
 
 class _EngineMHAPool:
@@ -334,7 +338,7 @@ def test_an_engines_own_mha_pool_is_accepted() -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_layer_views_are_the_pools_memory(layout: str) -> None:
     dev, host = pools(layout)
-    fill_mha_device_random(dev, 8)
+    fill_device_random(dev, 8)
     idx = page_indices([0, 2], 4)
     host.backup_from_device_all_layer(dev, idx, idx, "direct")
     views = host.layer_views(dev, 1)
@@ -368,7 +372,7 @@ def test_every_geometry_and_storage_check_fires() -> None:
             backend.create_mha_device_pool(**args)  # type: ignore[arg-type]
     dev, host = pools("layer_first")
     idx = page_indices([1], 4)
-    before = mha_snapshot(dev, host)
+    before = snapshot(dev, host)
     dev.k_buffer[1] = "not a tensor"  # type: ignore[call-overload]
     with pytest.raises(errors.PoolMismatchError, match=r"not a torch\.Tensor"):
         host.backup_from_device_all_layer(dev, idx, idx, "direct")
@@ -379,7 +383,7 @@ def test_every_geometry_and_storage_check_fires() -> None:
     dev.k_buffer = tuple(dev.k_buffer)  # type: ignore[assignment]
     with pytest.raises(errors.PoolMismatchError, match="k_buffer/v_buffer"):
         host.backup_from_device_all_layer(dev, idx, idx, "direct")
-    assert same_bytes(mha_snapshot(pools("layer_first")[0], host)[3:], before[3:])
+    assert same_bytes(snapshot(pools("layer_first")[0], host)[3:], before[3:])
     _, split = pools("page_first", v_head_dim=4)
     assert split.get_data_page(0).numel() == 4 * 3 * 2 * (8 + 4)
     with pytest.raises(errors.PoolMismatchError, match="flat=False"):

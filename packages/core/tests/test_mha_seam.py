@@ -22,8 +22,7 @@ from sgl_core.backend import (
     MHATokenHostPool,
     PerLayerMHADevicePool,
 )
-from sgl_core.testing import page_indices
-from sgl_core.testing._mha_helpers import fill_mha_device_random, mha_device_rows
+from sgl_core.testing import device_rows, fill_device_random, page_indices
 
 _SEAM = Path(__file__).with_name("test_transfer_seam.py")
 _spec = importlib.util.spec_from_file_location("_mla_seam_probe", _SEAM)
@@ -47,7 +46,7 @@ def pools(
     dev = backend.create_mha_device_pool(
         size=32, page_size=4, dtype=torch.bfloat16, head_num=2, head_dim=8, layer_num=3
     )
-    fill_mha_device_random(dev, 1)
+    fill_device_random(dev, 1)
     host = backend.create_host_pool(dev, layout=layout)
     assert isinstance(dev, PerLayerMHADevicePool) and isinstance(host, MHATokenHostPool)
     return dev, host
@@ -65,7 +64,7 @@ def test_per_layer_mha_load_is_at_most_four_frames(layout: str, path: str) -> No
     assert depths, "no copy seen"
     assert max(depths) <= 4, depths
     for layer in (0, 1):
-        assert torch.equal(mha_device_rows(dst, layer, d_idx), mha_device_rows(dev, layer, d_idx))
+        assert torch.equal(device_rows(dst, layer, d_idx), device_rows(dev, layer, d_idx))
 
 
 def test_mha_supported_pairs_come_from_the_movers() -> None:
@@ -119,7 +118,7 @@ def test_repeated_mha_loads_allocate_nothing_big(
             host.load_to_device_per_layer(dst, h_idx, d_idx, layer, "direct")
     assert len(allocations) == 2  # one staging buffer each for K and V, for every repeat
     for layer in range(3):
-        assert torch.equal(mha_device_rows(dst, layer, d_idx), mha_device_rows(dev, layer, d_idx))
+        assert torch.equal(device_rows(dst, layer, d_idx), device_rows(dev, layer, d_idx))
 
 
 def test_by_address_mha_plan_keeps_block_addresses() -> None:

@@ -18,8 +18,14 @@ import torch
 import sgl_core
 from sgl_core import errors
 from sgl_core.backend import MHATokenHostPool, PerLayerMHADevicePool
-from sgl_core.testing import device_rows, fill_device_random, page_indices, read_memory, same_bytes
-from sgl_core.testing._mha_helpers import fill_mha_device_random, mha_snapshot
+from sgl_core.testing import (
+    device_rows,
+    fill_device_random,
+    page_indices,
+    read_memory,
+    same_bytes,
+    snapshot,
+)
 
 PS = 4
 LAYERS = 3
@@ -48,7 +54,7 @@ def mha_pair(
     layout: str = "layer_first", seed: int = 0, **change: Any
 ) -> tuple[PerLayerMHADevicePool, MHATokenHostPool]:
     dev = mha_dev(**change)
-    fill_mha_device_random(dev, seed)
+    fill_device_random(dev, seed)
     host = sgl_core.TorchBackend().create_host_pool(dev, layout=layout)
     assert isinstance(host, MHATokenHostPool)
     return dev, host
@@ -113,15 +119,15 @@ def test_an_engine_pool_without_mha_attributes_is_a_mismatch() -> None:
 def test_a_device_pool_differing_in_one_field_is_refused(field: str, value: object) -> None:
     dev, host = mha_pair("page_first", seed=1)
     other = mha_dev(**{field: value})
-    fill_mha_device_random(other, 2)
+    fill_device_random(other, 2)
     idx = page_indices([1], PS)
-    before, other_before = mha_snapshot(dev, host), mha_snapshot(other, host)
+    before, other_before = snapshot(dev, host), snapshot(other, host)
     with pytest.raises(errors.PoolMismatchError, match=field):
         host.backup_from_device_all_layer(other, idx, idx, "direct")
     with pytest.raises(errors.PoolMismatchError, match=field):
         host.load_to_device_per_layer(other, idx, idx, LAYERS - 1, "direct")
-    assert same_bytes(before, mha_snapshot(dev, host))
-    assert same_bytes(other_before, mha_snapshot(other, host))
+    assert same_bytes(before, snapshot(dev, host))
+    assert same_bytes(other_before, snapshot(other, host))
     host.backup_from_device_all_layer(dev, idx, idx, "direct")  # its own pool still works
 
 
@@ -149,7 +155,7 @@ def test_a_bad_layer_tensor_is_refused_before_any_byte_moves(
     }.get(bad)
     layers = getattr(dev, component)
     kept = layers[layer]
-    before = mha_snapshot(dev, host)
+    before = snapshot(dev, host)
     if shape is None:
         layers[layer] = kept.tolist()
     else:
@@ -163,7 +169,7 @@ def test_a_bad_layer_tensor_is_refused_before_any_byte_moves(
     with pytest.raises(errors.PoolMismatchError, match=named):
         host.load_to_device_per_layer(dev, idx, idx, (layer + 1) % LAYERS, "direct")
     layers[layer] = kept
-    assert same_bytes(before, mha_snapshot(dev, host))
+    assert same_bytes(before, snapshot(dev, host))
 
 
 def test_the_padding_page_counts_in_the_device_slots() -> None:
@@ -460,12 +466,12 @@ def test_a_layer_past_its_storage_is_named(component: str) -> None:
     layer.untyped_storage().resize_(64)  # the shape claims bytes that are gone
     getattr(dev, component)[LAYERS - 1] = layer
     idx = page_indices([1], PS)
-    before = mha_snapshot(dev, host)[LAYERS:]
+    before = snapshot(dev, host)[LAYERS:]
     with pytest.raises(
         errors.PoolMismatchError, match=rf"^device_pool\.{component}\[{LAYERS - 1}\] reaches past"
     ):
         host.backup_from_device_all_layer(dev, idx, idx, "direct")
-    assert same_bytes(before, mha_snapshot(dev, host)[LAYERS:])
+    assert same_bytes(before, snapshot(dev, host)[LAYERS:])
 
 
 def test_indexer_of_reads_only_a_whole_configuration() -> None:

@@ -18,8 +18,7 @@ import torch
 import sgl_core
 from sgl_core import errors
 from sgl_core._host_pool import HostPoolBase
-from sgl_core.testing import page_indices, same_bytes
-from sgl_core.testing._mha_helpers import fill_mha_device_random, mha_device_rows, mha_snapshot
+from sgl_core.testing import device_rows, fill_device_random, page_indices, same_bytes, snapshot
 
 PS = 4
 LAYERS = 3
@@ -49,7 +48,7 @@ def mha(seed: int = 0, v_head_dim: int | None = 4) -> tuple[object, object]:
         layer_num=LAYERS,
         v_head_dim=v_head_dim,
     )
-    fill_mha_device_random(dev, seed)
+    fill_device_random(dev, seed)
     host = backend.create_host_pool(dev, layout="layer_first")
     return dev, host
 
@@ -64,7 +63,7 @@ def backed_up(seed: int = 0) -> tuple[object, object, torch.Tensor]:
 
 
 def rows(dev: object, layer: int, loc: torch.Tensor) -> torch.Tensor:
-    return mha_device_rows(dev, layer, loc)  # type: ignore[arg-type]
+    return device_rows(dev, layer, loc)  # type: ignore[arg-type]
 
 
 def test_an_unchanged_batch_is_validated_once_and_moves_exact_bytes(
@@ -85,11 +84,11 @@ def test_host_indices_written_between_layers_are_validated_again(
     _, host, dst = backed_up()
     h, d = page_indices([1, 2], PS), page_indices([3, 4], PS)
     host.load_to_device_per_layer(dst, h, d, 0, "direct")  # type: ignore[attr-defined]
-    before = mha_snapshot(dst, host)  # type: ignore[arg-type]
+    before = snapshot(dst, host)  # type: ignore[arg-type]
     h.numpy()[0] = host.size + 5  # type: ignore[attr-defined]  # behind torch's back
     with pytest.raises(errors.IndexOutOfRangeError):
         host.load_to_device_per_layer(dst, h, d, 1, "direct")  # type: ignore[attr-defined]
-    assert same_bytes(before, mha_snapshot(dst, host))  # type: ignore[arg-type]
+    assert same_bytes(before, snapshot(dst, host))  # type: ignore[arg-type]
     h.numpy()[0] = PS
     h2 = h
     h2 += 0  # a torch write: a new version, same values: validated again, accepted
@@ -101,10 +100,10 @@ def test_another_io_backend_between_layers_is_validated_again(validations: list[
     _, host, dst = backed_up()
     h, d = page_indices([1, 2], PS), page_indices([3, 4], PS)
     host.load_to_device_per_layer(dst, h, d, 0, "direct")  # type: ignore[attr-defined]
-    before = mha_snapshot(dst, host)  # type: ignore[arg-type]
+    before = snapshot(dst, host)  # type: ignore[arg-type]
     with pytest.raises(errors.UnsupportedLayoutError):
         host.load_to_device_per_layer(dst, h, d, 1, "kernel")  # type: ignore[attr-defined]
-    assert same_bytes(before, mha_snapshot(dst, host))  # type: ignore[arg-type]
+    assert same_bytes(before, snapshot(dst, host))  # type: ignore[arg-type]
     assert len(validations) == 3
 
 
@@ -113,11 +112,11 @@ def test_another_device_pool_between_layers_is_validated_again(validations: list
     other, _ = mha(7, v_head_dim=None)  # another geometry: V of 8, not 4
     h, d = page_indices([1, 2], PS), page_indices([3, 4], PS)
     host.load_to_device_per_layer(dst, h, d, 0, "direct")  # type: ignore[attr-defined]
-    before = mha_snapshot(dst, host)  # type: ignore[arg-type]
+    before = snapshot(dst, host)  # type: ignore[arg-type]
     other_rows = [rows(other, layer, d) for layer in range(LAYERS)]
     with pytest.raises(errors.PoolMismatchError):
         host.load_to_device_per_layer(other, h, d, 1, "direct")  # type: ignore[attr-defined]
-    assert same_bytes(before, mha_snapshot(dst, host))  # type: ignore[arg-type]
+    assert same_bytes(before, snapshot(dst, host))  # type: ignore[arg-type]
     assert all(torch.equal(rows(other, i, d), other_rows[i]) for i in range(LAYERS))
     same_shape, _ = mha(8)
     host.load_to_device_per_layer(same_shape, h, d, 1, "direct")  # type: ignore[attr-defined]
@@ -135,12 +134,12 @@ def test_a_layer_tensor_replaced_in_the_list_is_refused_at_the_next_layer(
     layers = getattr(dst, component)
     layers[2] = torch.zeros(layers[2].shape[0], 2, 1, dtype=torch.bfloat16)  # a wrong width
     before = [rows(dst, i, torch.arange(7 * PS)) for i in (0, 1)]
-    host_before = mha_snapshot(dst, host)[LAYERS:]  # type: ignore[arg-type]
+    host_before = snapshot(dst, host)[LAYERS:]  # type: ignore[arg-type]
     for layer in (1, 0):  # every layer's load re-checks the whole pool
         with pytest.raises(errors.PoolMismatchError, match=f"{component}\\[2\\]"):
             host.load_to_device_per_layer(dst, h, d, layer, "direct")  # type: ignore[attr-defined]
     assert all(torch.equal(rows(dst, i, torch.arange(7 * PS)), before[i]) for i in (0, 1))
-    assert same_bytes(host_before, mha_snapshot(dst, host)[LAYERS:])  # type: ignore[arg-type]
+    assert same_bytes(host_before, snapshot(dst, host)[LAYERS:])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("component", ["k_buffer", "v_buffer"])

@@ -15,8 +15,7 @@ import torch
 
 import sgl_core
 from sgl_core.l3 import FilePageStore, page_format, page_keys
-from sgl_core.testing import page_indices
-from sgl_core.testing._mha_helpers import fill_mha_device_random, mha_device_rows
+from sgl_core.testing import device_rows, fill_device_random, page_indices
 
 PS = 4
 
@@ -42,7 +41,7 @@ def mha_host(
         v_head_dim=v_head_dim,
     )
     if seed is not None:
-        fill_mha_device_random(dev, seed)
+        fill_device_random(dev, seed)
     return dev, backend.create_host_pool(dev, layout=layout, host_to_device_ratio=1.0)
 
 
@@ -73,9 +72,7 @@ def test_mha_pages_round_trip_through_the_file_store(
         target.load_to_device_per_layer(
             target_dev, page_indices([3, 5, 4], PS), loaded, layer, "direct"
         )
-        assert torch.equal(
-            mha_device_rows(target_dev, layer, loaded), mha_device_rows(dev, layer, idx)
-        )
+        assert torch.equal(device_rows(target_dev, layer, loaded), device_rows(dev, layer, idx))
 
 
 def test_other_formats_get_a_miss_never_the_bytes(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """Conformance suite and helpers for sgl backends (needs pytest and hypothesis).
 
 Install with ``pip install './packages/core[testing]'`` (from the repository);
-see :class:`BackendConformanceSuite`.
+see :class:`BackendConformanceSuite`. Its checks run every KV kind of
+``KINDS`` (a backend adds its own as ``KindCase`` rows); the byte helpers
+take a device pool of any kind.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from sgl_core.testing._helpers import (
     same_bytes,
     snapshot,
 )
+from sgl_core.testing._kinds import KINDS, KindCase
 from sgl_core.testing._suite import BackendConformanceSuite
 
 __all__ = [
     "BackendConformanceSuite",
+    "KINDS",
+    "KindCase",
     "device_rows",
     "fill_device_random",
     "host_bytes",

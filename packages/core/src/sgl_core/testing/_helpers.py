@@ -1,13 +1,21 @@
-"""Pool inspection helpers used by the conformance suite (any backend)."""
+"""Pool inspection helpers used by the conformance suite (any backend, any KV kind).
+
+Every helper takes a device pool of either kind: MLA (split, packed, with or
+without the DSA indexer) or MHA/GQA (K and V). A row, to these helpers, is
+every byte a token has in one layer, read and written through the public
+accessors only, so one check compares rows of every kind.
+"""
 
 from __future__ import annotations
 
 import ctypes
+from typing import cast
 
 import torch
 
-from sgl_core._dsa_protocols import IndexerCache, KVRows
-from sgl_core._kv_protocols import MLADevicePool, MLAHostPool
+from sgl_core import IndexerCache, KVRows, MHADevicePool, MLADevicePool
+from sgl_core.backend import is_mha_device_pool
+from sgl_core.testing._kinds import DevicePool, HostPool
 
 __all__ = [
     "device_rows",
@@ -18,9 +26,11 @@ __all__ = [
     "page_indices",
     "random_bits",
     "read_memory",
+    "row_parts",
     "same_bytes",
     "slot_count",
     "snapshot",
+    "write_random_rows",
 ]
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -42,68 +52,106 @@ def page_indices(pages: list[int] | torch.Tensor, page_size: int) -> torch.Tenso
     return (p[:, None] * page_size + torch.arange(page_size, dtype=torch.int64)).flatten()
 
 
-def slot_count(device_pool: MLADevicePool) -> int:
+def slot_count(device_pool: DevicePool) -> int:
     return device_pool.size + device_pool.page_size
 
 
-def is_packed(device_pool: MLADevicePool) -> bool:
+def is_packed(device_pool: DevicePool) -> bool:
     """Rows of ``kv_cache_dim`` engine-packed elements (only the raw-row accessors apply)."""
-    return device_pool.kv_cache_dim != device_pool.kv_lora_rank + device_pool.qk_rope_head_dim
+    if is_mha_device_pool(device_pool):
+        return False
+    pool = cast(MLADevicePool, device_pool)
+    return pool.kv_cache_dim != pool.kv_lora_rank + pool.qk_rope_head_dim
 
 
-def indexer_slot(device_pool: MLADevicePool, layer_id: int) -> int | None:
+def indexer_slot(device_pool: DevicePool, layer_id: int) -> int | None:
     """The layer's indexer slot, None when the pool (or the layer) has no indexer."""
-    if not isinstance(device_pool, IndexerCache) or device_pool.index_head_dim is None:
+    if is_mha_device_pool(device_pool) or not isinstance(device_pool, IndexerCache):
+        return None
+    if device_pool.index_head_dim is None:
         return None
     return device_pool.indexer_slot(layer_id)
 
 
-def fill_device_random(device_pool: MLADevicePool, seed: int) -> None:
-    """Write random bits into every slot of every layer (and indexer row) through the API."""
-    gen = torch.Generator().manual_seed(seed)
-    n = slot_count(device_pool)
-    loc = torch.arange(n, dtype=torch.int64)
-    dtype = device_pool.dtype
-    for layer in range(device_pool.layer_num):
-        if is_packed(device_pool):
-            assert isinstance(device_pool, KVRows)
-            device_pool.set_kv_rows(
-                layer, loc, random_bits((n, device_pool.kv_cache_dim), dtype, gen)
-            )
-        else:
-            nope = random_bits((n, 1, device_pool.kv_lora_rank), dtype, gen)
-            rope = random_bits((n, 1, device_pool.qk_rope_head_dim), dtype, gen)
-            device_pool.set_mla_kv_buffer(layer, loc, nope, rope)
-        if indexer_slot(device_pool, layer) is not None:
-            assert isinstance(device_pool, IndexerCache)
-            assert device_pool.index_head_dim is not None
-            keys = random_bits((n, 1, device_pool.index_head_dim), dtype, gen)
-            scale = None
-            if device_pool.has_index_k_scale:
-                scale = random_bits((n, 1, 1), torch.float32, gen)
-            device_pool.set_index_k_buffer(layer, loc, keys, scale)
+def write_random_rows(
+    device_pool: DevicePool, layer_id: int, loc: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """Write random bits into one layer's rows at ``loc``, through the public accessors.
 
-
-def device_rows(device_pool: MLADevicePool, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
-    """Rows of one layer as raw bytes (uint8, ``(n, bytes)``), on CPU.
-
-    The KV row, followed by the layer's indexer key and scale bytes when it
-    has an indexer slot: so every check that compares rows covers both.
+    Every part of the row: K and V, or the KV row (split or packed) and the
+    layer's indexer key and scale. Returns the bytes written, as
+    ``device_rows`` reads them back.
     """
-    if is_packed(device_pool):
-        assert isinstance(device_pool, KVRows)
-        parts = [device_pool.get_kv_rows(layer_id, loc)]
+    n, dtype = loc.numel(), device_pool.dtype
+    if is_mha_device_pool(device_pool):
+        mha = cast(MHADevicePool, device_pool)
+        k = random_bits((n, mha.head_num, mha.head_dim), dtype, generator)
+        v = random_bits((n, mha.head_num, mha.v_head_dim), dtype, generator)
+        mha.set_kv_buffer(layer_id, loc, k, v)
+        return _row_bytes([k, v], n)
+    mla = cast(MLADevicePool, device_pool)
+    if is_packed(mla):
+        assert isinstance(mla, KVRows)
+        parts = [random_bits((n, mla.kv_cache_dim), dtype, generator)]
+        mla.set_kv_rows(layer_id, loc, parts[0])
     else:
-        parts = list(device_pool.get_mla_kv_buffer(layer_id, loc))
-    if indexer_slot(device_pool, layer_id) is not None:
-        assert isinstance(device_pool, IndexerCache)
-        keys, scales = device_pool.get_index_k_buffer(layer_id, loc)
-        parts += [keys] if scales is None else [keys, scales]
-    n = loc.numel()
+        parts = [
+            random_bits((n, 1, mla.kv_lora_rank), dtype, generator),
+            random_bits((n, 1, mla.qk_rope_head_dim), dtype, generator),
+        ]
+        mla.set_mla_kv_buffer(layer_id, loc, parts[0], parts[1])
+    if indexer_slot(mla, layer_id) is not None:
+        assert isinstance(mla, IndexerCache)
+        assert mla.index_head_dim is not None
+        keys = random_bits((n, 1, mla.index_head_dim), dtype, generator)
+        scale = None
+        if mla.has_index_k_scale:
+            scale = random_bits((n, 1, 1), torch.float32, generator)
+        mla.set_index_k_buffer(layer_id, loc, keys, scale)
+        parts += [keys] if scale is None else [keys, scale]
+    return _row_bytes(parts, n)
+
+
+def fill_device_random(device_pool: DevicePool, seed: int) -> None:
+    """Write random bits into every slot of every layer (every row part) through the API."""
+    gen = torch.Generator().manual_seed(seed)
+    loc = torch.arange(slot_count(device_pool), dtype=torch.int64)
+    for layer in range(device_pool.layer_num):
+        write_random_rows(device_pool, layer, loc, gen)
+
+
+def _row_bytes(parts: list[torch.Tensor], n: int) -> torch.Tensor:
     return torch.cat([p.reshape(n, -1).contiguous().cpu().view(torch.uint8) for p in parts], dim=-1)
 
 
-def host_bytes(host_pool: MLAHostPool) -> list[torch.Tensor]:
+def row_parts(device_pool: DevicePool, layer_id: int, loc: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors a layer's rows are read as: K and V, or the KV row (and indexer parts)."""
+    if is_mha_device_pool(device_pool):
+        return list(cast(MHADevicePool, device_pool).get_kv_buffer(layer_id, loc))
+    mla = cast(MLADevicePool, device_pool)
+    if is_packed(mla):
+        assert isinstance(mla, KVRows)
+        parts = [mla.get_kv_rows(layer_id, loc)]
+    else:
+        parts = list(mla.get_mla_kv_buffer(layer_id, loc))
+    if indexer_slot(mla, layer_id) is not None:
+        assert isinstance(mla, IndexerCache)
+        keys, scales = mla.get_index_k_buffer(layer_id, loc)
+        parts += [keys] if scales is None else [keys, scales]
+    return parts
+
+
+def device_rows(device_pool: DevicePool, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+    """Rows of one layer as raw bytes (uint8, ``(n, bytes)``), on CPU.
+
+    MLA: the KV row, followed by the layer's indexer key and scale bytes when
+    it has an indexer slot; MHA: the K row, then the V row. So every check
+    that compares rows covers every part.
+    """
+    return _row_bytes(row_parts(device_pool, layer_id, loc), loc.numel())
+
+
+def host_bytes(host_pool: HostPool) -> list[torch.Tensor]:
     """Every host page's flat bytes, in page order."""
     host_pool.synchronize()  # transfers may still be in flight on a stream
     return [
@@ -112,7 +160,7 @@ def host_bytes(host_pool: MLAHostPool) -> list[torch.Tensor]:
     ]
 
 
-def snapshot(device_pool: MLADevicePool, host_pool: MLAHostPool) -> list[torch.Tensor]:
+def snapshot(device_pool: DevicePool, host_pool: HostPool) -> list[torch.Tensor]:
     """All bytes of both pools, comparable with ``same_bytes``."""
     loc = torch.arange(slot_count(device_pool), dtype=torch.int64)
     dev = [device_rows(device_pool, layer, loc) for layer in range(device_pool.layer_num)]

@@ -1,87 +1,153 @@
-"""Hooks and helpers every conformance check shares (a base of ``BackendConformanceSuite``)."""
+"""Hooks and helpers every conformance check shares (a base of ``BackendConformanceSuite``).
+
+A check that takes ``kind`` runs once per row of ``kinds`` (a ``KindCase``);
+one that also takes ``pair`` runs once per (layout, io backend) that the
+backend declares for that kind (``supported_pairs``, ``supported_mha_pairs``);
+one that takes ``pair`` alone runs every MLA pair. The parameters are
+computed at collection from the backend ``backend_name`` names.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
 import torch
 
-from sgl_core._discovery import get_backend
-from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._kv_protocols import MLADevicePool, MLAHostPool
-from sgl_core._protocols import Backend
-from sgl_core.testing._helpers import (
-    device_rows,
-    fill_device_random,
-    host_bytes,
-    page_indices,
-)
+from sgl_core import Backend, MHADevicePool, MLADevicePool, get_backend
+from sgl_core.testing._helpers import device_rows, fill_device_random, host_bytes, page_indices
+from sgl_core.testing._kinds import KINDS, DevicePool, HostPool, KindCase, Pair, sorted_pairs
 
-Pair = tuple[HostLayout, IOBackend]
+__all__ = ["SuiteBase"]
 
 
-__all__ = ["Pair", "SuiteBase"]
+_ROW_OPTIONS = ("kv_cache_dim", "index_head_dim", "indexer_layer_ids", "with_index_k_scale")
+
+
+def _pair_id(pair: Pair) -> str:
+    return f"{pair[0].value}-{pair[1].value}"
 
 
 class SuiteBase:
     """Class attributes a backend may override, the pool hooks, and shared helpers."""
 
     backend_name: ClassVar[str] = "torch"
+    #: The KV kinds every kind-parametrized check runs (MHA ones need MHA pairs).
+    kinds: ClassVar[tuple[KindCase, ...]] = KINDS
     dtype: ClassVar[torch.dtype] = torch.bfloat16
     layer_num: ClassVar[int] = 3
     kv_lora_rank: ClassVar[int] = 16
     qk_rope_head_dim: ClassVar[int] = 8
+    head_num: ClassVar[int] = 2
+    head_dim: ClassVar[int] = 16
+    #: The V width of the narrow-V MHA kind (the other MHA kind: ``head_dim``).
+    mha_v_head_dim: ClassVar[int] = 8
     device_pages: ClassVar[int] = 6
     page_sizes: ClassVar[tuple[int, ...]] = (1, 16, 64)
     #: False where transfers cannot run from two threads (e.g. Triton's interpreter).
     concurrent_transfers: ClassVar[bool] = True
-    #: Packed rows: each row ``kv_cache_dim`` elements of ``dtype`` (None: the rank split).
-    kv_cache_dim: ClassVar[int | None] = None
-    #: The indexer cache of the device pools (None: no indexer).
-    index_head_dim: ClassVar[int | None] = None
-    indexer_layer_ids: ClassVar[tuple[int, ...] | None] = None
-    with_index_k_scale: ClassVar[bool] = False
+
+    # ----------------------------------------------------------- parameters
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        # The row options were class attributes once; set now, they would do nothing.
+        stale = [n for n in _ROW_OPTIONS if hasattr(self, n)]
+        if stale:
+            raise TypeError(f"{type(self).__name__} sets {stale}: add a KindCase to kinds instead")
+        names = metafunc.fixturenames
+        if "kind" not in names and "pair" not in names:
+            return
+        backend = get_backend(self.backend_name)
+        if "kind" not in names:
+            pairs = list(sorted_pairs(backend.supported_pairs))
+            metafunc.parametrize("pair", pairs, ids=[_pair_id(p) for p in pairs])
+            return
+        kinds = [k for k in self.kinds if k.pairs(backend)]
+        if "pair" not in names:
+            metafunc.parametrize("kind", kinds, ids=[k.name for k in kinds])
+            return
+        cases = [
+            pytest.param(kind, pair, id=f"{kind.name}-{_pair_id(pair)}")
+            for kind in kinds
+            for pair in sorted_pairs(kind.pairs(backend))
+        ]
+        metafunc.parametrize(("kind", "pair"), cases)
 
     # ----------------------------------------------------------------- hooks
     @pytest.fixture
     def backend(self) -> Backend:
         return get_backend(self.backend_name)
 
-    def make_device_pool(self, backend: Backend, *, page_size: int, pages: int) -> MLADevicePool:
-        """Build a small device pool; override to pass backend-specific options."""
-        return backend.create_device_pool(
-            size=pages * page_size,
-            page_size=page_size,
-            dtype=self.dtype,
-            kv_lora_rank=self.kv_lora_rank,
-            qk_rope_head_dim=self.qk_rope_head_dim,
-            layer_num=self.layer_num,
-            **self.row_options(),
-        )
+    def device_pool_args(self, **options: Any) -> dict[str, Any]:
+        """``create_device_pool``'s arguments but the sizes: this class's, then ``options``."""
+        return {
+            "dtype": self.dtype,
+            "kv_lora_rank": self.kv_lora_rank,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
+            "layer_num": self.layer_num,
+            **options,
+        }
 
-    def row_options(self) -> dict[str, Any]:
-        """The packed-row and indexer arguments of this class's device pools (only those set)."""
-        options: dict[str, Any] = {}
-        if self.kv_cache_dim is not None:
-            options["kv_cache_dim"] = self.kv_cache_dim
-        if self.index_head_dim is not None:
-            options["index_head_dim"] = self.index_head_dim
-            options["indexer_layer_ids"] = self.indexer_layer_ids
-            options["with_index_k_scale"] = self.with_index_k_scale
-        return options
+    def make_device_pool(
+        self, backend: Backend, *, page_size: int, pages: int, **options: Any
+    ) -> MLADevicePool:
+        """Build a small MLA device pool; override to pass backend-specific options.
+
+        ``options`` (a kind's row options, another dtype) override
+        ``device_pool_args``; pass them on.
+        """
+        args = self.device_pool_args(**options)
+        return backend.create_device_pool(size=pages * page_size, page_size=page_size, **args)
+
+    def make_mha_device_pool(
+        self, backend: Backend, *, page_size: int, pages: int, **options: Any
+    ) -> MHADevicePool:
+        """Build a small MHA device pool; override to pass backend-specific options."""
+        args: dict[str, Any] = {
+            "dtype": self.dtype,
+            "head_num": self.head_num,
+            "head_dim": self.head_dim,
+            "layer_num": self.layer_num,
+            **options,
+        }
+        return backend.create_mha_device_pool(size=pages * page_size, page_size=page_size, **args)
 
     # --------------------------------------------------------------- helpers
-    def pairs(self, backend: Backend) -> Iterator[Pair]:
-        for layout, ios in backend.supported_pairs.items():
-            for io in sorted(ios, key=lambda member: member.value):
-                yield layout, io
+    @staticmethod
+    def pairs(backend: Backend) -> list[Pair]:
+        """Every MLA pair of the backend (the kind-parametrized checks get theirs as ``pair``)."""
+        return list(sorted_pairs(backend.supported_pairs))
+
+    def make_pool(
+        self,
+        backend: Backend,
+        kind: KindCase,
+        *,
+        page_size: int = 16,
+        pages: int | None = None,
+        **options: Any,
+    ) -> DevicePool:
+        """A device pool of ``kind`` (``options`` override the kind's, e.g. ``dtype``)."""
+        count = self.device_pages if pages is None else pages
+        if kind.dtype is not None:
+            options.setdefault("dtype", kind.dtype)
+        if kind.mha:
+            if kind.narrow_v:
+                options.setdefault("v_head_dim", self.mha_v_head_dim)
+            return self.make_mha_device_pool(backend, page_size=page_size, pages=count, **options)
+        options = {**kind.options(), **options}
+        return self.make_device_pool(backend, page_size=page_size, pages=count, **options)
 
     def build(
-        self, backend: Backend, layout: HostLayout, page_size: int, seed: int = 0
-    ) -> tuple[MLADevicePool, MLAHostPool]:
-        dev = self.make_device_pool(backend, page_size=page_size, pages=self.device_pages)
+        self,
+        backend: Backend,
+        kind: KindCase,
+        layout: Any,
+        page_size: int,
+        seed: int = 0,
+        **options: Any,
+    ) -> tuple[DevicePool, HostPool]:
+        """A random-filled device pool of ``kind`` and a host pool twice its size."""
+        dev = self.make_pool(backend, kind, page_size=page_size, **options)
         fill_device_random(dev, seed)
         host = backend.create_host_pool(dev, layout=layout, host_to_device_ratio=2.0)
         return dev, host
@@ -89,24 +155,30 @@ class SuiteBase:
     def round_trip(
         self,
         backend: Backend,
-        layout: HostLayout,
-        io: IOBackend,
+        kind: KindCase,
+        pair: Pair,
         page_size: int,
         dev_pages: list[int],
         host_pages: list[int],
+        **options: Any,
     ) -> None:
-        """Backup pages, reload them per layer into a second pool, compare bytes."""
-        src, host = self.build(backend, layout, page_size, seed=1)
-        dst = self.make_device_pool(backend, page_size=page_size, pages=self.device_pages)
+        """Backup pages, reload them per layer into a second pool, compare bytes.
+
+        Host pages and device slots outside the transfer must keep their bytes.
+        """
+        layout, io = pair
+        src, host = self.build(backend, kind, layout, page_size, seed=1, **options)
+        dst = self.make_pool(backend, kind, page_size=page_size, **options)
         fill_device_random(dst, 2)
         d_idx = page_indices(dev_pages, page_size)
         h_idx = page_indices(host_pages, page_size)
+        what = f"{kind.name} {layout.value}/{io.value} page_size={page_size}"
         before_host = host_bytes(host)
         host.backup_from_device_all_layer(src, h_idx, d_idx, io)
         after_host = host_bytes(host)
         for page in range(host.size // page_size):
             if page not in host_pages:
-                assert torch.equal(before_host[page], after_host[page]), f"host page {page} touched"
+                assert torch.equal(before_host[page], after_host[page]), f"{what}: host {page}"
         all_slots = torch.arange(dst.size + dst.page_size, dtype=torch.int64)
         untouched = torch.ones(all_slots.numel(), dtype=torch.bool)
         untouched[d_idx] = False
@@ -115,9 +187,6 @@ class SuiteBase:
             host.load_to_device_per_layer(dst, h_idx, d_idx, layer, io)
         for layer in range(self.layer_num):
             expected = device_rows(src, layer, d_idx)
-            got = device_rows(dst, layer, d_idx)
-            assert torch.equal(expected, got), (
-                f"{layout.value}/{io.value} page_size={page_size}: layer {layer} differs"
-            )
+            assert torch.equal(expected, device_rows(dst, layer, d_idx)), f"{what}: layer {layer}"
             now = device_rows(dst, layer, all_slots)
-            assert torch.equal(now[untouched], dst_before[layer][untouched]), "device slot touched"
+            assert torch.equal(now[untouched], dst_before[layer][untouched]), f"{what}: slot"

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 import torch
 
-from sgl_core._enums import IOBackend
-from sgl_core._kv_protocols import MLADevicePool, MLAHostPool
-from sgl_core._protocols import Backend
-from sgl_core.errors import PageAlignmentError, SGLError
+from sgl_core import Backend, IOBackend
+from sgl_core.errors import PageAlignmentError, PoolMismatchError, SGLError
 from sgl_core.testing._helpers import (
     device_rows,
     fill_device_random,
@@ -24,32 +23,48 @@ from sgl_core.testing._helpers import (
     same_bytes,
     snapshot,
 )
+from sgl_core.testing._kinds import KINDS, DevicePool, HostPool, KindCase, Pair
 from sgl_core.testing._suite_pools import PoolChecks
 
 __all__ = ["MisuseChecks"]
+
+Case = tuple[str, type[Exception], Callable[[], None]]
 
 
 class MisuseChecks(PoolChecks):
     """Checks of rejected calls, re-validation and concurrent transfers."""
 
+    def mismatched_pools(
+        self, backend: Backend, kind: KindCase, dev: DevicePool
+    ) -> dict[str, DevicePool]:
+        """Device pools a host pool built for ``dev`` must refuse (``PoolMismatchError``).
+
+        Pools of the same kind with one field changed, and a pool of the other
+        family (MLA for MHA and back) where the backend builds both.
+        """
+        ps = dev.page_size
+        pools = {
+            name: self.make_pool(backend, kind, page_size=ps, **options)
+            for name, options in kind.mismatches(dev).items()
+        }
+        other = next(k for k in self.kinds + KINDS if k.mha != kind.mha)
+        if other.pairs(backend):
+            pools[f"an {other.family.upper()} pool"] = self.make_pool(backend, other, page_size=ps)
+        return pools
+
     def bad_calls(
-        self, backend: Backend, dev: MLADevicePool, host: MLAHostPool, io: IOBackend
-    ) -> list[tuple[str, type[Exception], Callable[[], None]]]:
+        self, backend: Backend, kind: KindCase, dev: DevicePool, host: HostPool, io: IOBackend
+    ) -> list[Case]:
         ps = host.page_size
         good_h = page_indices([1, 3], ps)
         good_d = page_indices([2, 4], ps)
-        other = self.make_device_pool(backend, page_size=ps, pages=self.device_pages)
         backup = host.backup_from_device_all_layer
         load = host.load_to_device_per_layer
         dup = torch.cat([good_h[:ps], good_h[:ps]])
-        cases: list[tuple[str, type[Exception], Callable[[], None]]] = [
+        cases: list[Case] = [
             ("int32 indices", TypeError, lambda: backup(dev, good_h.int(), good_d, io)),
-            ("list indices", TypeError, lambda: backup(dev, good_h.tolist(), good_d, io)),  # type: ignore[arg-type]
-            (
-                "2-D indices",
-                ValueError,
-                lambda: backup(dev, good_h.view(1, -1), good_d.view(1, -1), io),
-            ),
+            ("list indices", TypeError, lambda: backup(dev, good_h.tolist(), good_d, io)),
+            ("2-D indices", ValueError, lambda: backup(dev, good_h[None], good_d[None], io)),
             ("length mismatch", ValueError, lambda: backup(dev, good_h, good_d[:ps], io)),
             ("host out of range", IndexError, lambda: backup(dev, good_h + host.size, good_d, io)),
             ("negative host", IndexError, lambda: backup(dev, good_h - 2 * ps, good_d, io)),
@@ -66,54 +81,16 @@ class MisuseChecks(PoolChecks):
             ),
             ("layer -1", IndexError, lambda: load(dev, good_h, good_d, -1, io)),
             ("layer too big", IndexError, lambda: load(dev, good_h, good_d, self.layer_num, io)),
+            ("layer True", TypeError, lambda: load(dev, good_h, good_d, True, io)),
             ("unknown io backend", ValueError, lambda: backup(dev, good_h, good_d, "warp_drive")),
             ("meta host", ValueError, lambda: backup(dev, good_h.to("meta"), good_d, io)),
             ("meta device", ValueError, lambda: load(dev, good_h, good_d.to("meta"), 0, io)),
             ("float indices", TypeError, lambda: load(dev, good_h.double(), good_d, 0, io)),
         ]
-        if other.layer_num == dev.layer_num:
-            mismatched = backend.create_device_pool(
-                size=dev.size,
-                page_size=ps,
-                dtype=self.dtype,
-                kv_lora_rank=self.kv_lora_rank,
-                qk_rope_head_dim=self.qk_rope_head_dim,
-                layer_num=self.layer_num + 1,
-            )
-            cases.append(
-                ("mismatched pool", ValueError, lambda: backup(mismatched, good_h, good_d, io))
-            )
-            # Same rows, another indexer configuration (none, or one where there is none).
-            options = self.row_options()
-            if self.index_head_dim is None:
-                options.update(index_head_dim=8, indexer_layer_ids=[0], with_index_k_scale=True)
-            else:
-                for name in ("index_head_dim", "indexer_layer_ids", "with_index_k_scale"):
-                    options.pop(name)
-            other_indexer = backend.create_device_pool(
-                size=dev.size,
-                page_size=ps,
-                dtype=self.dtype,
-                kv_lora_rank=self.kv_lora_rank,
-                qk_rope_head_dim=self.qk_rope_head_dim,
-                layer_num=self.layer_num,
-                **options,
-            )
-            cases.append(
-                (
-                    "other indexer, backup",
-                    ValueError,
-                    lambda: backup(other_indexer, good_h, good_d, io),
-                )
-            )
-            cases.append(
-                (
-                    "other indexer, load",
-                    ValueError,
-                    lambda: load(other_indexer, good_h, good_d, 0, io),
-                )
-            )
-        unsupported = [b for b in IOBackend if b not in backend.supported_pairs[host.layout]]
+        for name, pool in self.mismatched_pools(backend, kind, dev).items():
+            cases.append((f"{name}, backup", ValueError, partial(backup, pool, good_h, good_d, io)))
+            cases.append((f"{name}, load", ValueError, partial(load, pool, good_h, good_d, 0, io)))
+        unsupported = [b for b in IOBackend if b not in kind.pairs(backend)[host.layout]]
         if unsupported:
             cases.append(
                 ("unsupported io", ValueError, lambda: backup(dev, good_h, good_d, unsupported[0]))
@@ -121,44 +98,60 @@ class MisuseChecks(PoolChecks):
         if ps > 1 and host.moves_whole_pages(io):
             shifted = good_h + 1
             cases.append(("misaligned", ValueError, lambda: backup(dev, shifted, good_d, io)))
+            part_h, part_d = good_h[: ps - 1], good_d[: ps - 1]
+            cases.append(("partial page", ValueError, lambda: load(dev, part_h, part_d, 0, io)))
         return cases
 
-    def test_bad_input_rejected_and_pools_unchanged(self, backend: Backend) -> None:
-        for layout, io in self.pairs(backend):
-            for ps in (1, 16):
-                dev, host = self.build(backend, layout, ps, seed=5)
-                # Put known bytes in the host pool so "unchanged" means something.
-                idx = page_indices(list(range(self.device_pages)), ps)
-                host.backup_from_device_all_layer(dev, idx, idx, io)
-                fill_device_random(dev, 6)
-                for name, builtin, call in self.bad_calls(backend, dev, host, io):
-                    before = snapshot(dev, host)
-                    with pytest.raises(SGLError) as info:
-                        call()
-                        pytest.fail(f"{layout.value}/{io.value} ps={ps}: {name} was accepted")
-                    assert isinstance(info.value, builtin), f"{name}: {info.value!r}"
-                    if name == "misaligned" and isinstance(info.value, PageAlignmentError):
-                        assert "host_indices" in str(info.value)
-                    assert same_bytes(before, snapshot(dev, host)), f"{layout}/{io}: {name} mutated"
+    def test_bad_input_rejected_and_pools_unchanged(
+        self, backend: Backend, kind: KindCase, pair: Pair
+    ) -> None:
+        layout, io = pair
+        for ps in (1, 16):
+            dev, host = self.build(backend, kind, layout, ps, seed=5)
+            # Put known bytes in the host pool so "unchanged" means something.
+            idx = page_indices(list(range(self.device_pages)), ps)
+            host.backup_from_device_all_layer(dev, idx, idx, io)
+            fill_device_random(dev, 6)
+            for name, builtin, call in self.bad_calls(backend, kind, dev, host, io):
+                what = f"{kind.name} {layout.value}/{io.value} ps={ps}: {name}"
+                before = snapshot(dev, host)
+                with pytest.raises(SGLError) as info:
+                    call()
+                    pytest.fail(f"{what} was accepted")
+                assert isinstance(info.value, builtin), f"{what}: {info.value!r}"
+                if name == "misaligned" and isinstance(info.value, PageAlignmentError):
+                    assert "host_indices" in str(info.value)
+                if name.endswith(("backup", "load")):  # the mismatched pools
+                    assert isinstance(info.value, PoolMismatchError), f"{what}: {info.value!r}"
+                assert same_bytes(before, snapshot(dev, host)), f"{what} mutated"
 
-    def test_repeated_load_revalidates_changed_indices(self, backend: Backend) -> None:
+    def test_repeated_load_revalidates_changed_indices(
+        self, backend: Backend, kind: KindCase, pair: Pair
+    ) -> None:
         """Per-layer loads may skip re-validation only for identical index values."""
-        for layout, io in self.pairs(backend):
-            dev, host = self.build(backend, layout, 16, seed=8)
-            h_idx, d_idx = page_indices([1, 2], 16), page_indices([3, 4], 16)
-            host.backup_from_device_all_layer(dev, h_idx, d_idx, io)
-            host.load_to_device_per_layer(dev, h_idx, d_idx, 0, io)
-            before = snapshot(dev, host)
-            # Written behind torch's back (no version bump): must still be caught.
-            d_idx.numpy()[:16] += dev.size + dev.page_size
-            with pytest.raises(IndexError):
-                host.load_to_device_per_layer(dev, h_idx, d_idx, 1, io)
-            assert same_bytes(before, snapshot(dev, host))
+        layout, io = pair
+        dev, host = self.build(backend, kind, layout, 16, seed=8)
+        h_idx, d_idx = page_indices([1, 2], 16), page_indices([3, 4], 16)
+        host.backup_from_device_all_layer(dev, h_idx, d_idx, io)
+        host.load_to_device_per_layer(dev, h_idx, d_idx, 0, io)
+        before = snapshot(dev, host)
+        # Written behind torch's back (no version bump): must still be caught.
+        d_idx.numpy()[:16] += dev.size + dev.page_size
+        with pytest.raises(IndexError):
+            host.load_to_device_per_layer(dev, h_idx, d_idx, 1, io)
+        assert same_bytes(before, snapshot(dev, host))
+        # New values in the same tensors: loaded from the new host slots.
+        d_idx.numpy()[:16] -= dev.size + dev.page_size
+        h_idx.numpy()[:16] += 16 * 5  # host page 6
+        host.load_to_device_per_layer(dev, h_idx, d_idx, 1, io)
+        other = self.make_pool(backend, kind)
+        host.load_to_device_per_layer(other, h_idx.clone(), d_idx.clone(), 1, io)
+        assert torch.equal(device_rows(dev, 1, d_idx), device_rows(other, 1, d_idx))
 
     @staticmethod
     def _load_repeatedly(
-        host: MLAHostPool,
-        dev: MLADevicePool,
+        host: HostPool,
+        dev: DevicePool,
         indices: tuple[torch.Tensor, torch.Tensor],
         io: IOBackend,
         start: threading.Barrier,
@@ -172,31 +165,29 @@ class MisuseChecks(PoolChecks):
         except BaseException as exc:
             failures.append(exc)
 
-    def test_concurrent_backup_and_load(self, backend: Backend) -> None:
+    def test_concurrent_backup_and_load(self, backend: Backend, kind: KindCase, pair: Pair) -> None:
         """A write-back thread and a load thread share a pool; neither sees the other's plan."""
         if not self.concurrent_transfers:
             pytest.skip(f"{self.backend_name}: transfers are not thread-safe in this setup")
-        for layout, io in self.pairs(backend):
-            dev, host = self.build(backend, layout, 16, seed=9)
-            load_h, load_d = page_indices([0, 1], 16), page_indices([5, 6], 16)
-            host.backup_from_device_all_layer(dev, load_h, page_indices([1, 2], 16), io)
-            back_h, back_d = page_indices([7, 9], 16), page_indices([3, 4], 16)
-            failures: list[BaseException] = []
-            start = threading.Barrier(2)
-            thread = threading.Thread(
-                target=self._load_repeatedly,
-                args=(host, dev, (load_h, load_d), io, start, failures),
-            )
-            thread.start()
-            start.wait()
-            for _ in range(24):
-                host.backup_from_device_all_layer(dev, back_h, back_d, io)
-            thread.join()
-            assert not failures, failures
-            other = self.make_device_pool(backend, page_size=16, pages=self.device_pages)
-            for layer in range(self.layer_num):
-                for h_idx, d_idx in ((back_h, back_d), (load_h, load_d)):
-                    host.load_to_device_per_layer(other, h_idx, d_idx, layer, io)
-                    assert torch.equal(
-                        device_rows(other, layer, d_idx), device_rows(dev, layer, d_idx)
-                    )
+        layout, io = pair
+        dev, host = self.build(backend, kind, layout, 16, seed=9)
+        load_h, load_d = page_indices([0, 1], 16), page_indices([5, 6], 16)
+        host.backup_from_device_all_layer(dev, load_h, page_indices([1, 2], 16), io)
+        back_h, back_d = page_indices([7, 9], 16), page_indices([3, 4], 16)
+        failures: list[BaseException] = []
+        start = threading.Barrier(2)
+        thread = threading.Thread(
+            target=self._load_repeatedly,
+            args=(host, dev, (load_h, load_d), io, start, failures),
+        )
+        thread.start()
+        start.wait()
+        for _ in range(24):
+            host.backup_from_device_all_layer(dev, back_h, back_d, io)
+        thread.join()
+        assert not failures, failures
+        other = self.make_pool(backend, kind)
+        for layer in range(self.layer_num):
+            for h_idx, d_idx in ((back_h, back_d), (load_h, load_d)):
+                host.load_to_device_per_layer(other, h_idx, d_idx, layer, io)
+                assert torch.equal(device_rows(other, layer, d_idx), device_rows(dev, layer, d_idx))

@@ -7,8 +7,7 @@ import threading
 import pytest
 import torch
 
-from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._protocols import Backend
+from sgl_core import Backend, HostLayout, IOBackend
 from sgl_core.errors import (
     DeviceError,
     FreeError,
@@ -16,10 +15,8 @@ from sgl_core.errors import (
     SGLError,
     UnsupportedLayoutError,
 )
-from sgl_core.testing._helpers import (
-    page_indices,
-    read_memory,
-)
+from sgl_core.testing._helpers import device_rows, page_indices, read_memory, row_parts
+from sgl_core.testing._kinds import KindCase, Pair
 from sgl_core.testing._suite_base import SuiteBase
 
 __all__ = ["PoolChecks"]
@@ -28,10 +25,10 @@ __all__ = ["PoolChecks"]
 class PoolChecks(SuiteBase):
     """Checks that need no transfer in flight: arguments, accounting, L3 pages."""
 
-    def test_bad_pool_arguments_are_typed_errors(self, backend: Backend) -> None:
+    def test_bad_pool_arguments_are_typed_errors(self, backend: Backend, kind: KindCase) -> None:
         """Sizing and device arguments: ``sgl_core.errors``, before anything is allocated."""
-        dev = self.make_device_pool(backend, page_size=16, pages=2)
-        layout = next(iter(backend.supported_pairs))
+        dev = self.make_pool(backend, kind, pages=2)
+        layout = next(iter(kind.pairs(backend)))
         for name, value, builtin in (
             ("host_to_device_ratio", float("nan"), ValueError),
             ("host_to_device_ratio", float("inf"), ValueError),
@@ -45,34 +42,20 @@ class PoolChecks(SuiteBase):
             assert isinstance(info.value, builtin), f"{name}={value!r}: {info.value!r}"
         for device in ("bogus", 0, "meta"):
             with pytest.raises(DeviceError):
-                backend.create_device_pool(
-                    size=16,
-                    page_size=16,
-                    dtype=self.dtype,
-                    kv_lora_rank=self.kv_lora_rank,
-                    qk_rope_head_dim=self.qk_rope_head_dim,
-                    layer_num=self.layer_num,
-                    device=device,  # type: ignore[arg-type]
-                )
-        with pytest.raises(PoolSizeError):  # about 1 PB
-            backend.create_device_pool(
-                size=2**40,
-                page_size=16,
-                dtype=self.dtype,
-                kv_lora_rank=512,
-                qk_rope_head_dim=64,
-                layer_num=self.layer_num,
-            )
+                self.make_pool(backend, kind, pages=1, device=device)
+        with pytest.raises(PoolSizeError):  # petabytes
+            self.make_pool(backend, kind, pages=2**40)
 
-    def test_unsupported_layout_rejected_at_build(self, backend: Backend) -> None:
-        dev = self.make_device_pool(backend, page_size=16, pages=2)
+    def test_unsupported_layout_rejected_at_build(self, backend: Backend, kind: KindCase) -> None:
+        dev = self.make_pool(backend, kind, pages=2)
+        pairs = kind.pairs(backend)
         for layout in HostLayout:
-            if layout not in backend.supported_pairs:
+            if layout not in pairs:
                 with pytest.raises(UnsupportedLayoutError, match="supported pairs"):
                     backend.create_host_pool(dev, layout=layout)
         with pytest.raises(UnsupportedLayoutError):
             backend.create_host_pool(dev, layout="no_such_layout")
-        for layout, ios in backend.supported_pairs.items():
+        for layout, ios in pairs.items():
             for io in IOBackend:
                 if io not in ios:
                     with pytest.raises(UnsupportedLayoutError, match="supported pairs"):
@@ -82,51 +65,57 @@ class PoolChecks(SuiteBase):
                 dev, layout=layout.value, io_backend=next(iter(ios)).value
             )
             assert pool.layout is layout
+            for name in ("page_size", "layer_num", "dtype", *kind.geometry):
+                assert getattr(pool, name) == getattr(dev, name), f"{layout.value}: {name}"
 
-    def test_l3_page_helpers(self, backend: Backend) -> None:
-        for layout, io in self.pairs(backend):
-            dev, host = self.build(backend, layout, 16, seed=7)
-            idx = page_indices([0, 1, 2], 16)
-            host.backup_from_device_all_layer(dev, page_indices([3, 1, 2], 16), idx, io)
-            page = host.get_data_page(16)
-            assert page.dim() == 1
-            dummy = host.get_dummy_flat_data_page()
-            assert dummy.shape == page.shape and dummy.dtype == page.dtype
-            assert not bool(dummy.view(torch.uint8).any())
-            host.set_from_flat_data_page(5 * 16, page)
-            assert torch.equal(host.get_data_page(5 * 16).view(torch.uint8), page.view(torch.uint8))
-            ptrs, sizes = host.get_page_buffer_meta(page_indices([1, 3], 16))
-            per_page = len(ptrs) // 2
-            assert len(ptrs) == len(sizes) == 2 * per_page > 0
-            for k, start in enumerate((16, 48)):
-                raw = b"".join(
-                    read_memory(p, s)
-                    for p, s in zip(
-                        ptrs[k * per_page : (k + 1) * per_page],
-                        sizes[k * per_page : (k + 1) * per_page],
-                        strict=True,
-                    )
-                )
-                assert (
-                    raw
-                    == host.get_data_page(start).contiguous().view(torch.uint8).numpy().tobytes()
-                )
-            bases, totals, objects = host.get_contiguous_buf_infos()
-            assert len(bases) == len(totals) == len(objects) > 0
-            for p, s in zip(ptrs, sizes, strict=True):
-                assert any(b <= p and p + s <= b + t for b, t in zip(bases, totals, strict=True))
-            with pytest.raises(IndexError):
-                host.get_data_page(host.size)
-            with pytest.raises(ValueError):
-                host.get_data_page(1)
-            with pytest.raises(ValueError):
-                host.set_from_flat_data_page(0, page[:-1])
-            with pytest.raises(ValueError):
-                host.get_page_buffer_meta([1, 2])
+    def test_l3_page_helpers(self, backend: Backend, kind: KindCase, pair: Pair) -> None:
+        layout, io = pair
+        dev, host = self.build(backend, kind, layout, 16, seed=7)
+        idx = page_indices([0, 1, 2], 16)
+        host.backup_from_device_all_layer(dev, page_indices([3, 1, 2], 16), idx, io)
+        page = host.get_data_page(16)
+        assert page.dim() == 1
+        # A page holds its tokens' rows of every layer, every part, and nothing else.
+        rows = [device_rows(dev, layer, idx[:16]) for layer in range(self.layer_num)]
+        assert page.numel() * page.element_size() == sum(r.numel() for r in rows)
+        dummy = host.get_dummy_flat_data_page()
+        assert dummy.shape == page.shape and dummy.dtype == page.dtype
+        assert not bool(dummy.view(torch.uint8).any())
+        host.set_from_flat_data_page(5 * 16, page)
+        assert torch.equal(host.get_data_page(5 * 16).view(torch.uint8), page.view(torch.uint8))
+        ptrs, sizes = host.get_page_buffer_meta(page_indices([1, 3], 16))
+        per_page = len(ptrs) // 2
+        assert len(ptrs) == len(sizes) == 2 * per_page > 0
+        if kind.mha:  # K objects, then V
+            k_bytes = self.layer_num * row_parts(dev, 0, idx[:16])[0].numel() * page.element_size()
+            assert sum(sizes[: per_page // 2]) == k_bytes
+        for k, start in enumerate((16, 48)):
+            span = slice(k * per_page, (k + 1) * per_page)
+            raw = b"".join(read_memory(p, s) for p, s in zip(ptrs[span], sizes[span], strict=True))
+            assert raw == host.get_data_page(start).contiguous().view(torch.uint8).numpy().tobytes()
+        bases, totals, objects = host.get_contiguous_buf_infos()
+        assert len(bases) == len(totals) == len(objects) > 0
+        for p, s in zip(ptrs, sizes, strict=True):
+            assert any(b <= p and p + s <= b + t for b, t in zip(bases, totals, strict=True))
+        with pytest.raises(IndexError):
+            host.get_data_page(host.size)
+        with pytest.raises(ValueError):
+            host.get_data_page(1)
+        with pytest.raises(ValueError):
+            host.set_from_flat_data_page(0, page[:-1])
+        with pytest.raises(ValueError):
+            host.get_page_buffer_meta([1, 2])
+        # The page of a pool with other rows is refused.
+        for name, options in kind.mismatches(dev).items():
+            _, other = self.build(backend, kind, layout, 16, **options)
+            if other.get_dummy_flat_data_page().numel() != page.numel():
+                with pytest.raises(ValueError):
+                    other.set_from_flat_data_page(0, page)
+                    pytest.fail(f"{name}: a page of another pool was accepted")
 
-    def test_alloc_free_accounting(self, backend: Backend) -> None:
-        layout = next(iter(backend.supported_pairs))
-        _, host = self.build(backend, layout, 16)
+    def test_alloc_free_accounting(self, backend: Backend, kind: KindCase) -> None:
+        layout = next(iter(kind.pairs(backend)))
+        _, host = self.build(backend, kind, layout, 16)
         total = host.size
         assert host.available_size() == total
         first = host.alloc(32)
@@ -152,9 +141,9 @@ class PoolChecks(SuiteBase):
         host.clear()
         assert host.available_size() == total
 
-    def test_alloc_free_threads(self, backend: Backend) -> None:
-        layout = next(iter(backend.supported_pairs))
-        _, host = self.build(backend, layout, 16)
+    def test_alloc_free_threads(self, backend: Backend, kind: KindCase) -> None:
+        layout = next(iter(kind.pairs(backend)))
+        _, host = self.build(backend, kind, layout, 16)
         owners: dict[int, int] = {}
         owners_lock = threading.Lock()
         errors: list[str] = []
@@ -181,6 +170,3 @@ class PoolChecks(SuiteBase):
             t.join()
         assert not errors
         assert host.available_size() == host.size
-
-    # Each backend's subclass is its own executor of this one method; that is
-    # the point of a shared suite, so the differing-executors check is moot.

@@ -1,9 +1,9 @@
 """Conformance checks of packed rows (``kv_cache_dim``) and the indexer cache.
 
 These build their own pools with explicit ``kv_cache_dim`` / indexer
-arguments, so every backend runs them whatever its class attributes say;
-the round trips of such pools come from running the whole suite with those
-class attributes set (``SuiteBase.kv_cache_dim``, ``index_head_dim``, ...).
+arguments, so every backend runs them whatever its ``kinds`` say; the
+round trips and bad calls of such pools are the kind-parametrized checks
+(``KINDS``: ``mla_packed``, ``mla_indexer``, ``dsa``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from sgl_core._dsa_protocols import IndexerCache, KVRows
-from sgl_core._kv_protocols import MLADevicePool
-from sgl_core._protocols import Backend
+from sgl_core import Backend, IndexerCache, KVRows, MLADevicePool
 from sgl_core.errors import LayerIndexError, PoolMismatchError, SGLError
 from sgl_core.l3 import page_format
 from sgl_core.testing._helpers import (
@@ -28,12 +26,10 @@ from sgl_core.testing._helpers import (
     slot_count,
     snapshot,
 )
+from sgl_core.testing._kinds import DSA_ROW_BYTES, Pair
 from sgl_core.testing._suite_misuse import MisuseChecks
 
 __all__ = ["RowChecks"]
-
-#: DeepSeek-V3.2's FP8 MLA row: 512 fp8 values, 4 fp32 scales, 64 bf16 rope values.
-DSA_ROW_BYTES = 656
 
 
 class RowChecks(MisuseChecks):
@@ -121,51 +117,51 @@ class RowChecks(MisuseChecks):
         with pytest.raises(SGLError):
             self.pool(backend, kv_cache_dim=0)
 
-    def test_dsa_rows_round_trip_every_pair(self, backend: Backend) -> None:
+    def test_dsa_rows_round_trip_every_pair(self, backend: Backend, pair: Pair) -> None:
         """656-byte uint8 rows plus fp8-byte keys and fp32 scales, bit-exact, per layer."""
         options = {"index_head_dim": 16, "indexer_layer_ids": [0, 2], "with_index_k_scale": True}
         src = self.dsa_pool(backend, **options)
-        for layout, io in self.pairs(backend):
-            host = backend.create_host_pool(src, layout=layout)
-            dst = self.dsa_pool(backend, **options)
-            fill_device_random(dst, 22)
-            h_idx, d_idx = page_indices([5, 0, 2], 16), page_indices([1, 6, 3], 16)
-            host.backup_from_device_all_layer(src, h_idx, d_idx, io)
-            untouched = torch.ones(slot_count(dst), dtype=torch.bool)
-            untouched[d_idx] = False
-            for layer in range(self.layer_num):
-                others = [device_rows(dst, x, _all(dst)) for x in range(self.layer_num)]
-                host.load_to_device_per_layer(dst, h_idx, d_idx, layer, io)
-                got = device_rows(dst, layer, d_idx)
-                assert torch.equal(got, device_rows(src, layer, d_idx)), f"{layout}/{io} {layer}"
-                now = device_rows(dst, layer, _all(dst))
-                assert torch.equal(now[untouched], others[layer][untouched])
-                for x in range(self.layer_num):  # other layers and their indexer slots
-                    if x != layer:
-                        assert torch.equal(device_rows(dst, x, _all(dst)), others[x])
+        layout, io = pair
+        host = backend.create_host_pool(src, layout=layout)
+        dst = self.dsa_pool(backend, **options)
+        fill_device_random(dst, 22)
+        h_idx, d_idx = page_indices([5, 0, 2], 16), page_indices([1, 6, 3], 16)
+        host.backup_from_device_all_layer(src, h_idx, d_idx, io)
+        untouched = torch.ones(slot_count(dst), dtype=torch.bool)
+        untouched[d_idx] = False
+        for layer in range(self.layer_num):
+            others = [device_rows(dst, x, _all(dst)) for x in range(self.layer_num)]
+            host.load_to_device_per_layer(dst, h_idx, d_idx, layer, io)
+            got = device_rows(dst, layer, d_idx)
+            assert torch.equal(got, device_rows(src, layer, d_idx)), f"{layout}/{io} {layer}"
+            now = device_rows(dst, layer, _all(dst))
+            assert torch.equal(now[untouched], others[layer][untouched])
+            for x in range(self.layer_num):  # other layers and their indexer slots
+                if x != layer:
+                    assert torch.equal(device_rows(dst, x, _all(dst)), others[x])
 
-    def test_indexer_mismatch_changes_no_byte(self, backend: Backend) -> None:
+    def test_indexer_mismatch_changes_no_byte(self, backend: Backend, pair: Pair) -> None:
         base = {"index_head_dim": 8, "indexer_layer_ids": [0, 2], "with_index_k_scale": True}
-        for layout, io in self.pairs(backend):
-            dev = self.pool(backend, **base)
-            fill_device_random(dev, 8)
-            host = backend.create_host_pool(dev, layout=layout)
-            idx = page_indices([0, 1], 16)
-            host.backup_from_device_all_layer(dev, idx, idx, io)
-            for change in (
-                {"indexer_layer_ids": [0, 1]},
-                {"with_index_k_scale": False},
-                {"index_head_dim": 16},
-                {"index_head_dim": None, "indexer_layer_ids": None, "with_index_k_scale": False},
-            ):
-                other = self.pool(backend, **{**base, **change})
-                fill_device_random(other, 9)
-                before = snapshot(other, host)
-                with pytest.raises(PoolMismatchError):
-                    host.load_to_device_per_layer(other, idx, idx, 0, io)
-                with pytest.raises(PoolMismatchError):
-                    host.backup_from_device_all_layer(other, idx, idx, io)
-                assert same_bytes(before, snapshot(other, host)), f"{layout}/{io} {change}"
+        layout, io = pair
+        dev = self.pool(backend, **base)
+        fill_device_random(dev, 8)
+        host = backend.create_host_pool(dev, layout=layout)
+        idx = page_indices([0, 1], 16)
+        host.backup_from_device_all_layer(dev, idx, idx, io)
+        for change in (
+            {"indexer_layer_ids": [0, 1]},
+            {"with_index_k_scale": False},
+            {"index_head_dim": 16},
+            {"index_head_dim": None, "indexer_layer_ids": None, "with_index_k_scale": False},
+        ):
+            other = self.pool(backend, **{**base, **change})
+            fill_device_random(other, 9)
+            before = snapshot(other, host)
+            with pytest.raises(PoolMismatchError):
+                host.load_to_device_per_layer(other, idx, idx, 0, io)
+            with pytest.raises(PoolMismatchError):
+                host.backup_from_device_all_layer(other, idx, idx, io)
+            assert same_bytes(before, snapshot(other, host)), f"{layout}/{io} {change}"
 
     def test_indexer_rows_bad_input_changes_no_byte(self, backend: Backend) -> None:
         dev = self.pool(backend, index_head_dim=8, indexer_layer_ids=[1], with_index_k_scale=True)

@@ -5,9 +5,9 @@ section 7): another dtype, another shape or a meta tensor is a typed error
 before any byte moves, never a silent conversion. ``layer_id`` is any integer
 (``operator.index``: numpy integers, 0-d integer tensors), never a ``bool``.
 Pools say what they are (``repr``), a host pool remembers the ``io_backend``
-it was built with, and a mismatched device pool is named field by field.
-These build their own small pools, so every backend runs them whatever its
-class attributes say.
+it was built with, and a mismatched device pool is named field by field
+(those three on every kind). The accessor checks build their own small
+pools, so every backend runs them whatever its ``kinds`` say.
 """
 
 from __future__ import annotations
@@ -19,20 +19,18 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_core._dsa_protocols import IndexerCache, KVRows
-from sgl_core._kv_protocols import MLADevicePool
-from sgl_core._protocols import Backend
+from sgl_core import Backend, IndexerCache, KVRows, MLADevicePool
 from sgl_core.errors import ArgumentTypeError, DeviceError, PoolMismatchError, ShapeMismatchError
 from sgl_core.testing._helpers import device_rows, fill_device_random, page_indices, same_bytes
-from sgl_core.testing._mha_helpers import fill_mha_device_random, mha_device_rows
-from sgl_core.testing._suite_mha_base import MHASuiteBase
+from sgl_core.testing._kinds import DevicePool, HostPool, KindCase, Pair
+from sgl_core.testing._suite_base import SuiteBase
 
 __all__ = ["ValueChecks"]
 
 PAGE = 16
 
 
-class ValueChecks(MHASuiteBase):
+class ValueChecks(SuiteBase):
     """Rows of another dtype or shape, meta rows and integer layer ids, on every accessor."""
 
     def value_pool(self, backend: Backend, **options: Any) -> MLADevicePool:
@@ -65,7 +63,7 @@ class ValueChecks(MHASuiteBase):
         assert same_bytes(before, read()), f"a refused call ({error.__name__}) changed the pool"
 
     @staticmethod
-    def mla_bytes(dev: MLADevicePool) -> Callable[[], list[torch.Tensor]]:
+    def pool_bytes(dev: DevicePool) -> Callable[[], list[torch.Tensor]]:
         every = torch.arange(dev.size + dev.page_size, dtype=torch.int64)
         return lambda: [device_rows(dev, layer, every) for layer in range(dev.layer_num)]
 
@@ -75,7 +73,7 @@ class ValueChecks(MHASuiteBase):
         n, device = loc.numel(), dev.device
         nope = torch.zeros((n, 1, self.kv_lora_rank), dtype=self.dtype, device=device)
         rope = torch.zeros((n, 1, self.qk_rope_head_dim), dtype=self.dtype, device=device)
-        read = self.mla_bytes(dev)
+        read = self.pool_bytes(dev)
         for dtype in self.other_dtypes():
             self.refused(
                 ShapeMismatchError, read, dev.set_mla_kv_buffer, 1, loc, nope.to(dtype), rope
@@ -93,7 +91,7 @@ class ValueChecks(MHASuiteBase):
         dev = self.value_pool(backend, dtype=torch.uint8, kv_cache_dim=dim)
         loc = page_indices([1], PAGE)
         rows = torch.zeros((loc.numel(), dim), dtype=torch.uint8, device=dev.device)
-        read = self.mla_bytes(dev)
+        read = self.pool_bytes(dev)
         assert isinstance(dev, KVRows)
         set_rows = dev.set_kv_rows
         for dtype in (torch.int64, torch.float32, torch.int8):
@@ -109,7 +107,7 @@ class ValueChecks(MHASuiteBase):
         n, device = loc.numel(), dev.device
         keys = torch.zeros((n, 1, 8), dtype=self.dtype, device=device)
         scales = torch.ones((n, 1, 1), dtype=torch.float32, device=device)
-        read = self.mla_bytes(dev)
+        read = self.pool_bytes(dev)
         assert isinstance(dev, IndexerCache)
         set_keys = dev.set_index_k_buffer
         for dtype in self.other_dtypes():
@@ -123,16 +121,12 @@ class ValueChecks(MHASuiteBase):
         if not backend.supported_mha_pairs:
             pytest.skip(f"backend {backend.name!r} builds no MHA pools")
         dev = self.make_mha_device_pool(backend, page_size=PAGE, pages=2)
-        fill_mha_device_random(dev, 32)
+        fill_device_random(dev, 32)
         loc = page_indices([1], PAGE)
         n, device = loc.numel(), dev.device
         k = torch.zeros((n, dev.head_num, dev.head_dim), dtype=self.dtype, device=device)
         v = torch.zeros((n, dev.head_num, dev.v_head_dim), dtype=self.dtype, device=device)
-        every = torch.arange(dev.size + dev.page_size, dtype=torch.int64)
-
-        def read() -> list[torch.Tensor]:
-            return [mha_device_rows(dev, layer, every) for layer in range(dev.layer_num)]
-
+        read = self.pool_bytes(dev)
         for dtype in self.other_dtypes():
             self.refused(ShapeMismatchError, read, dev.set_kv_buffer, 1, loc, k.to(dtype), v)
             self.refused(ShapeMismatchError, read, dev.set_kv_buffer, 1, loc, k, v.to(dtype))
@@ -150,49 +144,58 @@ class ValueChecks(MHASuiteBase):
             dev.set_mla_kv_buffer(layer, loc, ones, twos)  # type: ignore[arg-type]
             nope, rope = dev.get_mla_kv_buffer(layer, loc)  # type: ignore[arg-type]
             assert torch.equal(nope.cpu(), ones.cpu()) and torch.equal(rope.cpu(), twos.cpu())
-        read = self.mla_bytes(dev)
+        read = self.pool_bytes(dev)
         for bad in (True, np.bool_(True), torch.tensor(True), 1.0, "1"):
             self.refused(ArgumentTypeError, read, dev.set_mla_kv_buffer, bad, loc, ones, twos)
 
-    def test_pools_say_what_they_are(self, backend: Backend) -> None:
-        dev = self.value_pool(backend)
+    def kind_pool(self, backend: Backend, kind: KindCase, **options: Any) -> DevicePool:
+        dev = self.make_pool(backend, kind, page_size=PAGE, pages=2, **options)
+        fill_device_random(dev, 31)
+        return dev
+
+    def test_pools_say_what_they_are(self, backend: Backend, kind: KindCase) -> None:
+        dev = self.kind_pool(backend, kind)
         text = repr(dev)
-        assert text.startswith(f"{type(dev).__name__}(kind=mla, size={dev.size}, "), text
+        name, family = type(dev).__name__, kind.family
+        assert text.startswith(f"{name}(kind={family}, size={dev.size}, "), text
         assert f"dtype={dev.dtype}" in text and f"device={dev.device}" in text, text
-        for layout in backend.supported_pairs:
+        for layout in kind.pairs(backend):
             host = backend.create_host_pool(dev, layout=layout)
             text = repr(host)
-            assert text.startswith(f"{type(host).__name__}(kind=mla, layout={layout.value}, ")
+            assert text.startswith(f"{type(host).__name__}(kind={family}, layout={layout.value}, ")
             assert f"page_size={dev.page_size}" in text and f"dtype={dev.dtype}" in text, text
 
-    def test_host_pool_remembers_its_io_backend(self, backend: Backend) -> None:
+    def test_host_pool_remembers_its_io_backend(
+        self, backend: Backend, kind: KindCase, pair: Pair
+    ) -> None:
         """``create_host_pool(..., io_backend=io)`` is the default of its transfers."""
         loc = page_indices([1], PAGE)
-        for layout, io in self.pairs(backend):
-            dev = self.value_pool(backend)
-            host = backend.create_host_pool(dev, layout=layout, io_backend=io)
-            assert getattr(host, "default_io_backend", None) is io, f"{layout}/{io}"
-            # No io: the pool's own (the protocol keeps io_backend required, for
-            # portability to other implementations; every shipped pool defaults it).
-            host.backup_from_device_all_layer(dev, loc, loc)  # type: ignore[call-arg]
-            twin = self.value_pool(backend)
-            fill_device_random(twin, 33)
-            for layer in range(self.layer_num):  # an engine's numpy layer index is an int
-                layer_id: Any = np.int64(layer)
-                host.load_to_device_per_layer(twin, loc, loc, layer_id)  # type: ignore[call-arg]
-                assert torch.equal(device_rows(twin, layer, loc), device_rows(dev, layer, loc))
-            bare = backend.create_host_pool(dev, layout=layout)
-            read = self.mla_bytes(dev)
-            self.refused(ArgumentTypeError, read, bare.backup_from_device_all_layer, dev, loc, loc)
+        layout, io = pair
+        dev = self.kind_pool(backend, kind)
+        host: HostPool = backend.create_host_pool(dev, layout=layout, io_backend=io)
+        assert getattr(host, "default_io_backend", None) is io, f"{layout}/{io}"
+        # No io: the pool's own (the protocols keep io_backend required, for
+        # portability to other implementations; every shipped pool defaults it,
+        # so the calls below go through an untyped ``HostPool``).
+        host.backup_from_device_all_layer(dev, loc, loc)
+        twin = self.kind_pool(backend, kind)
+        fill_device_random(twin, 33)
+        for layer in range(self.layer_num):  # an engine's numpy layer index is an int
+            layer_id: Any = np.int64(layer)
+            host.load_to_device_per_layer(twin, loc, loc, layer_id)
+            assert torch.equal(device_rows(twin, layer, loc), device_rows(dev, layer, loc))
+        bare: HostPool = backend.create_host_pool(dev, layout=layout)
+        read = self.pool_bytes(dev)
+        self.refused(ArgumentTypeError, read, bare.backup_from_device_all_layer, dev, loc, loc)
 
-    def test_mismatch_names_the_field(self, backend: Backend) -> None:
-        dev = self.value_pool(backend)
-        other_dtype = torch.float16 if self.dtype != torch.float16 else torch.bfloat16
-        other = self.value_pool(backend, dtype=other_dtype)
+    def test_mismatch_names_the_field(self, backend: Backend, kind: KindCase, pair: Pair) -> None:
+        layout, io = pair
+        dev = self.kind_pool(backend, kind)
+        other_dtype = torch.float16 if dev.dtype != torch.float16 else torch.bfloat16
+        other = self.kind_pool(backend, kind, dtype=other_dtype)
         loc = page_indices([1], PAGE)
-        for layout, io in self.pairs(backend):
-            host = backend.create_host_pool(dev, layout=layout)
-            with pytest.raises(PoolMismatchError) as info:
-                host.backup_from_device_all_layer(other, loc, loc, io)
-            assert f"dtype is {other_dtype}, expected {self.dtype}" in str(info.value)
-            assert "layer_num" not in str(info.value), str(info.value)
+        host: HostPool = backend.create_host_pool(dev, layout=layout)
+        with pytest.raises(PoolMismatchError) as info:
+            host.backup_from_device_all_layer(other, loc, loc, io)
+        assert f"dtype is {other_dtype}, expected {dev.dtype}" in str(info.value)
+        assert "layer_num" not in str(info.value), str(info.value)
