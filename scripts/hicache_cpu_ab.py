@@ -7,10 +7,17 @@ which leaves out the time other processes hold the cores. Run it on one torch
 thread, once per (tree, host mode, page size), alternating the trees::
 
     OMP_NUM_THREADS=1 PYTHONPATH=<tree>/packages/core/src:<tree>/packages/cuda/src:\\
-<tree>/packages/ascend/src python scripts/hicache_cpu_ab.py run 1 1024 5 0 out/before_r1_s0_p1.json
+<tree>/packages/ascend/src python scripts/hicache_cpu_ab.py \\
+        run 1 1024 5 0 out/before_r1_s0_p1.json [KINDS [BACKENDS [LAYERS]]]
 
 then ``python scripts/hicache_cpu_ab.py table out`` (file names start with the
-tree's name and ``_``). Per process: ratio = min copy CPU time / min sgl CPU
+tree's name and ``_``). ``KINDS`` is a comma list of ``mla`` (the bench's
+DeepSeek-V3 rows, 61 layers), ``mha`` (llama3-70b K/V rows, V as wide as K)
+and ``mha_v64`` (the same heads with V of head_dim 64, K and V rows of
+different sizes); default all three. ``BACKENDS`` (default ``torch,ascend``)
+and ``LAYERS`` (a comma list of ``layout`` or ``layout/io``; default every
+pair the backend builds for the kind) narrow a focused re-run. MHA pools have
+``MHA_LAYERS`` layers. Per process: ratio = min copy CPU time / min sgl CPU
 time over the repeats (higher is better); the table gives per row the median
 and best over processes, after/before, and ``noise``, the larger relative
 spread (max - min) / median of either tree's ratios.
@@ -25,58 +32,132 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+KINDS = ("mla", "mha", "mha_v64")
+MHA_MODEL = "llama3-70b"  # 8 KV heads x 128
+MHA_LAYERS = 16  # a fraction of the model's 80: pools of 4 KiB a token and layer
+NARROW_V = 64
 
 
-def run(page_size: int, tokens: int, repeats: int, shuffle: bool, out: Path) -> None:
+def _narrow_v_pools(v_head_dim: int) -> None:
+    """Make the bench's MHA device pools have V rows of ``v_head_dim``.
+
+    The bench's models keep V as wide as K; every tree measured here takes
+    ``v_head_dim`` in ``create_mha_device_pool``, so the script swaps the
+    bench module's pool factory for one that passes it.
+    """
+    from sgl_core._cli import _hicache
+
+    original = _hicache.create_device_pool
+
+    def create(backend: Any, shape: Any, **kw: Any) -> Any:
+        if not shape.is_mha:
+            return original(backend, shape, **kw)
+        return backend.create_mha_device_pool(
+            size=kw["size"],
+            page_size=kw["page_size"],
+            dtype=kw["dtype"],
+            head_num=shape.head_num,
+            head_dim=shape.head_dim,
+            layer_num=kw["layers"],
+            device=kw["device"],
+            v_head_dim=v_head_dim,
+        )
+
+    _hicache.create_device_pool = create
+
+
+def _wanted(layout: str, io: str, layouts: set[str] | None) -> bool:
+    return layouts is None or layout in layouts or f"{layout}/{io}" in layouts
+
+
+def run(
+    page_size: int,
+    tokens: int,
+    repeats: int,
+    shuffle: bool,
+    out: Path,
+    kinds: tuple[str, ...] = KINDS,
+    backends: tuple[str, ...] = ("torch", "ascend"),
+    layouts: set[str] | None = None,
+) -> None:
     import sgl_core
     from sgl_core._cli._hicache import Case, HicacheConfig, _Bench
+    from sgl_core._cli._hicache_models import pairs_of
 
     records: list[dict[str, object]] = []
-    for name in ("torch", "ascend"):
-        backend = sgl_core.get_backend(name)
-        for layout, ios in backend.supported_pairs.items():
-            for io in sorted(ios, key=lambda i: i.value):
-                cfg = HicacheConfig(tokens=tokens, shuffle_host=shuffle)
-                bench = _Bench(Case(backend, layout, io, page_size), cfg)
-                ops: dict[str, Callable[[], None]] = {
-                    "copy_backup": bench.copy_backup,
-                    "sgl_backup": bench.sgl_backup,
-                    "copy_load": bench.copy_load,
-                    "sgl_load": bench.sgl_load,
-                }
-                times: dict[str, list[float]] = {k: [] for k in ops}
-                for op in ops.values():  # warm-up
-                    op()
-                for _ in range(repeats):
-                    for key, op in ops.items():
-                        start = time.process_time()
+    for kind in kinds:
+        if kind == "mha_v64":
+            _narrow_v_pools(NARROW_V)
+        mha = kind != "mla"
+        for name in backends:
+            backend = sgl_core.get_backend(name)
+            for layout, ios in pairs_of(backend, mha).items():
+                for io in sorted(ios, key=lambda i: i.value):
+                    if not _wanted(layout.value, io.value, layouts):
+                        continue
+                    if mha:
+                        cfg = HicacheConfig(
+                            tokens=tokens, shuffle_host=shuffle, model=MHA_MODEL, layers=MHA_LAYERS
+                        )
+                    else:
+                        cfg = HicacheConfig(tokens=tokens, shuffle_host=shuffle)
+                    bench = _Bench(Case(backend, layout, io, page_size), cfg)
+                    ops: dict[str, Callable[[], None]] = {
+                        "copy_backup": bench.copy_backup,
+                        "sgl_backup": bench.sgl_backup,
+                        "copy_load": bench.copy_load,
+                        "sgl_load": bench.sgl_load,
+                    }
+                    times: dict[str, list[float]] = {k: [] for k in ops}
+                    for op in ops.values():  # warm-up
                         op()
-                        times[key].append(time.process_time() - start)
-                for direction in ("backup", "load"):
-                    sgl, copy = times["sgl_" + direction], times["copy_" + direction]
-                    records.append(
-                        {
-                            "backend": name,
-                            "layout": layout.value,
-                            "page_size": page_size,
-                            "direction": direction,
-                            "shuffle": shuffle,
-                            "ratio_min": min(copy) / min(sgl),
-                        }
-                    )
-                del bench
+                    for _ in range(repeats):
+                        for key, op in ops.items():
+                            start = time.process_time()
+                            op()
+                            times[key].append(time.process_time() - start)
+                    for direction in ("backup", "load"):
+                        sgl, copy = times["sgl_" + direction], times["copy_" + direction]
+                        records.append(
+                            {
+                                "kind": kind,
+                                "backend": name,
+                                "layout": layout.value,
+                                "io": io.value,
+                                "page_size": page_size,
+                                "direction": direction,
+                                "shuffle": shuffle,
+                                "ratio_min": min(copy) / min(sgl),
+                            }
+                        )
+                    del bench
     out.write_text(json.dumps(records))
 
 
 def table(folder: Path) -> None:
-    Key = tuple[bool, str, str, int, str]
+    Key = tuple[bool, str, str, str, int, str]
     rows: dict[Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for path in sorted(folder.glob("*.json")):
         side = path.stem.split("_")[0]
         for r in json.loads(path.read_text()):
-            key: Key = (r["shuffle"], r["backend"], r["layout"], r["page_size"], r["direction"])
+            # files of the MLA-only script: no kind, no io (one io per layout there)
+            layout = r["layout"] + ("/" + r["io"] if "io" in r else "")
+            key: Key = (
+                r["shuffle"],
+                r.get("kind", "mla"),
+                r["backend"],
+                layout,
+                r["page_size"],
+                r["direction"],
+            )
             rows[key][side].append(r["ratio_min"])
-    print("host    backend layout              page dir      n before  after   a/b  best noise")
+    print(
+        "| host | kind | backend | layout/io | page | dir | n | before | after | a/b | best"
+        " | noise | slower |"
+    )
+    print("|" + "---|" * 13)
     for key in sorted(rows):
         b, a = rows[key]["before"], rows[key]["after"]
         if not a or not b:
@@ -84,16 +165,27 @@ def table(folder: Path) -> None:
         mb, ma = statistics.median(b), statistics.median(a)
         noise = max((max(b) - min(b)) / mb, (max(a) - min(a)) / ma)
         host = "shuffle" if key[0] else "alloc"
+        # slower beyond noise: the median ratio dropped by more than the larger spread
+        slower = "**yes**" if ma / mb < 1 - noise else ""
         print(
-            f"{host:7} {key[1]:6} {key[2]:19} {key[3]:>4} {key[4]:6} "
-            f"{min(len(a), len(b)):>3} {mb:6.3f} {ma:6.3f} {ma / mb:5.2f} "
-            f"{max(a) / max(b):5.2f} {noise:5.2f}"
+            f"| {host} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {key[5]} "
+            f"| {min(len(a), len(b))} | {mb:.3f} | {ma:.3f} | {ma / mb:.2f} "
+            f"| {max(a) / max(b):.2f} | {noise:.2f} | {slower} |"
         )
 
 
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["run"] and len(argv) == 6:
-        run(int(argv[1]), int(argv[2]), int(argv[3]), argv[4] == "1", Path(argv[5]))
+    if argv[:1] == ["run"] and 6 <= len(argv) <= 9:
+        run(
+            int(argv[1]),
+            int(argv[2]),
+            int(argv[3]),
+            argv[4] == "1",
+            Path(argv[5]),
+            tuple(argv[6].split(",")) if len(argv) > 6 else KINDS,
+            tuple(argv[7].split(",")) if len(argv) > 7 else ("torch", "ascend"),
+            set(argv[8].split(",")) if len(argv) > 8 else None,
+        )
     elif argv[:1] == ["table"] and len(argv) == 2:
         table(Path(argv[1]))
     else:
