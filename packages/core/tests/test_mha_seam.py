@@ -12,13 +12,13 @@ import torch
 
 import sgl_core
 import sgl_core.backend
+from sgl_core._transfer import MHAMoverFactory
 from sgl_core.backend import (
     NEVER,
     CopyTuning,
     DirectMover,
     HostLayout,
     IOBackend,
-    MHAMoverFactory,
     MHATokenHostPool,
     PerLayerMHADevicePool,
 )

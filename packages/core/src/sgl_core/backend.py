@@ -31,11 +31,9 @@ Groups:
   layout of the facts table, ``layout_facts`` / ``LayoutFacts``);
   ``PerLayerMLADevicePool``, ``MLAPoolGeometry``, ``MLAShape``,
   ``PerLayerMHADevicePool``, ``MHAPoolGeometry``, ``MHAShape``,
-  ``describe_pairs``, ``device_layers``, ``mha_device_layers``,
-  ``stacked_layers``, ``is_mha_device_pool``, ``as_mha_device_pool`` (an
-  engine's own MHA pool, e.g. SGLang's, seen through ``MHADevicePool``);
+  ``is_mha_device_pool`` (how a device pool's kind is told, by attributes);
   ``DevicePoolGeometry`` and ``PoolShape`` are what ``HostPoolBase`` needs of
-  either kind, ``KVHostPool`` a host pool of either kind (what L3 stores take);
+  either kind;
 * **the mover seam**: a host pool validates a call into a ``Transfer`` and
   hands it to the ``Mover`` of its io backend (``mover.backup(transfer)``,
   ``mover.load(transfer, layer_id)``); ``HostPoolBase.movers`` declares,
@@ -43,18 +41,15 @@ Groups:
   derived from it), called with the pool's ``HostSide`` (layout, geometry and
   one ``HostPart`` per component: the host buffers, never the pool);
   ``PlanCache`` keeps a mover's plan for the per-layer loads of one transfer;
-  ``DirectMover`` is the ``direct`` mover of every token-row layout and kind
-  (``MHAMoverFactory`` is ``MoverFactory``);
+  ``DirectMover`` is the ``direct`` mover of every token-row layout and kind;
 * **validation helpers** (each raises a typed ``sgl_core.errors`` error):
-  ``check_index_tensor``, ``check_index_pair``, ``check_index_device``,
-  ``check_index_bounds``, ``check_unique``, ``check_page_runs``,
+  ``check_index_tensor``, ``check_index_device``, ``check_index_bounds``,
   ``check_layer_id``, ``check_backed``, ``check_routing`` (MoE top-k);
-* **devices and memory**: ``parse_device``, ``usable_device``, ``check_fits``,
-  ``should_pin``, ``page_aligned_zeros`` (host buffers on page boundaries, for
+* **devices and memory**: ``parse_device``, ``usable_device``,
+  ``page_aligned_zeros`` (host buffers on page boundaries, for
   ``O_DIRECT`` storage);
 * **the copy kit** (the ``direct`` io building blocks): ``IndexRuns``,
-  ``merge_runs``, ``byte_view``, ``widen_rows``, ``copy_blocks``,
-  ``copy_each``, ``copy_batched``, ``copy_pairs``, ``memmove_blocks``; the
+  ``merge_runs``, ``byte_view``, ``widen_rows``, ``memmove_blocks``; the
   direct-copy engine every direct mover uses (``RunSide``, ``copy_runs``,
   ``gather_rows``); and the one tuning object that picks a copy's path: ``CopyTuning`` with
   per-device presets (``tuning_for``; ``NEVER`` turns a path off; ``AUTO``: copy
@@ -75,10 +70,6 @@ from sgl_core._calibrate import Calibrator, CopyChoice, copy_calibration
 from sgl_core._copy import (
     IndexRuns,
     byte_view,
-    copy_batched,
-    copy_blocks,
-    copy_each,
-    copy_pairs,
     memmove_blocks,
     merge_runs,
     shutdown_copy_threads,
@@ -90,21 +81,19 @@ from sgl_core._device_pool import (
     PerLayerMHADevicePool,
     PerLayerMLADevicePool,
 )
-from sgl_core._device_rows import check_raw_rows, device_layers, mha_device_layers, stacked_layers
-from sgl_core._devices import check_fits, parse_device, usable_device
+from sgl_core._device_rows import check_raw_rows
+from sgl_core._devices import parse_device, usable_device
 from sgl_core._direct_mover import DirectMover
 from sgl_core._discovery import ENTRY_POINT_GROUP
 from sgl_core._dsa_protocols import IndexerCache, KVRows
 from sgl_core._engine import RunSide, copy_runs, gather_rows
-from sgl_core._engine_views import as_mha_device_pool
 from sgl_core._enums import HostLayout, IOBackend
 from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core._host_pages import TokenPages
-from sgl_core._host_pool import HostPoolBase, describe_pairs
-from sgl_core._indexer import IndexerConfig, check_indexer, indexer_of
+from sgl_core._host_pool import HostPoolBase
+from sgl_core._indexer import IndexerConfig, check_indexer
 from sgl_core._kv_protocols import (
     DevicePoolGeometry,
-    KVHostPool,
     MHADevicePool,
     MHAHostPool,
     MLADevicePool,
@@ -114,7 +103,7 @@ from sgl_core._kv_protocols import (
 )
 from sgl_core._kv_spec import Component, KVKind, KVSpec, mha_spec, mla_spec
 from sgl_core._layouts import LayoutFacts, layout_facts
-from sgl_core._memory import page_aligned_zeros, should_pin
+from sgl_core._memory import page_aligned_zeros
 from sgl_core._moe import check_routing
 from sgl_core._protocols import Backend, EmulatedWithoutDevice, LayerViews
 from sgl_core._public import publish_names
@@ -123,7 +112,6 @@ from sgl_core._token_host_pool import MHATokenHostPool, TokenHostPool, TokenRowH
 from sgl_core._transfer import (
     HostPart,
     HostSide,
-    MHAMoverFactory,
     Mover,
     MoverFactory,
     PlanCache,
@@ -134,11 +122,8 @@ from sgl_core._validation import (
     check_backed,
     check_index_bounds,
     check_index_device,
-    check_index_pair,
     check_index_tensor,
     check_layer_id,
-    check_page_runs,
-    check_unique,
     check_value_rows,
     check_value_tensor,
 )
@@ -162,7 +147,6 @@ __all__ = [
     "IndexRuns",
     "IndexerCache",
     "IndexerConfig",
-    "KVHostPool",
     "KVKind",
     "KVRows",
     "KVSpec",
@@ -171,7 +155,6 @@ __all__ = [
     "MHADevicePool",
     "MHAHostPool",
     "MHAHostPoolBase",
-    "MHAMoverFactory",
     "MHAPoolGeometry",
     "MHAShape",
     "MHATokenHostPool",
@@ -196,45 +179,30 @@ __all__ = [
     "TokenPages",
     "TokenRowHostPool",
     "Transfer",
-    "as_mha_device_pool",
     "byte_view",
     "check_backed",
-    "check_fits",
     "check_index_bounds",
     "check_index_device",
-    "check_index_pair",
     "check_index_tensor",
     "check_indexer",
     "check_layer_id",
-    "check_page_runs",
     "check_raw_rows",
     "check_routing",
-    "check_unique",
     "check_value_rows",
     "check_value_tensor",
-    "copy_batched",
-    "copy_blocks",
     "copy_calibration",
-    "copy_each",
-    "copy_pairs",
     "copy_runs",
-    "describe_pairs",
-    "device_layers",
     "gather_rows",
-    "indexer_of",
     "is_mha_device_pool",
     "layout_facts",
     "memmove_blocks",
     "merge_runs",
-    "mha_device_layers",
     "mha_spec",
     "mla_spec",
     "page_aligned_zeros",
     "parse_device",
     "publish_names",
-    "should_pin",
     "shutdown_copy_threads",
-    "stacked_layers",
     "tuning_for",
     "usable_device",
     "widen_rows",
