@@ -17,12 +17,12 @@ text = open("README.md").read()
 exec(compile(re.findall(r"```python\n(.*?)```", text, re.S)[0], "README.md", "exec"), {"__name__": "x"})
 PY
 echo "== sgl-bench hicache (default run)"
-timeout 180 python3 -m sgl_core._cli.main hicache 2>&1 | tee "$OUT/hicache_default.log"; echo "rc=${PIPESTATUS[0]}"
+timeout 180 python3 -m sgl_core.cli.main hicache 2>&1 | tee "$OUT/hicache_default.log"; echo "rc=${PIPESTATUS[0]}"
 echo "== sgl-bench hicache --backend cuda small"
-timeout 120 python3 -m sgl_core._cli.main hicache --backend cuda --layers 4 --pages 4 --repeats 2 2>&1 | tail -12; echo "rc=${PIPESTATUS[0]}"
+timeout 120 python3 -m sgl_core.cli.main hicache --backend cuda --layers 4 --pages 4 --repeats 2 2>&1 | tail -12; echo "rc=${PIPESTATUS[0]}"
 echo "== exit-2 paths on a GPU machine"
 for a in "hicache --device cuda:99" "hicache --pages 1000000000" "moe --tokens 1000000000" "moe --device meta" "hicache --repeats 0"; do
-  python3 -m sgl_core._cli.main $a; echo "rc=$? ($a)"
+  python3 -m sgl_core.cli.main $a; echo "rc=$? ($a)"
 done
 echo "== pytest"
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE packages/core/tests/test_cli.py packages/core/tests/test_discovery.py \

@@ -34,6 +34,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+
+def _cli_module(name: str) -> Any:
+    """A module of the bench CLI: ``sgl_core.cli`` (since the KV-model folders) or
+    ``sgl_core._cli`` (trees before them), so one script measures both."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"sgl_core.cli.{name}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"sgl_core._cli.{name}")
+
+
 KINDS = ("mla", "mha", "mha_v64")
 MHA_MODEL = "llama3-70b"  # 8 KV heads x 128
 MHA_LAYERS = 16  # a fraction of the model's 80: pools of 4 KiB a token and layer
@@ -47,8 +59,7 @@ def _narrow_v_pools(v_head_dim: int) -> None:
     ``v_head_dim`` in ``create_mha_device_pool``, so the script swaps the
     bench module's pool factory for one that passes it.
     """
-    from sgl_core._cli import _hicache
-
+    _hicache = _cli_module("_hicache")
     original = _hicache.create_device_pool
 
     def create(backend: Any, shape: Any, **kw: Any) -> Any:
@@ -83,8 +94,10 @@ def run(
     layouts: set[str] | None = None,
 ) -> None:
     import sgl_core
-    from sgl_core._cli._hicache import Case, HicacheConfig, _Bench
-    from sgl_core._cli._hicache_models import pairs_of
+
+    bench = _cli_module("_hicache")
+    Case, HicacheConfig, _Bench = bench.Case, bench.HicacheConfig, bench._Bench
+    pairs_of = _cli_module("_hicache_models").pairs_of
 
     records: list[dict[str, object]] = []
     for kind in kinds:

@@ -58,10 +58,10 @@ SG = "sgl_core.integrations.sglang."
 AREAS: dict[str, Area] = {
     "validation": Area(
         modules=(
-            "sgl_core/_validation.py",
-            "sgl_core/_host_slots.py",
-            "sgl_core/_host_pool.py",
-            "sgl_core/_load_memo.py",
+            "sgl_core/kv/_validation.py",
+            "sgl_core/kv/host/_host_slots.py",
+            "sgl_core/kv/host/_host_pool.py",
+            "sgl_core/kv/host/_load_memo.py",
         ),
         tests=(
             CORE + "test_validation.py",
@@ -73,22 +73,22 @@ AREAS: dict[str, Area] = {
             CORE + "test_mutation_validation.py",
         ),
         functions=(
-            "sgl_core._validation.x_check_index_bounds__*",
-            "sgl_core._validation.x_check_unique__*",
-            "sgl_core._validation.x_check_layer_id__*",
-            "sgl_core._host_slots.xǁHostSlotsǁfree__*",
-            "sgl_core._host_slots.xǁHostSlotsǁalloc__*",
-            "sgl_core._host_slots.xǁHostSlotsǁ_check_page_start__*",
-            "sgl_core._host_slots.xǁHostSlotsǁ_page_starts__*",
+            "sgl_core.kv._validation.x_check_index_bounds__*",
+            "sgl_core.kv._validation.x_check_unique__*",
+            "sgl_core.kv._validation.x_check_layer_id__*",
+            "sgl_core.kv.host._host_slots.xǁHostSlotsǁfree__*",
+            "sgl_core.kv.host._host_slots.xǁHostSlotsǁalloc__*",
+            "sgl_core.kv.host._host_slots.xǁHostSlotsǁ_check_page_start__*",
+            "sgl_core.kv.host._host_slots.xǁHostSlotsǁ_page_starts__*",
         ),
     ),
     "copy": Area(
         modules=(
-            "sgl_core/_copy.py",
-            "sgl_core/_runs.py",
-            "sgl_core/_pieces.py",
-            "sgl_core/_engine.py",
-            "sgl_core/_direct_mover.py",
+            "sgl_core/transfer/copy/_copy.py",
+            "sgl_core/transfer/copy/_runs.py",
+            "sgl_core/transfer/copy/_pieces.py",
+            "sgl_core/transfer/copy/_engine.py",
+            "sgl_core/transfer/_direct_mover.py",
         ),
         tests=(
             CORE + "test_copy_paths.py",
@@ -98,13 +98,16 @@ AREAS: dict[str, Area] = {
             CORE + "test_copy_threads.py",
         ),
         functions=(
-            "sgl_core._runs.x_merge_runs__*",
-            "sgl_core._runs.xǁIndexRunsǁ*",
-            "sgl_core._copy.x_memmove_blocks__*",
-            "sgl_core._copy.x_copy_pieces__*",
-            "sgl_core._copy.x__spread__*",
+            "sgl_core.transfer.copy._runs.x_merge_runs__*",
+            "sgl_core.transfer.copy._runs.xǁIndexRunsǁ*",
+            "sgl_core.transfer.copy._copy.x_memmove_blocks__*",
+            "sgl_core.transfer.copy._copy.x_copy_pieces__*",
+            "sgl_core.transfer.copy._copy.x__spread__*",
             # pieces cover every byte of a block exactly once (the calibrated copy threads)
-            *(f"sgl_core._pieces.x_{name}__*" for name in ("_cut", "split_pieces", "split_parts")),
+            *(
+                f"sgl_core.transfer.copy._pieces.x_{name}__*"
+                for name in ("_cut", "split_pieces", "split_parts")
+            ),
         ),
     ),
     "l3": Area(
@@ -148,7 +151,7 @@ AREAS: dict[str, Area] = {
         ),
     ),
     "memo": Area(
-        modules=("sgl_core/_load_memo.py",),
+        modules=("sgl_core/kv/host/_load_memo.py",),
         tests=(
             CORE + "test_load_memo.py",
             CORE + "test_mutation_validation.py",
@@ -159,14 +162,14 @@ AREAS: dict[str, Area] = {
         modules=tuple(
             f"sgl_core/{name}.py"
             for name in (
-                "_kv_spec",
-                "_shapes",
-                "_host_args",
-                "_host_kinds",
-                "_host_pages",
-                "_token_host_pool",
-                "_indexer",
-                "_indexer_host",
+                "kv/_spec",
+                "kv/_shapes",
+                "kv/host/_host_args",
+                "kv/host/_host_kinds",
+                "kv/host/_host_pages",
+                "kv/host/_token_host_pool",
+                "kv/device/_indexer",
+                "kv/host/_indexer_host",
             )
         ),
         tests=(
@@ -177,18 +180,18 @@ AREAS: dict[str, Area] = {
             CORE + "test_mutation_hostkv.py",
         ),
         functions=(
-            "sgl_core._kv_spec.*",
-            "sgl_core._shapes.xǁMHAShapeǁ*",
-            "sgl_core._shapes.x__check__*",
-            "sgl_core._host_args.xǁHostArgumentsǁcheck_device_pool__*",
-            "sgl_core._host_slots.xǁHostSlotsǁpage_format_fields__*",
-            "sgl_core._host_kinds.xǁMHAHostPoolBaseǁ_read_shape__*",
+            "sgl_core.kv._spec.*",
+            "sgl_core.kv._shapes.xǁMHAShapeǁ*",
+            "sgl_core.kv._shapes.x__check__*",
+            "sgl_core.kv.host._host_args.xǁHostArgumentsǁcheck_device_pool__*",
+            "sgl_core.kv.host._host_slots.xǁHostSlotsǁpage_format_fields__*",
+            "sgl_core.kv.host._host_kinds.xǁMHAHostPoolBaseǁ_read_shape__*",
             *(
-                f"sgl_core._token_host_pool.xǁTokenHostPoolǁ{name}__*"
+                f"sgl_core.kv.host._token_host_pool.xǁTokenHostPoolǁ{name}__*"
                 for name in ("_allocate_buffers", "_check_device_pool_kind", "_device_list")
             ),
             *(
-                f"sgl_core._host_pages.xǁTokenPagesǁ{name}__*"
+                f"sgl_core.kv.host._host_pages.xǁTokenPagesǁ{name}__*"
                 for name in (
                     "get_data_page",
                     "set_from_flat_data_page",
@@ -196,13 +199,13 @@ AREAS: dict[str, Area] = {
                     "_objects",
                 )
             ),
-            "sgl_core._indexer.xǁIndexerConfigǁ*",
-            "sgl_core._indexer.x_check_indexer__*",
-            "sgl_core._indexer.x_indexer_of__*",
-            "sgl_core._indexer.xǁIndexerRowsǁindexer_slot__*",
-            "sgl_core._indexer.xǁIndexerRowsǁ_check_rows__*",
-            "sgl_core._indexer_host.x_check_device_indexer__*",
-            "sgl_core._indexer_host.xǁIndexerMoverǁload__*",
+            "sgl_core.kv.device._indexer.xǁIndexerConfigǁ*",
+            "sgl_core.kv.device._indexer.x_check_indexer__*",
+            "sgl_core.kv.device._indexer.x_indexer_of__*",
+            "sgl_core.kv.device._indexer.xǁIndexerRowsǁindexer_slot__*",
+            "sgl_core.kv.device._indexer.xǁIndexerRowsǁ_check_rows__*",
+            "sgl_core.kv.host._indexer_host.x_check_device_indexer__*",
+            "sgl_core.kv.host._indexer_host.xǁIndexerMoverǁload__*",
         ),
     ),
     "integrations": Area(
@@ -239,15 +242,15 @@ AREAS: dict[str, Area] = {
         ),
     ),
     "moe": Area(
-        modules=("sgl_core/_moe.py",),
+        modules=("sgl_core/moe/_moe.py",),
         tests=(CORE + "test_moe.py", CORE + "test_faults_moe.py", CORE + "test_mutation_moe.py"),
         functions=(
-            "sgl_core._moe.x_check_routing__*",
-            "sgl_core._moe.x_maybe_fuse_routed_scale_and_shared_add__*",
-            "sgl_core._moe.x__capability__*",
-            "sgl_core._moe.x__finite_real__*",
-            "sgl_core._moe.x_folds_routed_scale__*",
-            "sgl_core._moe.xǁMoEWeightsǁ__post_init____*",
+            "sgl_core.moe._moe.x_check_routing__*",
+            "sgl_core.moe._moe.x_maybe_fuse_routed_scale_and_shared_add__*",
+            "sgl_core.moe._moe.x__capability__*",
+            "sgl_core.moe._moe.x__finite_real__*",
+            "sgl_core.moe._moe.x_folds_routed_scale__*",
+            "sgl_core.moe._moe.xǁMoEWeightsǁ__post_init____*",
         ),
     ),
     "kvcacheio": Area(

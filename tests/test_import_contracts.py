@@ -35,6 +35,11 @@ EXPECTED_CONTRACTS = {
     "torch-npu-confined",
     "device-packages-use-public-core",
     "core-imports-no-vllm",
+    "core-folder-layers",
+    "kv-layers",
+    "copy-kit-knows-no-pool",
+    "movers-import-no-host-pool",
+    "movers-import-no-device-pool",
 }
 PRIVATE_CONTRACT = "device-packages-use-public-core"
 
@@ -101,24 +106,36 @@ def test_import_linter_contracts_kept() -> None:
     assert "0 broken" in output, output
 
 
+# sgl_core's public packages: device packages may import them (the AST scan below keeps
+# them off their private modules). Every other package directly below sgl_core is an
+# architecture folder of private modules (docs/design.md, module map).
+PUBLIC_CORE_PACKAGES = frozenset({"l3", "testing", "integrations"})
+
+
 def _private_core_modules() -> set[str]:
+    """Top-level private modules and sgl_core's architecture folders.
+
+    Every package directly below sgl_core that is not one of its public packages
+    (``PUBLIC_CORE_PACKAGES``) holds private modules only and is forbidden whole.
+    """
     src = PACKAGES["sgl-core"][0] / "src" / "sgl_core"
-    return {
-        f"sgl_core.{path.stem if path.is_file() else path.name}"
-        for path in src.iterdir()
-        if path.name.startswith("_")
-        and not path.name.startswith("__")
-        and (path.suffix == ".py" or (path / "__init__.py").exists())
-    }
+    found = set()
+    for path in src.iterdir():
+        name = path.stem if path.is_file() else path.name
+        if name.startswith("__") or not (path.suffix == ".py" or (path / "__init__.py").exists()):
+            continue
+        if name.startswith("_") or (path.is_dir() and name not in PUBLIC_CORE_PACKAGES):
+            found.add(f"sgl_core.{name}")
+    return found
 
 
 def test_private_contract_lists_every_private_core_module() -> None:
-    """import-linter has no ``_*`` wildcard: a new private module must join the list."""
+    """import-linter has no ``_*`` wildcard: a new folder or private module must join it."""
     config = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]
     (contract,) = [c for c in config["contracts"] if c["id"] == PRIVATE_CONTRACT]
     assert set(contract["source_modules"]) == {"sgl_cuda", "sgl_ascend"}
     private = _private_core_modules()
-    assert {"sgl_core._copy", "sgl_core._host_pool", "sgl_core._cli"} <= private
+    assert {"sgl_core.transfer", "sgl_core.kv", "sgl_core.cli"} <= private
     assert private <= set(contract["forbidden_modules"])
 
 
@@ -135,12 +152,14 @@ def test_import_linter_breaks_on_a_private_core_import(tmp_path: Path) -> None:
         )
         src.append(dest)
     bad = tmp_path / "sgl-ascend" / "sgl_ascend" / "_violation.py"
-    bad.write_text("from sgl_core._copy import byte_view\n\n__all__ = ['byte_view']\n")
+    bad.write_text(
+        "from sgl_core.transfer.copy._copy import byte_view\n\n__all__ = ['byte_view']\n"
+    )
     returncode, output = _lint_imports(src)
     assert returncode != 0, output
     name = configured_contracts()[PRIVATE_CONTRACT]
     assert f"{name} BROKEN" in output, output
-    assert "sgl_ascend._violation -> sgl_core._copy" in output, output
+    assert "sgl_ascend._violation -> sgl_core.transfer.copy._copy" in output, output
     for contract_id, other in configured_contracts().items():
         if contract_id != PRIVATE_CONTRACT:
             assert f"{other} KEPT" in output, output
@@ -217,7 +236,8 @@ PRIVATE_USERS = frozenset({"sgl_cuda", "sgl_ascend"})
 
 
 def _module_part(imported: str) -> str:
-    """``sgl_core._moe.check_routing`` -> ``sgl_core._moe`` (up to the first private part)."""
+    """``sgl_core.moe._moe.check_routing`` -> ``sgl_core.moe._moe`` (up to the first private
+    part)."""
     parts = imported.split(".")
     for i, part in enumerate(parts[1:], start=1):
         if part.startswith("_"):
@@ -275,7 +295,7 @@ try:
 except ImportError:
     pass
 """
-    sites = list(imports_of(source, "sgl_core._cli.fake"))
+    sites = list(imports_of(source, "sgl_core.cli.fake"))
     bad = violations(sites)
     expected_roots = {"triton", "sgl_ascend", "torch_npu", "sgl_kernel", "sgl_kernel_npu"}
     assert {s.root for s in sites} >= expected_roots | {"sgl_cuda", "sgl_core"}
@@ -292,10 +312,10 @@ except ImportError:
 def test_scanner_rejects_private_core_imports() -> None:
     """Must-fail: a device package importing a private sgl_core module, in any form."""
     source = """
-from sgl_core._copy import byte_view
-import sgl_core._validation
+from sgl_core.transfer.copy._copy import byte_view
+import sgl_core.kv._validation
 from sgl_core.l3._pages import x
-from sgl_core import _moe
+from sgl_core.moe import _moe
 from sgl_core.backend import byte_view
 from sgl_core import errors
 import sgl_core.testing
@@ -304,8 +324,8 @@ import sgl_core.testing
         bad = violations(list(imports_of(source, module)))
         assert {int(b.split(":")[1].split()[0]) for b in bad} == {2, 3, 4, 5}, bad
         assert all("use sgl_core.backend" in b for b in bad)
-    assert not violations(list(imports_of(source, "sgl_core._token_host_pool")))
-    once_allowed = "from sgl_core._moe import check_routing"
+    assert not violations(list(imports_of(source, "sgl_core.kv.host._token_host_pool")))
+    once_allowed = "from sgl_core.moe._moe import check_routing"
     assert violations(list(imports_of(once_allowed, "sgl_cuda.quantization._method")))
 
 

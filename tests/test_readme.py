@@ -129,7 +129,7 @@ def _shape(line: str) -> str:
 def test_readme_sample_output_has_the_structure_the_cli_prints_now(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sgl_core._cli.main import main
+    from sgl_core.cli.main import main
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     start = text.index("```\nsgl-bench hicache: ") + 4

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import sgl_core
-from sgl_core import _calibrate
-from sgl_core._calibrate import Calibrator, copy_calibration
-from sgl_core._calibration_cache import ENV_VAR, FORMAT, DiskCache, Entry, host_id
 from sgl_core.backend import CopyTuning
 from sgl_core.testing import device_rows, fill_device_random, page_indices
+from sgl_core.transfer.copy import _calibrate
+from sgl_core.transfer.copy._calibrate import Calibrator, copy_calibration
+from sgl_core.transfer.copy._calibration_cache import ENV_VAR, FORMAT, DiskCache, Entry, host_id
 
 
 class FakeClock:

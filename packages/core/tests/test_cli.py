@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_core._cli.main import main
+from sgl_core.cli.main import main
 
 TINY = ["--layers", "3", "--pages", "4", "--repeats", "1", "--warmup", "0"]
 
@@ -79,7 +79,7 @@ def test_unknown_backend_is_a_clear_error(capsys: pytest.CaptureFixture[str]) ->
 def test_verification_failure_exits_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sgl_core._cli import _baselines
+    from sgl_core.cli import _baselines
 
     def broken(t: _baselines.Transfer, *, to_host: bool, layer: int | None = None) -> None:
         _baselines.per_page(t, to_host=to_host, layer=layer)
@@ -122,7 +122,7 @@ HUGE = str(10**9)
 @pytest.fixture
 def nothing_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if a benchmark starts: bad arguments are rejected before any work."""
-    from sgl_core._cli import _hicache_cmd, _moe_cmd
+    from sgl_core.cli import _hicache_cmd, _moe_cmd
     from sgl_core.l3 import _bench
 
     def ran(*args: object, **kwargs: object) -> None:
@@ -235,7 +235,7 @@ def test_bad_argument_in_a_real_process_has_no_traceback(tmp_path: Path) -> None
         ["hicache", "--page-size", "x"],
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", "sgl_core._cli.main", *argv],
+            [sys.executable, "-m", "sgl_core.cli.main", *argv],
             capture_output=True,
             text=True,
             timeout=120,
@@ -288,8 +288,8 @@ def test_hicache_output_explains_itself(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_goal_lines_leave_out_interpreted_backends() -> None:
-    from sgl_core._cli._hicache_table import legend, summarize, target_lines
-    from sgl_core._cli._report import Record
+    from sgl_core.cli._hicache_table import legend, summarize, target_lines
+    from sgl_core.cli._report import Record
 
     def rec(backend: str, impl: str, ratio: float) -> Record:
         return Record(impl, backend, "layer_first", "kernel", 64, "load", 1, 1.0, 1.0, 1.0,
@@ -309,8 +309,8 @@ def test_goal_lines_leave_out_interpreted_backends() -> None:
 
 
 def test_ratios_against_a_near_zero_baseline_are_marked() -> None:
-    from sgl_core._cli._hicache_table import MIN_BASELINE_GBPS, legend, summarize
-    from sgl_core._cli._report import Record
+    from sgl_core.cli._hicache_table import MIN_BASELINE_GBPS, legend, summarize
+    from sgl_core.cli._report import Record
 
     def rec(impl: str, gbps: float) -> Record:
         return Record(impl, "torch", "page_first", "direct", 64, "backup", 1, 1.0, gbps, 4.0,
@@ -329,8 +329,8 @@ def test_ratios_against_a_near_zero_baseline_are_marked() -> None:
 def test_sgl_copy_spread_over_the_paired_rounds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sgl_core._cli._hicache_table import summarize
-    from sgl_core._cli._report import Record
+    from sgl_core.cli._hicache_table import summarize
+    from sgl_core.cli._report import Record
 
     out = tmp_path / "h.json"
     argv = ["hicache", "--backend", "torch", "--layout", "page_first", "--page-size", "16"]
@@ -353,7 +353,7 @@ def test_sgl_copy_spread_over_the_paired_rounds(
 def test_l3_lists_the_stores_it_left_out(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sgl_core._cli import _l3_cmd
+    from sgl_core.cli import _l3_cmd
 
     monkeypatch.setitem(sys.modules, "mooncake.store", None)  # import fails like a missing wheel
     assert "mooncake" in _l3_cmd.left_out_stores()
@@ -432,9 +432,9 @@ def test_moe_flags_interpreted_timings(
     import torch
 
     from sgl_core import MoEWeights
-    from sgl_core._cli import _moe_bench
-    from sgl_core._moe import TorchMoEMethod
     from sgl_core.backend import MoEBenchCase
+    from sgl_core.cli import _moe_bench
+    from sgl_core.moe._moe import TorchMoEMethod
 
     def fake(device: torch.device, small: bool) -> MoEBenchCase:
         gen = torch.Generator().manual_seed(0)

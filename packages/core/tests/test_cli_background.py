@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sgl_core._cli import _background, _hicache_cmd
-from sgl_core._cli._background import BusyProcesses
-from sgl_core._cli.main import main
+from sgl_core.cli import _background, _hicache_cmd
+from sgl_core.cli._background import BusyProcesses
+from sgl_core.cli.main import main
 
 TINY = ["--backend", "torch", "--layers", "2", "--pages", "2", "--repeats", "2", "--warmup", "0"]
 
@@ -114,7 +114,7 @@ def test_background_load_is_bounded(value: str, capsys: pytest.CaptureFixture[st
 
 
 def test_the_reference_copy_is_the_faster_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sgl_core._cli import _hicache
+    from sgl_core.cli import _hicache
 
     def fake(
         ops: dict[tuple[str, str], object], **kw: object
@@ -128,11 +128,11 @@ def test_the_reference_copy_is_the_faster_thread_count(monkeypatch: pytest.Monke
     monkeypatch.setattr(_hicache, "time_interleaved", fake)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
-    from sgl_core._cli._hicache import run_case
-    from sgl_core._cli._hicache_cases import Case, HicacheConfig
-    from sgl_core._cli._report import Progress
-    from sgl_core._discovery import get_backend
-    from sgl_core._enums import HostLayout, IOBackend
+    from sgl_core.backends._discovery import get_backend
+    from sgl_core.cli._hicache import run_case
+    from sgl_core.cli._hicache_cases import Case, HicacheConfig
+    from sgl_core.cli._report import Progress
+    from sgl_core.kv._enums import HostLayout, IOBackend
 
     cfg = HicacheConfig(layers=2, pages=2, baselines=(), copy_threads=(1, 2))
     case = Case(get_backend("torch"), HostLayout.LAYER_FIRST, IOBackend.DIRECT, 16)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_core._cli.main import main
+from sgl_core.cli.main import main
 
 TINY = ["--layers", "2", "--pages", "3", "--repeats", "1", "--warmup", "0"]
 

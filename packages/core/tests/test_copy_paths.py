@@ -90,8 +90,9 @@ class TestStackedAllLayers(_PinnedPath):
 
 def test_each_tuning_takes_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tuning objects above really select different copy paths."""
-    from sgl_core import _copy, _direct_mover
     from sgl_core.testing import page_indices
+    from sgl_core.transfer import _direct_mover
+    from sgl_core.transfer.copy import _copy
 
     seen: list[str] = []
     for name, module in (("memmove", _copy), ("copy_runs", _direct_mover)):

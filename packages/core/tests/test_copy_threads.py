@@ -15,13 +15,18 @@ import pytest
 import torch
 
 import sgl_core
-from sgl_core import _copy
-from sgl_core._auto_copy import gather_pieces
-from sgl_core._copy import copy_blocks, copy_pieces, memmove_blocks, shutdown_copy_threads
-from sgl_core._engine import RunSide, copy_runs, gather_rows
-from sgl_core._pieces import GRAIN, index_chunk, split_parts, split_pieces
 from sgl_core.backend import NEVER, CopyTuning
 from sgl_core.testing import device_rows, fill_device_random, page_indices
+from sgl_core.transfer.copy import _copy
+from sgl_core.transfer.copy._auto_copy import gather_pieces
+from sgl_core.transfer.copy._copy import (
+    copy_blocks,
+    copy_pieces,
+    memmove_blocks,
+    shutdown_copy_threads,
+)
+from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows
+from sgl_core.transfer.copy._pieces import GRAIN, index_chunk, split_parts, split_pieces
 
 THREADS = [1, 2, 3, 5]
 
@@ -260,3 +265,22 @@ def test_pieces_are_the_widest_below_the_grain(shape: tuple[int, ...], sizes: li
     dst = torch.zeros_like(src)
     copy_pieces([dst], [src], 1)
     assert torch.equal(dst, src)
+
+
+def test_auto_copies_unregistered_is_an_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit calls the measured copies through their registration, never silently
+    without them (sgl_core registers them on import)."""
+    from sgl_core.transfer.copy import _copy
+    from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
+
+    monkeypatch.setattr(_copy, "_auto", {})
+    big = torch.zeros(AUTO_MIN_BYTES, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="_auto_copy not imported"):
+        _copy.copy_blocks([big.clone()], [big], threads=AUTO)
+    with pytest.raises(RuntimeError, match="_auto_copy not imported"):
+        _copy.memmove_blocks(
+            [big.data_ptr(), big.data_ptr()],
+            [big.data_ptr()] * 2,
+            [AUTO_MIN_BYTES] * 2,
+            threads=AUTO,
+        )

@@ -44,7 +44,7 @@ def test_unknown_backend_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
 def test_unknown_name_lists_installed_and_invents_no_distribution(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sgl_core import _discovery
+    from sgl_core.backends import _discovery
 
     monkeypatch.setattr(_discovery, "_entry_points", dict)  # only the embedded torch backend
     monkeypatch.setenv("SGL_BACKEND", "bogus")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sgl_core._cli import _baselines
-from sgl_core._cli.main import main
+from sgl_core.cli import _baselines
+from sgl_core.cli.main import main
 
 TINY = ["--layers", "3", "--pages", "2", "--repeats", "1", "--warmup", "0", "--no-baselines"]
 

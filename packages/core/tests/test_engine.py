@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_core._engine import reusable_after
 from sgl_core.backend import IndexRuns, RunSide, copy_runs, gather_rows, merge_runs
+from sgl_core.transfer.copy._engine import reusable_after
 
 
 def _bits(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

@@ -114,8 +114,8 @@ def test_a_host_pools_own_transfers_take_the_engines_pool(kind: str) -> None:
 
 
 def test_the_views_accessors_write_an_fp8_engines_bytes() -> None:
-    from sgl_core._engine_views import as_mha_device_pool
-    from sgl_core._foreign_pool import ForeignMLADevicePool
+    from sgl_core.kv.device._engine_views import as_mha_device_pool
+    from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
 
     gen = torch.Generator().manual_seed(5)
     loc = torch.tensor([3, 9])
@@ -143,9 +143,9 @@ def test_the_views_accessors_write_an_fp8_engines_bytes() -> None:
 @pytest.mark.parametrize("wrong", ["dtype", "shape", "other_flavour"])
 def test_the_views_refuse_rows_they_would_convert(kind: str, wrong: str) -> None:
     """As our own pools: rows of another dtype (even the other fp8) or shape change nothing."""
-    from sgl_core._engine_views import as_mha_device_pool
     from sgl_core.errors import ShapeMismatchError
     from sgl_core.integrations.sglang import as_device_pool
+    from sgl_core.kv.device._engine_views import as_mha_device_pool
 
     dtype = torch.float8_e4m3fn if wrong == "other_flavour" else torch.bfloat16
     engine = _engine(kind, dtype)

@@ -1,4 +1,4 @@
-"""The per-layer load memo's policy (``sgl_core._load_memo``), checked on CPU.
+"""The per-layer load memo's policy (``sgl_core.kv.host._load_memo``), checked on CPU.
 
 Indices on an accelerator must never be read back by the memo (a host-device
 synchronization per layer); the tests simulate such indices by switching off
@@ -15,7 +15,7 @@ import torch
 import sgl_core
 import sgl_core.backend
 from sgl_core import errors
-from sgl_core._host_kinds import MLAHostPoolBase
+from sgl_core.kv.host._host_kinds import MLAHostPoolBase
 from sgl_core.testing import fill_device_random, page_indices
 
 PS = 16
@@ -39,7 +39,7 @@ def validations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def accelerator_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     """Treat CPU index tensors as device-resident: no value may be read on a repeat call."""
     try:
-        memo = importlib.import_module("sgl_core._load_memo")
+        memo = importlib.import_module("sgl_core.kv.host._load_memo")
     except ImportError:  # a build without the policy switch: torch.equal below still trips
         memo = None
     if memo is not None:

@@ -311,7 +311,7 @@ class _EngineMHAPool:
 
 
 def test_an_engines_own_mha_pool_is_accepted() -> None:
-    from sgl_core._engine_views import as_mha_device_pool
+    from sgl_core.kv.device._engine_views import as_mha_device_pool
 
     engine = _EngineMHAPool()
     host = sgl_core.TorchBackend().create_host_pool(engine, layout="page_head")  # type: ignore[call-overload]
@@ -393,7 +393,7 @@ def test_every_geometry_and_storage_check_fires() -> None:
 
 
 def test_engine_pool_view_checks_layer_ids() -> None:
-    from sgl_core._engine_views import as_mha_device_pool
+    from sgl_core.kv.device._engine_views import as_mha_device_pool
 
     view = as_mha_device_pool(_EngineMHAPool())
     loc = torch.tensor([1])

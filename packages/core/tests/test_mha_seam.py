@@ -12,7 +12,6 @@ import torch
 
 import sgl_core
 import sgl_core.backend
-from sgl_core._transfer import MHAMoverFactory
 from sgl_core.backend import (
     NEVER,
     CopyTuning,
@@ -23,6 +22,7 @@ from sgl_core.backend import (
     PerLayerMHADevicePool,
 )
 from sgl_core.testing import device_rows, fill_device_random, page_indices
+from sgl_core.transfer._transfer import MHAMoverFactory
 
 _SEAM = Path(__file__).with_name("test_transfer_seam.py")
 _spec = importlib.util.spec_from_file_location("_mla_seam_probe", _SEAM)

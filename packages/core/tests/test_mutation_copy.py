@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from sgl_core import _copy
-from sgl_core._copy import IndexRuns, copy_blocks, memmove_blocks, merge_runs
+from sgl_core.transfer.copy import _copy
+from sgl_core.transfer.copy._copy import IndexRuns, copy_blocks, memmove_blocks, merge_runs
 
 
 def i64(*values: int) -> torch.Tensor:

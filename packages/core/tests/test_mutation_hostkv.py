@@ -78,7 +78,7 @@ class _EnginePool:
 @pytest.mark.parametrize("name", ["layer_num", "head_num", "head_dim", "v_head_dim"])
 @pytest.mark.parametrize("value", [0, -1, True, 2.0, None])
 def test_every_mha_dimension_must_be_a_positive_int(name: str, value: object) -> None:
-    from sgl_core._shapes import MHAShape
+    from sgl_core.kv._shapes import MHAShape
 
     good: dict[str, Any] = {"layer_num": 1, "head_num": 1, "head_dim": 1, "v_head_dim": 1}
     MHAShape(**good, dtype=torch.float16)  # 1 is the smallest size
@@ -87,7 +87,7 @@ def test_every_mha_dimension_must_be_a_positive_int(name: str, value: object) ->
 
 
 def test_mha_shape_dtype_and_byte_arithmetic() -> None:
-    from sgl_core._shapes import MHAShape
+    from sgl_core.kv._shapes import MHAShape
 
     with pytest.raises(errors.ArgumentTypeError):
         MHAShape(2, 3, 5, 7, "bf16")  # type: ignore[arg-type]
@@ -477,7 +477,7 @@ def test_a_layer_past_its_storage_is_named(component: str) -> None:
 def test_indexer_of_reads_only_a_whole_configuration() -> None:
     from types import SimpleNamespace
 
-    from sgl_core._indexer import IndexerConfig, indexer_of
+    from sgl_core.kv.device._indexer import IndexerConfig, indexer_of
 
     assert indexer_of(object()) is None  # no attributes at all
     assert indexer_of(SimpleNamespace(index_head_dim=16)) is None
@@ -492,7 +492,7 @@ def test_indexer_of_reads_only_a_whole_configuration() -> None:
 
 
 def test_indexer_bytes_per_token() -> None:
-    from sgl_core._indexer import IndexerConfig
+    from sgl_core.kv.device._indexer import IndexerConfig
 
     assert IndexerConfig(16, (0, 2), True).bytes_per_token(1) == 2 * (16 + 4)
     assert IndexerConfig(16, (0, 2), False).bytes_per_token(1) == 2 * 16
@@ -515,8 +515,8 @@ def test_indexer_row_errors_name_keys_or_scales() -> None:
 
 
 def test_check_device_indexer_returns_the_tensors_and_names_what_it_got() -> None:
-    from sgl_core._indexer import indexer_of
-    from sgl_core._indexer_host import check_device_indexer
+    from sgl_core.kv.device._indexer import indexer_of
+    from sgl_core.kv.host._indexer_host import check_device_indexer
 
     dev = dsa()
     cfg = indexer_of(dev)

@@ -17,7 +17,7 @@ import torch
 
 import sgl_core
 from sgl_core import errors
-from sgl_core._host_pool import HostPoolBase
+from sgl_core.kv.host._host_pool import HostPoolBase
 from sgl_core.testing import device_rows, fill_device_random, page_indices, same_bytes, snapshot
 
 PS = 4
@@ -197,7 +197,7 @@ def test_each_stamp_field_is_checked_on_its_own(monkeypatch: pytest.MonkeyPatch)
     With index values not read back (as on an accelerator), the shape and the
     strides are what shows such a change; each must be enough on its own.
     """
-    from sgl_core import _load_memo
+    from sgl_core.kv.host import _load_memo
 
     monkeypatch.setattr(_load_memo, "reads_contents", lambda device: False)
     t = torch.arange(4, dtype=torch.int64)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sgl_core import errors
-from sgl_core._moe import (
+from sgl_core.moe._moe import (
     MoEWeights,
     check_routing,
     folds_routed_scale,

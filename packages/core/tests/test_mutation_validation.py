@@ -14,8 +14,7 @@ import torch
 import sgl_core
 import sgl_core.backend
 from sgl_core import errors
-from sgl_core._load_memo import CheckedLoad, IndexStamp, reads_contents, tensor_signature
-from sgl_core._validation import (
+from sgl_core.kv._validation import (
     as_index_tensor,
     check_backed,
     check_index_bounds,
@@ -26,6 +25,7 @@ from sgl_core._validation import (
     check_page_runs,
     check_unique,
 )
+from sgl_core.kv.host._load_memo import CheckedLoad, IndexStamp, reads_contents, tensor_signature
 from sgl_core.testing import fill_device_random, host_bytes, page_indices
 
 PS = 4

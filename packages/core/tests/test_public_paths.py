@@ -3,7 +3,7 @@
 Every class and function in the ``__all__`` of every public module (no
 ``_`` in its dotted path) of sgl_core, sgl_cuda and sgl_ascend reports a public
 ``__module__`` that exports it, pickles by that path, and (classes) still
-resolves its annotations there (issue 28: ``sgl_core._protocols.MoEMethod``).
+resolves its annotations there (issue 28: ``sgl_core.kv.protocols._protocols.MoEMethod``).
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import sgl_core
-from sgl_core._engine_views import as_device_pool
-from sgl_core._foreign_pool import ForeignMLADevicePool
-from sgl_core._memory import page_aligned_zeros, should_pin
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 from sgl_core.integrations.sglang import wrap_host_pool
+from sgl_core.kv._memory import page_aligned_zeros, should_pin
+from sgl_core.kv.device._engine_views import as_device_pool
+from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
 from sgl_core.l3 import page_keys
 
 

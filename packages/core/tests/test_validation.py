@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from sgl_core import errors
-from sgl_core._copy import merge_runs
-from sgl_core._validation import (
+from sgl_core.kv._validation import (
     check_index_bounds,
     check_index_pair,
     check_layer_id,
     check_page_runs,
     check_unique,
 )
+from sgl_core.transfer.copy._copy import merge_runs
 
 
 def test_index_checks_name_the_argument() -> None:
@@ -56,7 +56,7 @@ def test_merge_runs_merges_only_where_both_sides_step() -> None:
 
 
 def test_copy_each_copies_every_pair_including_strided() -> None:
-    from sgl_core._copy import copy_each, copy_pairs
+    from sgl_core.transfer.copy._copy import copy_each, copy_pairs
 
     src = [torch.arange(12.0).view(3, 4), torch.arange(12.0).view(3, 4).t(), torch.ones(5)]
     dst = [torch.zeros(3, 4), torch.zeros(4, 3), torch.zeros(5)]

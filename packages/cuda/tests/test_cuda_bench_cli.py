@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only beha
 def _bench(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return subprocess.run(
-        [sys.executable, "-m", "sgl_core._cli.main", "hicache", *argv],
+        [sys.executable, "-m", "sgl_core.cli.main", "hicache", *argv],
         capture_output=True,
         text=True,
         env=env,

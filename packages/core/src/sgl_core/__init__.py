@@ -19,24 +19,29 @@ bases, the KV spec, the mover seam, the copy kit, entry-point groups) is
 
 # No ``from __future__ import annotations`` here: it would bind ``annotations``
 # in the package namespace (``dir(sgl_core)``), and this module annotates nothing.
-from sgl_core import (
-    _auto_copy,  # noqa: F401  (registers the AUTO copies with sgl_core._copy)
-    errors,
+from sgl_core import errors
+from sgl_core.backends._discovery import available_backends, clear_backend_cache, get_backend
+from sgl_core.backends._public import publish_names as _publish_names
+from sgl_core.backends._torch_backend import TorchBackend
+from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.kv.protocols._dsa_protocols import IndexerCache, KVRows
+from sgl_core.kv.protocols._kv_protocols import (
+    MHADevicePool,
+    MHAHostPool,
+    MLADevicePool,
+    MLAHostPool,
 )
-from sgl_core._discovery import available_backends, clear_backend_cache, get_backend
-from sgl_core._dsa_protocols import IndexerCache, KVRows
-from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._kv_protocols import MHADevicePool, MHAHostPool, MLADevicePool, MLAHostPool
-from sgl_core._moe import (
+from sgl_core.kv.protocols._protocols import Backend, MoEExperts, MoEMethod
+from sgl_core.moe._moe import (
     MoEWeights,
     TorchMoEMethod,
     folds_routed_scale,
     maybe_fuse_routed_scale_and_shared_add,
     silu_and_mul,
 )
-from sgl_core._protocols import Backend, MoEExperts, MoEMethod
-from sgl_core._public import publish_names as _publish_names
-from sgl_core._torch_backend import TorchBackend
+from sgl_core.transfer.copy import (
+    _auto_copy,  # noqa: F401  (registers the AUTO copies with sgl_core.transfer.copy._copy)
+)
 
 __version__ = "0.1.0"
 
@@ -66,6 +71,6 @@ __all__ = [
 ]
 
 # Every class and function above reports this public path in repr, pickles and
-# runtime tools (``sgl_core.MoEMethod``, not ``sgl_core._protocols.MoEMethod``).
+# runtime tools (``sgl_core.MoEMethod``, not ``sgl_core.kv.protocols._protocols.MoEMethod``).
 _publish_names(__name__, globals())
 del _publish_names

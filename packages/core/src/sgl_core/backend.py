@@ -64,61 +64,15 @@ extra, so it is not imported here).
 
 from __future__ import annotations
 
-from sgl_core._backend_base import PoolBackend
-from sgl_core._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
-from sgl_core._calibrate import Calibrator, CopyChoice, copy_calibration
-from sgl_core._copy import (
-    IndexRuns,
-    byte_view,
-    memmove_blocks,
-    merge_runs,
-    shutdown_copy_threads,
-    widen_rows,
-)
-from sgl_core._device_pool import (
-    MHAPoolGeometry,
-    MLAPoolGeometry,
-    PerLayerMHADevicePool,
-    PerLayerMLADevicePool,
-)
-from sgl_core._device_rows import check_raw_rows
-from sgl_core._devices import parse_device, usable_device
-from sgl_core._direct_mover import DirectMover
-from sgl_core._discovery import ENTRY_POINT_GROUP
-from sgl_core._dsa_protocols import IndexerCache, KVRows
-from sgl_core._engine import RunSide, copy_runs, gather_rows
-from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
-from sgl_core._host_pages import TokenPages
-from sgl_core._host_pool import HostPoolBase
-from sgl_core._indexer import IndexerConfig, check_indexer
-from sgl_core._kv_protocols import (
-    DevicePoolGeometry,
-    MHADevicePool,
-    MHAHostPool,
-    MLADevicePool,
-    MLAHostPool,
-    PoolShape,
-    is_mha_device_pool,
-)
-from sgl_core._kv_spec import Component, KVKind, KVSpec, mha_spec, mla_spec
-from sgl_core._layouts import LayoutFacts, layout_facts
-from sgl_core._memory import page_aligned_zeros
-from sgl_core._moe import check_routing
-from sgl_core._protocols import Backend, EmulatedWithoutDevice, LayerViews
-from sgl_core._public import publish_names
-from sgl_core._shapes import MHAShape, MLAShape
-from sgl_core._token_host_pool import MHATokenHostPool, TokenHostPool, TokenRowHostPool
-from sgl_core._transfer import (
-    HostPart,
-    HostSide,
-    Mover,
-    MoverFactory,
-    PlanCache,
-    Transfer,
-)
-from sgl_core._tuning import AUTO, NEVER, CopyTuning, tuning_for
-from sgl_core._validation import (
+from sgl_core.backends._backend_base import PoolBackend
+from sgl_core.backends._discovery import ENTRY_POINT_GROUP
+from sgl_core.backends._public import publish_names
+from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.kv._layouts import LayoutFacts, layout_facts
+from sgl_core.kv._memory import page_aligned_zeros
+from sgl_core.kv._shapes import MHAShape, MLAShape
+from sgl_core.kv._spec import Component, KVKind, KVSpec, mha_spec, mla_spec
+from sgl_core.kv._validation import (
     check_backed,
     check_index_bounds,
     check_index_device,
@@ -127,6 +81,52 @@ from sgl_core._validation import (
     check_value_rows,
     check_value_tensor,
 )
+from sgl_core.kv.device._device_pool import (
+    MHAPoolGeometry,
+    MLAPoolGeometry,
+    PerLayerMHADevicePool,
+    PerLayerMLADevicePool,
+)
+from sgl_core.kv.device._device_rows import check_raw_rows
+from sgl_core.kv.device._devices import parse_device, usable_device
+from sgl_core.kv.device._indexer import IndexerConfig, check_indexer
+from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core.kv.host._host_pages import TokenPages
+from sgl_core.kv.host._host_pool import HostPoolBase
+from sgl_core.kv.host._token_host_pool import MHATokenHostPool, TokenHostPool, TokenRowHostPool
+from sgl_core.kv.protocols._dsa_protocols import IndexerCache, KVRows
+from sgl_core.kv.protocols._kv_protocols import (
+    DevicePoolGeometry,
+    MHADevicePool,
+    MHAHostPool,
+    MLADevicePool,
+    MLAHostPool,
+    PoolShape,
+    is_mha_device_pool,
+)
+from sgl_core.kv.protocols._protocols import Backend, EmulatedWithoutDevice, LayerViews
+from sgl_core.moe._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
+from sgl_core.moe._moe import check_routing
+from sgl_core.transfer._direct_mover import DirectMover
+from sgl_core.transfer._transfer import (
+    HostPart,
+    HostSide,
+    Mover,
+    MoverFactory,
+    PlanCache,
+    Transfer,
+)
+from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice, copy_calibration
+from sgl_core.transfer.copy._copy import (
+    IndexRuns,
+    byte_view,
+    memmove_blocks,
+    merge_runs,
+    shutdown_copy_threads,
+    widen_rows,
+)
+from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows
+from sgl_core.transfer.copy._tuning import AUTO, NEVER, CopyTuning, tuning_for
 
 __all__ = [
     "AUTO",

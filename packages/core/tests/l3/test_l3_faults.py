@@ -767,7 +767,7 @@ BENCH_ARGS = ("--pages", "2", "--layers", "2", "--page-size", "16", "--repeats",
 def test_sgl_bench_l3_says_where_mooncake_listens(tmp_path: Path) -> None:
     out = tmp_path / "l3.json"
     done = subprocess.run(
-        [sys.executable, "-m", "sgl_core._cli.main", "l3", *BENCH_ARGS, "--json", str(out)],
+        [sys.executable, "-m", "sgl_core.cli.main", "l3", *BENCH_ARGS, "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from sgl_core._public import publish_names as _publish_names
+from sgl_core.backends._public import publish_names as _publish_names
 from sgl_core.integrations.sglang._storage import SGLangPageStorage
 from sgl_core.integrations.sglang._storage_config import rank_root_name, shard_key_parts
 

@@ -28,7 +28,7 @@ Typical use::
 
 from __future__ import annotations
 
-from sgl_core._public import publish_names as _publish_names
+from sgl_core.backends._public import publish_names as _publish_names
 from sgl_core.l3._errors import (
     MooncakeSetupError,
     MooncakeUnavailableError,

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from sgl_core._kv_protocols import KVHostPool
+from sgl_core.kv.protocols._kv_protocols import KVHostPool
 from sgl_core.l3._file_store import FilePageStore
 from sgl_core.l3._keys import page_keys
 from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore

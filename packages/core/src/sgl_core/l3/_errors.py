@@ -6,7 +6,7 @@ classes are raised for misuse and for configuration that cannot work, before
 any byte of the call is moved.
 
 Host indices are checked by the same helpers as the host pools' transfers
-(``sgl_core._validation``). A bad index raises a class that is both a
+(``sgl_core.kv._validation``). A bad index raises a class that is both a
 :class:`PageStoreArgumentError` and the host pools' error for that fault
 (:class:`~sgl_core.errors.IndexDTypeError`, ``IndexShapeError``,
 ``IndexOutOfRangeError``, ``DuplicateIndexError``, ``PageAlignmentError``),

@@ -58,7 +58,7 @@ from pathlib import Path
 
 import torch
 
-from sgl_core._kv_protocols import KVHostPool
+from sgl_core.kv.protocols._kv_protocols import KVHostPool
 from sgl_core.l3._errors import PageStoreNotReadyError
 from sgl_core.l3._file_disk import fsync_dir, host_view, write_all
 from sgl_core.l3._file_index import FileIndex

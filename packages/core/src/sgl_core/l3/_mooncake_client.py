@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Any
 
-from sgl_core._kv_protocols import KVHostPool
+from sgl_core.kv.protocols._kv_protocols import KVHostPool
 from sgl_core.l3._errors import MooncakeSetupError, PageStoreNotReadyError
 from sgl_core.l3._format import PageFormat, page_format
 from sgl_core.l3._mooncake_config import MooncakeConfig

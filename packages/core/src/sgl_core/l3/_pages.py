@@ -13,14 +13,14 @@ from typing import TypeVar
 
 import torch
 
-from sgl_core._kv_protocols import KVHostPool
-from sgl_core._validation import (
+from sgl_core.errors import SGLError
+from sgl_core.kv._validation import (
     as_index_tensor,
     check_index_bounds,
     check_page_runs,
     check_unique,
 )
-from sgl_core.errors import SGLError
+from sgl_core.kv.protocols._kv_protocols import KVHostPool
 from sgl_core.l3._errors import (
     HOST_INDEX_ERRORS,
     PageStoreArgumentError,
@@ -72,7 +72,7 @@ _T = TypeVar("_T")
 
 
 def _checked(check: Callable[..., _T], *args: object) -> _T:
-    """Run a ``sgl_core._validation`` check; raise its L3 twin error on failure."""
+    """Run a ``sgl_core.kv._validation`` check; raise its L3 twin error on failure."""
     try:
         return check(*args)
     except SGLError as exc:

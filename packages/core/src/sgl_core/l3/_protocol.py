@@ -51,7 +51,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from sgl_core._kv_protocols import KVHostPool
+from sgl_core.kv.protocols._kv_protocols import KVHostPool
 
 __all__ = ["PageStore", "PageStoreStats"]
 

@@ -8,7 +8,7 @@ take a device pool of any kind.
 
 from __future__ import annotations
 
-from sgl_core._public import publish_names as _publish_names
+from sgl_core.backends._public import publish_names as _publish_names
 from sgl_core.testing._helpers import (
     device_rows,
     fill_device_random,

@@ -15,10 +15,10 @@ the deliberate differences, are listed in ``docs/sglang.md``.
 
 from __future__ import annotations
 
-from sgl_core._engine_views import as_device_pool, as_mha_device_pool
-from sgl_core._public import publish_names as _publish_names
+from sgl_core.backends._public import publish_names as _publish_names
 from sgl_core.integrations.sglang._builder import kv_host_pool_builder
 from sgl_core.integrations.sglang._host import SGLangHostPool, wrap_host_pool
+from sgl_core.kv.device._engine_views import as_device_pool, as_mha_device_pool
 
 __all__ = [
     "SGLangHostPool",

@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._host_kinds import MHAHostPoolBase
-from sgl_core._paged_indexer import has_paged_indexer
-from sgl_core._protocols import Backend
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 from sgl_core.integrations.sglang._host import SGLangHostPool, wrap_host_pool
+from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.kv.device._paged_indexer import has_paged_indexer
+from sgl_core.kv.host._host_kinds import MHAHostPoolBase
+from sgl_core.kv.protocols._protocols import Backend
 
 __all__ = ["kv_host_pool_builder"]
 

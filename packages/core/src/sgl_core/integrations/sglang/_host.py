@@ -21,12 +21,12 @@ from typing import Any, cast
 
 import torch
 
-from sgl_core._enums import HostLayout, IOBackend
-from sgl_core._host_kinds import MHAHostPoolBase, MLAHostPoolBase
-from sgl_core._host_pool import HostPoolBase
-from sgl_core._kv_protocols import MHAHostPool, MLAHostPool
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
 from sgl_core.integrations.sglang._host_pages import SGLangPageMembers
+from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core.kv.host._host_pool import HostPoolBase
+from sgl_core.kv.protocols._kv_protocols import MHAHostPool, MLAHostPool
 
 __all__ = ["SGLangHostPool", "wrap_host_pool"]
 

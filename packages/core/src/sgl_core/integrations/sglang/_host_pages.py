@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sgl_core._enums import HostLayout
-from sgl_core._memory import HOST_PAGE_BYTES
 from sgl_core.errors import ArgumentTypeError, UnsupportedLayoutError
+from sgl_core.kv._enums import HostLayout
+from sgl_core.kv._memory import HOST_PAGE_BYTES
 
 __all__ = ["SGLangPageMembers", "page_index"]
 

@@ -6,7 +6,7 @@ Load it in vLLM with ``"spec_name": "SglOffloadingSpec"`` and
 Nothing here imports vLLM at import time.
 """
 
-from sgl_core._public import publish_names as _publish_names
+from sgl_core.backends._public import publish_names as _publish_names
 from sgl_core.integrations.vllm._blocks import BlockDeviceView, BlockHost, BlockRows, kv_dtype
 from sgl_core.integrations.vllm._l3 import BlockStore
 from sgl_core.integrations.vllm._spec import (

@@ -25,9 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sgl_core._discovery import get_backend
-from sgl_core._engine_views import as_device_pool
-from sgl_core._kv_protocols import MLADevicePool, MLAHostPool
+from sgl_core.backends._discovery import get_backend
 from sgl_core.errors import (
     ArgumentTypeError,
     IndexOutOfRangeError,
@@ -35,6 +33,8 @@ from sgl_core.errors import (
     PoolMismatchError,
     UnsupportedLayoutError,
 )
+from sgl_core.kv.device._engine_views import as_device_pool
+from sgl_core.kv.protocols._kv_protocols import MLADevicePool, MLAHostPool
 
 __all__ = ["BlockDeviceView", "BlockHost", "BlockRows", "kv_dtype"]
 
@@ -68,7 +68,7 @@ def kv_dtype(name: str) -> torch.dtype:
 class BlockDeviceView:
     """vLLM's canonical block tensors as an engine MLA pool (one row = one block).
 
-    The members are those :func:`sgl_core._foreign_pool.as_device_pool` reads;
+    The members are those :func:`sgl_core.kv.device._foreign_pool.as_device_pool` reads;
     ``kv_buffer[l]`` is a view of canonical tensor ``l`` (same storage: our
     transfers read and write vLLM's own memory). The rank split of a row is
     arbitrary (rows move whole): ``kv_lora_rank = row - 1``, ``qk_rope_head_dim = 1``.

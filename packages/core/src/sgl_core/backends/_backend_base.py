@@ -1,0 +1,197 @@
+"""Plumbing shared by backends whose pools are one device and one host class."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, Generic, TypeVar, overload
+
+import torch
+
+from sgl_core.backends._mha_backend import MHABackendMixin
+from sgl_core.errors import UnsupportedLayoutError
+from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.kv.device._engine_views import as_device_pool
+from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core.kv.protocols._kv_protocols import (
+    MHADevicePool,
+    MHAHostPool,
+    MLADevicePool,
+    is_mha_device_pool,
+)
+from sgl_core.transfer.copy._tuning import CopyTuning
+
+__all__ = ["PoolBackend"]
+
+DeviceT = TypeVar("DeviceT", bound=MLADevicePool)
+HostT = TypeVar("HostT", bound=MLAHostPoolBase)
+
+
+class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
+    """A ``Backend`` built from a device-pool factory and a host-pool class.
+
+    Backend authors subclass it, set ``name`` and ``is_available``, and pass
+    their two pool classes; ``supported_pairs`` is the host class's. MHA
+    pools come from ``mha_device_pool_class`` / ``mha_host_pool_class``
+    (``supported_mha_pairs`` is the latter's ``supported_pairs``); without
+    them the backend builds no MHA pools (see ``MHABackendMixin``).
+    """
+
+    name = "unnamed"
+    #: io backends from fastest to slowest on this backend's device; ``default_io``
+    #: returns the first one a layout runs. Backends override it.
+    io_preference: ClassVar[tuple[IOBackend, ...]] = (
+        IOBackend.KERNEL,
+        IOBackend.KERNEL_ASCEND,
+        IOBackend.DIRECT,
+    )
+
+    def __init__(
+        self,
+        device_pool_class: Callable[..., DeviceT],
+        host_pool_class: type[HostT],
+        *,
+        tuning: CopyTuning | None = None,
+        mha_device_pool_class: Callable[..., MHADevicePool] | None = None,
+        mha_host_pool_class: type[MHAHostPoolBase] | None = None,
+    ) -> None:
+        self._device_pool_class = device_pool_class
+        self._host_pool_class = host_pool_class
+        self._mha_device_pool_class = mha_device_pool_class
+        self._mha_host_pool_class = mha_host_pool_class
+        #: Given to every host pool this backend builds (None: each device's preset).
+        self.tuning = tuning
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    @property
+    def supported_pairs(self) -> Mapping[HostLayout, frozenset[IOBackend]]:
+        return self._host_pool_class.supported_pairs
+
+    def is_available(self) -> bool:
+        return True
+
+    def default_io(self, layout: HostLayout | str) -> IOBackend:
+        """The io backend to use for ``layout``: its fast path, the same on every call.
+
+        The first entry of ``io_preference`` that ``supported_pairs[layout]``
+        holds (io backends missing from ``io_preference`` come after it, by
+        name). An unknown or unsupported layout raises ``UnsupportedLayoutError``.
+        """
+        return self._pick_io(self.supported_pairs, layout)
+
+    def _pick_io(
+        self, pairs: Mapping[HostLayout, frozenset[IOBackend]], layout: HostLayout | str
+    ) -> IOBackend:
+        try:
+            parsed = HostLayout.parse(layout, argument="layout")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(str(exc)) from None
+        if parsed not in pairs:
+            supported = ", ".join(repr(x.value) for x in pairs)
+            raise UnsupportedLayoutError(
+                f"backend {self.name!r} does not build layout={parsed.value!r}; "
+                f"its layouts: {supported}"
+            )
+        ios = pairs[parsed]
+        ranked = [io for io in self.io_preference if io in ios]
+        return (ranked or sorted(ios, key=lambda io: io.value))[0]
+
+    def create_device_pool(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+        kv_cache_dim: int | None = None,
+        index_head_dim: int | None = None,
+        indexer_layer_ids: Iterable[int] | None = None,
+        with_index_k_scale: bool = False,
+    ) -> DeviceT:
+        """An MLA (or DeepSeek-V3.2 DSA) device pool of this backend.
+
+        ``size`` tokens (a whole number of ``page_size`` pages) per layer, plus
+        the padding page, page 0: slots ``[0, size + page_size)``. Each token
+        row is ``kv_lora_rank + qk_rope_head_dim`` elements of ``dtype``, or
+        ``kv_cache_dim`` packed elements when given (e.g. ``torch.uint8``,
+        656 for DSA's fp8 rows with scales). ``index_head_dim`` adds the DSA
+        indexer cache for ``indexer_layer_ids`` (default every layer), with
+        fp32 scales when ``with_index_k_scale``. ``device`` None: the
+        backend's default device. Raises ``PoolSizeError`` (sizes, or a pool
+        that does not fit), ``DeviceError`` (an unusable device).
+        """
+        return self._device_pool_class(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=qk_rope_head_dim,
+            layer_num=layer_num,
+            device=device,
+            kv_cache_dim=kv_cache_dim,
+            index_head_dim=index_head_dim,
+            indexer_layer_ids=indexer_layer_ids,
+            with_index_k_scale=with_index_k_scale,
+        )
+
+    @overload
+    def create_host_pool(
+        self,
+        device_pool: MHADevicePool,
+        *,
+        layout: HostLayout | str,
+        host_to_device_ratio: float = 2.0,
+        host_size_gb: float = 0.0,
+        pin_memory: bool | None = None,
+        io_backend: IOBackend | str | None = None,
+    ) -> MHAHostPool: ...
+
+    @overload
+    def create_host_pool(
+        self,
+        device_pool: MLADevicePool,
+        *,
+        layout: HostLayout | str,
+        host_to_device_ratio: float = 2.0,
+        host_size_gb: float = 0.0,
+        pin_memory: bool | None = None,
+        io_backend: IOBackend | str | None = None,
+    ) -> HostT: ...
+
+    def create_host_pool(
+        self,
+        device_pool: MLADevicePool | MHADevicePool,
+        *,
+        layout: HostLayout | str,
+        host_to_device_ratio: float = 2.0,
+        host_size_gb: float = 0.0,
+        pin_memory: bool | None = None,
+        io_backend: IOBackend | str | None = None,
+    ) -> HostT | MHAHostPool:
+        """A host pool of ``device_pool``'s kind (MHA or MLA), checked against its pairs.
+
+        ``layout`` (a ``HostLayout`` or its string) must be one of this backend's
+        ``supported_pairs`` (``supported_mha_pairs`` for an MHA pool), else
+        ``UnsupportedLayoutError``. Its size is ``host_size_gb`` when positive,
+        else ``device_pool.size * host_to_device_ratio`` tokens, in whole pages
+        (``PoolSizeError`` for zero pages or more than the free host memory).
+        ``pin_memory`` None pins when the device pool is on CUDA. ``io_backend``,
+        when given, is checked against ``layout`` and becomes the pool's
+        ``default_io_backend`` for transfers that omit theirs.
+        """
+        args: dict[str, Any] = {
+            "layout": layout,
+            "host_to_device_ratio": host_to_device_ratio,
+            "host_size_gb": host_size_gb,
+            "pin_memory": pin_memory,
+            "io_backend": io_backend,
+        }
+        if is_mha_device_pool(device_pool):
+            return self._create_mha_host_pool(device_pool, **args)
+        # An engine's own pool (e.g. SGLang's, whose ``device`` is a str) is
+        # normalized here, at the boundary, so host pools see only the protocol.
+        return self._host_pool_class(as_device_pool(device_pool), **args, tuning=self.tuning)

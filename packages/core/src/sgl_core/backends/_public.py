@@ -1,0 +1,61 @@
+"""Public names report their public import path at run time.
+
+A class or function defined in a private module (``sgl_core.moe._moe``) and
+exported by a public one (``sgl_core``) should say so in ``repr``, pickles,
+tracebacks and runtime tools: ``sgl_core.MoEMethod``, not
+``sgl_core.kv.protocols._protocols.MoEMethod``. Each public module calls
+:func:`publish_names` once, after its imports, with its ``__name__`` and
+``globals()`` (numpy does the same with ``set_module``).
+
+Only objects whose ``__module__`` is a private module of the same top-level
+package are changed, so a name two public modules export keeps the first
+(the most public one: ``sgl_core`` is imported before ``sgl_core.backend``).
+A class's own string annotations (``from __future__ import annotations``)
+are resolved first in the module that defines them, so
+``typing.get_type_hints`` still works from the public path. Static checkers
+(mypy) name the defining module whatever this says (docs/design.md section 2).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Mapping
+
+__all__ = ["publish_names"]
+
+
+def _is_private(module: str) -> bool:
+    return any(part.startswith("_") for part in module.split("."))
+
+
+def _resolve_own_annotations(cls: type) -> None:
+    """Replace ``cls``'s own string annotations by the objects they name in its module.
+
+    Called before ``__module__`` changes: ``eval_str`` looks names up there.
+    """
+    own = inspect.get_annotations(cls)
+    if not any(isinstance(v, str) for v in own.values()):
+        return
+    try:
+        cls.__annotations__ = inspect.get_annotations(cls, eval_str=True)
+    except (NameError, AttributeError, TypeError, SyntaxError):
+        return  # a name only a TYPE_CHECKING block imports: unresolvable there as well
+
+
+def publish_names(module_name: str, namespace: Mapping[str, object]) -> None:
+    """Set ``__module__`` of each class and function in ``namespace['__all__']`` to
+    ``module_name`` where it is now a private module of the same package."""
+    package = module_name.split(".", 1)[0]
+    for name in namespace["__all__"]:  # type: ignore[attr-defined]
+        obj = namespace[name]
+        if not isinstance(obj, (type, types.FunctionType)):
+            continue
+        current = obj.__module__
+        if current.split(".", 1)[0] != package or not _is_private(current):
+            continue
+        if obj.__qualname__ != name:  # an alias: the public module lacks its own name
+            continue
+        if isinstance(obj, type):
+            _resolve_own_annotations(obj)
+        obj.__module__ = module_name

@@ -1,0 +1,255 @@
+"""``sgl-bench hicache``: host-pool backup/load bandwidth vs the copy limit and baselines."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sgl_core.cli._baselines import BASELINES, Transfer, contiguous_copy
+from sgl_core.cli._hicache_cases import Case, HicacheConfig, list_cases
+from sgl_core.cli._hicache_models import MODELS, create_device_pool
+from sgl_core.cli._report import Progress, Record
+from sgl_core.cli._timing import median, time_interleaved
+from sgl_core.transfer.copy._tuning import tuning_for
+
+__all__ = ["Case", "HicacheConfig", "list_cases", "run_case"]
+
+DIRECTIONS = ("backup", "load")
+
+
+def _fill_random(dev: Any, t: Transfer, seed: int) -> None:
+    gen = torch.Generator(device=dev.device).manual_seed(seed)
+    for comps in t.layers:
+        for rows, _ in comps:
+            rows.view(torch.int16).random_(0, 1 << 15, generator=gen)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # compare bit patterns: random fill holds NaN patterns, and equal() on them is False
+    return bool(torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16)))
+
+
+class _Bench:
+    """Pools, indices and op closures of one case."""
+
+    def __init__(self, case: Case, cfg: HicacheConfig) -> None:
+        ps = case.page_size
+        n = cfg.batch_tokens(ps)
+        self.case = case
+        self.tokens = n
+        self.dev = create_device_pool(
+            case.backend,
+            MODELS[cfg.model],
+            size=2 * n,
+            page_size=ps,
+            dtype=cfg.dtype,
+            layers=cfg.layers,
+            kv_lora_rank=cfg.kv_lora_rank,
+            qk_rope_head_dim=cfg.qk_rope_head_dim,
+            device=cfg.device,
+            kv_cache_dim=cfg.kv_cache_dim,
+            index_head_dim=cfg.index_head_dim,
+            with_index_k_scale=cfg.with_index_k_scale,
+        )
+        self.host: Any = case.backend.create_host_pool(
+            self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
+        )
+        self.fixed: Any = None
+        if cfg.compare_fixed:
+            # the same pool built with the old preset: copy_threads 0 (ATen's own threads)
+            fixed = dataclasses.replace(tuning_for(self.dev.device), copy_threads=0)
+            self.fixed = type(case.backend)(tuning=fixed).create_host_pool(  # type: ignore[call-arg]
+                self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
+            )
+        gen = torch.Generator().manual_seed(cfg.seed + ps)
+        # device pages 1..2n/ps (page 0 is the padding page): half backed up, half loaded into
+        pages = torch.randperm(2 * n // ps, generator=gen) + 1
+        offsets = torch.arange(ps)
+        self.d_src = (pages[: n // ps, None] * ps + offsets).flatten()
+        self.d_dst = (pages[n // ps :, None] * ps + offsets).flatten()
+        if cfg.shuffle_host:
+            host_pages = torch.randperm(self.host.size // ps, generator=gen)[: n // ps]
+            self.h_idx = (host_pages[:, None] * ps + offsets).flatten()
+        else:
+            got = self.host.alloc(n)
+            assert got is not None
+            self.h_idx = got
+        device = self.dev.device
+        self.d_src, self.d_dst = self.d_src.to(device), self.d_dst.to(device)
+        self.backup_t = Transfer(self.dev, self.host, self.h_idx, self.d_src)
+        self.load_t = Transfer(self.dev, self.host, self.h_idx, self.d_dst)
+        if self.fixed is not None:
+            self.fixed_t = (
+                Transfer(self.dev, self.fixed, self.h_idx, self.d_src),
+                Transfer(self.dev, self.fixed, self.h_idx, self.d_dst),
+            )
+        _fill_random(self.dev, self.backup_t, cfg.seed)
+        self.nbytes = n * sum(
+            rows.shape[1] * rows.element_size()
+            for comps in self.backup_t.layers
+            for rows, _ in comps
+        )
+        pin = bool(getattr(self.host, "pin_memory", False))
+        self.copy_dev, self.copy_host = contiguous_copy(self.nbytes, device, pin=pin)
+
+    # ------------------------------------------------------------------ ops
+    def sgl_backup(self) -> None:
+        self.host.backup_from_device_all_layer(
+            self.dev, self.h_idx, self.d_src, self.case.io_backend
+        )
+
+    def sgl_load(self) -> None:
+        for layer in range(self.dev.layer_num):
+            self.host.load_to_device_per_layer(
+                self.dev, self.h_idx, self.d_dst, layer, self.case.io_backend
+            )
+
+    def fixed_backup(self) -> None:
+        self.fixed.backup_from_device_all_layer(
+            self.dev, self.h_idx, self.d_src, self.case.io_backend
+        )
+
+    def fixed_load(self) -> None:
+        for layer in range(self.dev.layer_num):
+            self.fixed.load_to_device_per_layer(
+                self.dev, self.h_idx, self.d_dst, layer, self.case.io_backend
+            )
+
+    def copy_backup(self) -> None:
+        self.copy_host.copy_(self.copy_dev, non_blocking=True)
+
+    def copy_load(self) -> None:
+        self.copy_dev.copy_(self.copy_host, non_blocking=True)
+
+    def ops(
+        self, baselines: tuple[str, ...], copy_threads: tuple[int, ...]
+    ) -> dict[tuple[str, str], Callable[[], None]]:
+        ops: dict[tuple[str, str], Callable[[], None]] = {}
+        for direction, copy, sgl, fixed in (
+            ("backup", self.copy_backup, self.sgl_backup, self.fixed_backup),
+            ("load", self.copy_load, self.sgl_load, self.fixed_load),
+        ):
+            # the reference copy at each torch thread count, most threads first: an OpenMP
+            # team's threads spin for a while after it, so the op right after a multi-thread
+            # copy shares the cores with them; after the 1-thread copy sgl and fixed do not
+            for n in sorted(copy_threads, reverse=True):
+                ops[(f"copy@{n}", direction)] = copy
+            ops[("sgl", direction)] = sgl
+            if self.fixed is not None:
+                ops[("fixed", direction)] = fixed
+        for name in baselines:
+            fn = BASELINES[name]
+            ops[(name, "backup")] = functools.partial(fn, self.backup_t, to_host=True)
+            ops[(name, "load")] = functools.partial(fn, self.load_t, to_host=False)
+        return ops
+
+    # --------------------------------------------------------- verification
+    def _clear_targets(self) -> None:
+        t = self.backup_t
+        for b_comps, l_comps in zip(self.backup_t.layers, self.load_t.layers, strict=True):
+            for (_, pages), (rows, _) in zip(b_comps, l_comps, strict=True):
+                pages[t.host_page, t.host_offset] = 0
+                rows.index_fill_(0, self.d_dst, 0)
+
+    def verify(
+        self, backup: Callable[[], None], load: Callable[[], None], t: Transfer | None = None
+    ) -> tuple[bool, bool]:
+        """Round trip through ``backup`` then ``load``; (host bit-exact, device bit-exact)."""
+        self._clear_targets()
+        if t is not None:  # another host pool (fixed): clear its pages too
+            for comps in t.layers:
+                for _, pages in comps:
+                    pages[t.host_page, t.host_offset] = 0
+        t = t or self.backup_t
+        backup()
+        host_ok = all(
+            _same_bits(pages[t.host_page, t.host_offset].to(rows.device), rows[self.d_src])
+            for comps in t.layers
+            for rows, pages in comps
+        )
+        load()
+        dev_ok = all(
+            _same_bits(rows[self.d_dst], rows[self.d_src])
+            for comps in t.layers
+            for rows, _ in comps
+        )
+        return host_ok, dev_ok
+
+
+def _threads_of(impl: str, engine_threads: int) -> int:
+    return int(impl.removeprefix("copy@")) if impl.startswith("copy@") else engine_threads
+
+
+def run_case(case: Case, cfg: HicacheConfig, progress: Progress) -> list[Record]:
+    """Measure one (backend, layout, io, page size) case; one record per impl and direction."""
+    bench = _Bench(case, cfg)
+    ops = bench.ops(cfg.baselines, cfg.copy_threads)
+    checks: dict[str, tuple[bool, bool]] = {}
+    for impl in ("sgl", *cfg.baselines):
+        checks[impl] = bench.verify(ops[(impl, "backup")], ops[(impl, "load")])
+    if bench.fixed is not None:
+        checks["fixed"] = bench.verify(bench.fixed_backup, bench.fixed_load, bench.fixed_t[0])
+    engine_threads = torch.get_num_threads()
+    # untimed before each op: the reference copies at their thread count, the rest as set
+    prepare = {
+        key: functools.partial(torch.set_num_threads, _threads_of(key[0], engine_threads))
+        for key in ops
+    }
+    try:
+        samples = time_interleaved(
+            ops,
+            warmup=cfg.warmup,
+            repeats=cfg.repeats,
+            budget_s=cfg.budget_s,
+            device=bench.dev.device,
+            on_step=progress.advance,
+            prepare=prepare,
+        )
+    finally:
+        torch.set_num_threads(engine_threads)
+    for direction in DIRECTIONS:  # the reference: per round, the faster thread count
+        per_count = [samples.pop((f"copy@{n}", direction)) for n in cfg.copy_threads]
+        samples[("copy", direction)] = [min(r) for r in zip(*per_count, strict=False)]
+    copy_s = {d: median(samples[("copy", d)]) for d in DIRECTIONS}
+    copy_best = {d: min(samples[("copy", d)]) for d in DIRECTIONS}
+    records: list[Record] = []
+    for (impl, direction), times in samples.items():
+        seconds = median(times)
+        host_ok, dev_ok = checks.get(impl, (True, True))
+        records.append(
+            Record(
+                impl=impl,
+                backend=case.backend.name,
+                layout=case.layout.value,
+                io_backend=case.io_backend.value,
+                page_size=case.page_size,
+                direction=direction,
+                bytes=bench.nbytes,
+                seconds=seconds,
+                gbps=bench.nbytes / seconds / 1e9,
+                copy_gbps=bench.nbytes / copy_s[direction] / 1e9,
+                ratio=copy_s[direction] / seconds,
+                samples=len(times),
+                bit_exact=host_ok if direction == "backup" else dev_ok,
+                tokens=bench.tokens,
+                layers=cfg.layers,
+                # best-of beside the medians: on a shared machine the fastest run is the cleanest
+                extra={
+                    "best_gbps": bench.nbytes / min(times) / 1e9,
+                    "best_ratio": copy_best[direction] / min(times),
+                    # copy and this impl are timed back to back in each round: paired ratios
+                    "ratio_rounds": [
+                        c / t for c, t in zip(samples[("copy", direction)], times, strict=False)
+                    ],
+                    "model": cfg.model,
+                },
+            )
+        )
+    del bench, ops
+    gc.collect()
+    return records

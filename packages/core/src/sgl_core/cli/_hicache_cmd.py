@@ -1,0 +1,221 @@
+"""The ``hicache`` subcommand: parse, check and plan (``_hicache_plan``), run, report."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+
+import torch
+
+from sgl_core.cli._background import BusyProcesses
+from sgl_core.cli._checks import EXIT_STATUS, CliParser
+from sgl_core.cli._hicache import run_case
+from sgl_core.cli._hicache_models import MODELS
+from sgl_core.cli._hicache_plan import Plan, plan_run
+from sgl_core.cli._hicache_table import batch_lines, io_note, legend, summarize, target_lines
+from sgl_core.cli._report import Progress, Record, machine_info, print_table, write_json
+from sgl_core.kv._enums import HostLayout
+from sgl_core.transfer.copy._calibrate import copy_calibration
+
+__all__ = ["add_parser", "run"]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive ints, got {text!r}")
+    return values
+
+
+def _layouts(text: str) -> set[HostLayout]:
+    try:
+        return {HostLayout.parse(v, argument="--layout") for v in text.split(",") if v.strip()}
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
+    p = sub.add_parser(
+        "hicache",
+        help="host KV-cache backup/load bandwidth vs a contiguous copy and baselines",
+        description=(
+            "Back up (device->host, all layers, one call) and load (host->device, one call per "
+            "layer) a batch of random device pages on a DeepSeek-V3-shaped MLA pool (61 layers, "
+            "512+64 bf16), verify the round trip bit for bit, and compare GB/s with one "
+            "contiguous copy of the same bytes (this machine's limit) and with plain per-token / "
+            "per-page baselines. Without options: the default backend, page size 64, 2048 "
+            "tokens per call, one quick pass."
+        ),
+        epilog=EXIT_STATUS,
+    )
+    p.add_argument("--backend", help="backend name(s), comma-separated, or 'all'")
+    p.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="deepseek-v3",
+        help="KV cache shape: deepseek-v3 (MLA, 512+64 bf16, the default), deepseek-v32 "
+        "(656-byte uint8 FP8 rows plus the indexer cache: 128 fp8 bytes + an fp32 scale per "
+        "token, every layer), llama3-70b (MHA, 80 layers x 8 KV heads x 128, bf16), "
+        "qwen3-235b (MHA, 94 layers x 4 KV heads x 128, bf16)",
+    )
+    p.add_argument("--layout", type=_layouts, help="host layout(s), comma-separated")
+    p.add_argument("--page-size", type=_int_list, help="page sizes, e.g. 1,16,64,128")
+    p.add_argument(
+        "--pages",
+        type=int,
+        help="pages per call (default: 2048 tokens' worth with --quick and in the default "
+        "run, else 4096 with --full)",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--quick",
+        action="store_true",
+        help="the default, also with --backend/--layout/--page-size: 2048 tokens, 3 repeats",
+    )
+    mode.add_argument(
+        "--full",
+        action="store_true",
+        help="all backends, page sizes 1,16,64,128, 4096 tokens, 5 repeats (unless given)",
+    )
+    p.add_argument("--json", metavar="PATH", help="write {machine, records} as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of GB/s by page size")
+    p.add_argument("--no-baselines", action="store_true", help="skip per_token/per_page")
+    p.add_argument("--shuffle-host", action="store_true", help="random host pages, not alloc()")
+    p.add_argument("--device", help="torch device of the device pool (default: backend's)")
+    p.add_argument("--repeats", type=int, help="timed repeats (default: 3 quick, 5 full)")
+    p.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure twice: quiet, then beside N busy processes (each spins one core; "
+        "stopped at the end, also on Ctrl-C or an error)",
+    )
+    p.add_argument(
+        "--compare-fixed",
+        action="store_true",
+        help="also time each transfer with the old fixed copy tuning (copy_threads 0: ATen's "
+        "threads), interleaved with the calibrated one: columns fixed GB/s and sgl/fixed",
+    )
+    # test and tuning knobs
+    p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--budget", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--kv-lora-rank", type=int, default=512, help=argparse.SUPPRESS)
+    p.add_argument("--rope-dim", type=int, default=64, help=argparse.SUPPRESS)
+    p.set_defaults(run=run)
+
+
+def _header(plan: Plan) -> str:
+    cfg = plan.cfg
+    dtype = str(cfg.dtype).removeprefix("torch.")
+    shape = MODELS[cfg.model]
+    if shape.is_mha:
+        row = f"K+V {shape.head_num} heads x {shape.head_dim} {dtype}"
+    elif cfg.kv_cache_dim is None:
+        row = f"({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) {dtype}"
+    else:
+        row = f"{cfg.kv_cache_dim} packed {dtype}"
+    if cfg.index_head_dim is not None:
+        scale = " + fp32 scale" if cfg.with_index_k_scale else ""
+        row += f" + indexer {cfg.index_head_dim} {dtype}{scale}"
+    backends = ", ".join(sorted({c.backend.name for c in plan.cases}))
+    pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
+    sizes = ",".join(str(p) for p in plan.page_sizes)
+    return (
+        f"sgl-bench hicache: {len(plan.cases)} case(s) = backend {backends} x {pairs} "
+        f"layout/io x page {sizes}; rows: backup, load\n"
+        f"model {cfg.model}: {cfg.layers} layers x {row}; "
+        f"{'quick' if plan.quick else 'full'}: {cfg.repeats} round(s) + {cfg.warmup} "
+        f"warm-up; torch threads {torch.get_num_threads()}"
+    )
+
+
+def _load() -> float:
+    """The machine's 1-minute load average (0.0 where the OS does not report one)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def _measure(plan: Plan, phase: str) -> list[Record]:
+    cfg = plan.cfg
+    progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), f"hicache {phase}")
+    records: list[Record] = []
+    try:
+        for case in plan.cases:
+            progress.describe(f"{phase}: {case.label}")
+            got = run_case(case, cfg, progress)
+            for r in got:
+                r.extra["phase"] = phase
+                if case.backend.name in plan.interpreted:
+                    r.extra["interpreted"] = True
+            records.extend(got)
+    finally:
+        progress.close()
+    return records
+
+
+def _calibration_lines() -> list[str]:
+    choices = copy_calibration()
+    if not choices:
+        return ["  copy calibration: nothing measured (no CPU copy of 1 MiB or more)"]
+    return [f"  copy calibration: {c.key}: {c.source}, {c.reason}" for c in choices]
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_run(args)  # every argument is checked here, before any work
+    for note in plan.notes:
+        print(f"note: {note}")
+    print(_header(plan))
+    load_start = _load()
+    started = time.perf_counter()
+    busy = args.background_load
+    phases = [("quiet", 0)] + ([(f"loaded ({busy} busy process(es))", busy)] if busy else [])
+    records: list[Record] = []
+    for phase, count in phases:
+        phase_load = _load()
+        with BusyProcesses(count):
+            got = _measure(plan, phase.split()[0])
+        records.extend(got)
+        header, rows = summarize(got, plan.interpreted)
+        title = f"{phase}: host pool transfers, GB/s{io_note(got)}; load {phase_load:.2f}"
+        print_table(f"{title} to {_load():.2f}", header, rows)
+        for line in [*_calibration_lines(), *target_lines(got, plan.interpreted)]:
+            print(line)
+    for line in batch_lines(records):
+        print(line)
+    for line in legend(records, plan.interpreted):
+        print(line)
+    exact = all(r.bit_exact is not False for r in records)
+    print(f"bit-exact: {'yes' if exact else 'NO (exit status 1)'}")
+    load_end, cpus = _load(), os.cpu_count() or 1
+    print(
+        f"wall time: {time.perf_counter() - started:.1f} s; machine load (1-minute average) "
+        f"{load_start:.2f} at start, {load_end:.2f} at end, {cpus} CPU(s)"
+    )
+    if max(load_start, load_end) > cpus:
+        print(
+            f"warning: the machine was busy (load above its {cpus} CPU(s)): other processes "
+            "shared the CPUs, so GB/s and ratios of this run are not reliable; rerun when idle"
+        )
+    if args.json:
+        calibration = [dataclasses.asdict(c) for c in copy_calibration()]
+        write_json(
+            args.json, machine_info(), records, command="hicache", quick=plan.quick,
+            background_load=busy, copy_calibration=calibration,
+        )  # fmt: skip
+        print(f"wrote {args.json}")
+    if args.plot:
+        from sgl_core.cli._plot import plot_hicache
+
+        plot_hicache([r for r in records if r.extra.get("phase") == "quiet"], args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if exact else 1

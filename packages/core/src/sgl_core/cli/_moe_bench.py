@@ -1,0 +1,264 @@
+"""``sgl-bench moe``: the routed/shared combine and the MoE methods, timed and checked."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from sgl_core.cli._timing import median, time_interleaved
+from sgl_core.errors import BackendUnavailableError
+from sgl_core.moe._bench_case import MoEBenchCase, moe_bench_factories
+from sgl_core.moe._moe import MoEWeights, TorchMoEMethod, maybe_fuse_routed_scale_and_shared_add
+
+__all__ = ["MoERecord", "bench_combine", "check_case", "check_torch_moe", "device_cases"]
+
+SCALE = 2.5  # DeepSeek-V3's routed_scaling_factor
+
+
+@dataclasses.dataclass
+class MoERecord:
+    """One timed or checked MoE operation."""
+
+    impl: str
+    op: str
+    shape: str
+    dtype: str
+    device: str
+    seconds: float
+    bytes: int
+    gbps: float
+    samples: int
+    verified: bool | None
+    max_err: float | None = None
+    speedup: float | None = None
+    note: str = ""
+    #: Ran in Triton's interpreter (``TRITON_INTERPRET=1``): checked, but its timing is moot.
+    interpreted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class _Folds:
+    """A method that leaves the routed scale to the combine (fused path)."""
+
+    fuses_routed_scale_and_shared_add: ClassVar[bool] = True
+
+
+class _Scales:
+    """A method that already scaled ``routed`` itself (unfused path)."""
+
+    fuses_routed_scale_and_shared_add: ClassVar[bool] = False
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def bench_combine(
+    tokens: int, hidden: int, dtype: torch.dtype, device: torch.device, repeats: int
+) -> list[MoERecord]:
+    """Fused ``shared.add_(routed, alpha=s)`` vs unfused ``routed.mul_(s); routed.add_(shared)``."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    routed0 = torch.randn(tokens, hidden, generator=gen, device=device).to(dtype)
+    shared0 = torch.randn(tokens, hidden, generator=gen, device=device).to(dtype)
+    routed, shared = routed0.clone(), shared0.clone()
+    out: dict[str, torch.Tensor] = {}
+
+    def reset() -> None:
+        routed.copy_(routed0)
+        shared.copy_(shared0)
+
+    def fused() -> None:
+        out["fused"] = maybe_fuse_routed_scale_and_shared_add(_Folds(), routed, shared, SCALE)
+
+    def unfused() -> None:
+        routed.mul_(SCALE)  # what a method that does not fold the scale does itself
+        out["unfused"] = maybe_fuse_routed_scale_and_shared_add(_Scales(), routed, shared, SCALE)
+
+    ops = {"fused": fused, "unfused": unfused}
+    samples = time_interleaved(
+        ops,
+        warmup=1,
+        repeats=repeats,
+        budget_s=30.0,
+        device=device,
+        prepare=dict.fromkeys(ops, reset),
+    )
+    ref = shared0.double() + SCALE * routed0.double()
+    scale = float(ref.abs().max())
+    records: list[MoERecord] = []
+    for impl, tol in (("fused", 2.0**-8), ("unfused", 2.0**-7)):
+        reset()
+        ops[impl]()
+        err = float((out[impl].double() - ref).abs().max()) / scale
+        seconds = median(samples[impl])
+        nbytes = tokens * hidden * routed.element_size()
+        records.append(
+            MoERecord(
+                impl=impl,
+                op="combine",
+                shape=f"T={tokens},H={hidden}",
+                dtype=_dtype_name(dtype),
+                device=str(device),
+                seconds=seconds,
+                bytes=nbytes,
+                gbps=nbytes / seconds / 1e9,
+                samples=len(samples[impl]),
+                verified=err <= tol,
+                max_err=err,
+            )
+        )
+    records[0].speedup = records[1].seconds / records[0].seconds
+    return records
+
+
+def _dense_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Every expert on every token in float64, mixed by a dense routing matrix."""
+    num_experts = w13.shape[0]
+    mix = torch.zeros(x.shape[0], num_experts, dtype=torch.float64, device=x.device)
+    mix.scatter_add_(1, topk_ids.long(), topk_weights.double())
+    xd = x.double()
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64, device=x.device)
+    inter = w13.shape[1] // 2
+    for e in range(num_experts):
+        h = xd @ w13[e].double().t()
+        act = F.silu(h[:, :inter]) * h[:, inter:]
+        out += mix[:, e : e + 1] * (act @ w2[e].double().t())
+    return out
+
+
+def _routing(
+    tokens: int, num_experts: int, top_k: int, gen: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.randn(tokens, num_experts, generator=gen, device=device)
+    weights, ids = torch.topk(torch.sigmoid(logits), top_k, dim=-1)
+    return weights / weights.sum(-1, keepdim=True), ids
+
+
+def check_torch_moe(
+    tokens: int, hidden: int, inter: int, experts: int, top_k: int, device: torch.device
+) -> list[MoERecord]:
+    """``TorchMoEMethod`` + combine vs a dense float64 computation (bf16 inputs)."""
+    gen = torch.Generator(device=device).manual_seed(1)
+    dtype = torch.bfloat16
+    x = torch.randn(tokens, hidden, generator=gen, device=device).to(dtype)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen, device=device) / hidden**0.5).to(
+        dtype
+    )
+    w2 = (torch.randn(experts, hidden, inter, generator=gen, device=device) / inter**0.5).to(dtype)
+    shared = torch.randn(tokens, hidden, generator=gen, device=device).to(dtype)
+    topk_weights, topk_ids = _routing(tokens, experts, top_k, gen, device)
+    method = TorchMoEMethod()
+    layer = MoEWeights(w13, w2)
+    result: dict[str, torch.Tensor] = {}
+
+    def apply() -> None:
+        result["routed"] = method.apply(layer, x, topk_weights, topk_ids)
+
+    samples = time_interleaved({"apply": apply}, warmup=1, repeats=3, budget_s=10.0, device=device)
+    combined = maybe_fuse_routed_scale_and_shared_add(
+        method, result["routed"], shared.clone(), SCALE
+    )
+    ref = _dense_moe(x, w13, w2, topk_weights, topk_ids)
+    ref_combined = shared.double() + SCALE * ref
+    err = float((result["routed"].double() - ref).abs().max() / ref.abs().max())
+    err_c = float((combined.double() - ref_combined).abs().max() / ref_combined.abs().max())
+    shape = f"T={tokens},H={hidden},I={inter},E={experts},top_k={top_k}"
+    seconds = median(samples["apply"])
+    nbytes = (w13.numel() + w2.numel()) * w13.element_size()
+    return [
+        MoERecord(
+            impl="torch_moe",
+            op="moe_apply+combine",
+            shape=shape,
+            dtype=_dtype_name(dtype),
+            device=str(device),
+            seconds=seconds,
+            bytes=nbytes,
+            gbps=nbytes / seconds / 1e9,
+            samples=len(samples["apply"]),
+            verified=err <= 2e-2 and err_c <= 2e-2,
+            max_err=max(err, err_c),
+            note="vs dense float64 reference (every expert on every token, routing matrix)",
+        )
+    ]
+
+
+def check_case(case: MoEBenchCase, device: torch.device, repeats: int) -> list[MoERecord]:
+    """A device package's method vs the torch reference on the same dense weights.
+
+    Both are checked against a float64 dense computation of ``case.reference``.
+    """
+    ref_w = case.reference
+    experts, _, hidden = ref_w.w13_weight.shape
+    tokens, top_k = (64, 4) if device.type == "cuda" else (4, 2)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(tokens, hidden, generator=gen).to(device, torch.bfloat16)
+    topk_weights, topk_ids = _routing(tokens, experts, top_k, gen, torch.device("cpu"))
+    topk_weights, topk_ids = topk_weights.to(device), topk_ids.to(device)
+    dense_bf16 = MoEWeights(ref_w.w13_weight.to(torch.bfloat16), ref_w.w2_weight.to(torch.bfloat16))
+    result: dict[str, torch.Tensor] = {}
+
+    def method() -> None:
+        result[case.name] = case.method.apply(case.layer, x, topk_weights, topk_ids)
+
+    def reference() -> None:
+        result["torch_dense"] = TorchMoEMethod().apply(dense_bf16, x, topk_weights, topk_ids)
+
+    ops = {case.name: method, "torch_dense": reference}
+    samples = time_interleaved(
+        ops, warmup=1, repeats=repeats if device.type == "cuda" else 1, budget_s=30.0, device=device
+    )
+    ref = _dense_moe(x, ref_w.w13_weight, ref_w.w2_weight, topk_weights, topk_ids)
+    shape = f"T={tokens},H={hidden},I={ref_w.w2_weight.shape[2]},E={experts},top_k={top_k}"
+    nbytes = sum(
+        t.numel() * t.element_size()
+        for t in vars(case.layer).values()
+        if isinstance(t, torch.Tensor)
+    )
+    records: list[MoERecord] = []
+    for impl in ops:
+        err = float((result[impl].double() - ref).abs().max() / ref.abs().max())
+        seconds = median(samples[impl])
+        records.append(
+            MoERecord(
+                impl=impl,
+                op=f"moe_method:{case.name}",
+                shape=shape,
+                dtype="bfloat16",
+                device=str(device),
+                seconds=seconds,
+                bytes=nbytes,
+                gbps=nbytes / seconds / 1e9,
+                samples=len(samples[impl]),
+                verified=err <= (case.tolerance if impl == case.name else 3e-2),
+                max_err=err,
+                note=case.note,
+                interpreted=impl == case.name and os.environ.get("TRITON_INTERPRET") == "1",
+            )
+        )
+    records[0].speedup = records[1].seconds / records[0].seconds
+    return records
+
+
+def device_cases(device: torch.device, small: bool) -> tuple[list[MoEBenchCase], list[str]]:
+    """Cases that installed device packages registered, and why others were skipped."""
+    cases: list[MoEBenchCase] = []
+    notes: list[str] = []
+    for name, factory in sorted(moe_bench_factories().items()):
+        try:
+            cases.append(factory(device, small))
+        except BackendUnavailableError as exc:
+            notes.append(f"{name}: {exc}")
+    return cases, notes

@@ -1,0 +1,138 @@
+"""The ``moe`` subcommand: combine timing and MoE method checks."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+
+from sgl_core.cli._checks import (
+    EXIT_STATUS,
+    CliParser,
+    check_device,
+    check_memory,
+    check_output_path,
+    check_plot_available,
+    check_positive,
+)
+from sgl_core.cli._moe_bench import (
+    MoERecord,
+    bench_combine,
+    check_case,
+    check_torch_moe,
+    device_cases,
+)
+from sgl_core.cli._report import interpreted_note, machine_info, print_table
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
+    p = sub.add_parser(
+        "moe",
+        help="MoE combine (fused vs unfused) and MoE method checks",
+        description=(
+            "Time the routed/shared combine (fused shared.add_(routed, alpha=s) vs unfused "
+            "routed.mul_(s) then add) at T=4096, H=7168 bf16, check the reference torch MoE "
+            "method against a dense float64 computation, and check the GGML method when "
+            "sgl-cuda is installed (on CPU: Triton interpreter at a tiny shape)."
+        ),
+        epilog=EXIT_STATUS,
+    )
+    p.add_argument("--quick", action="store_true", help="smaller combine shape, fewer repeats")
+    p.add_argument("--json", metavar="PATH", help="write {machine, records} as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of ms per call")
+    p.add_argument(
+        "--no-device-methods",
+        action="store_true",
+        help="skip MoE methods registered by device packages (sgl.moe_bench_cases)",
+    )
+    p.add_argument("--device", default=None, help="torch device (default: cuda if present)")
+    p.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--hidden", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, help="timed repeats (default: 5 quick, 11)")
+    p.set_defaults(run=run)
+
+
+def _row(r: MoERecord) -> list[str]:
+    return [
+        r.op,
+        f"{r.impl}*" if r.interpreted else r.impl,
+        r.shape,
+        r.device,
+        f"{r.seconds * 1e3:.3f}",
+        f"{r.gbps:.2f}",
+        "-" if r.speedup is None else f"{r.speedup:.2f}x",
+        "-" if r.max_err is None else f"{r.max_err:.1e}",
+        {True: "yes", False: "NO", None: "-"}[r.verified],
+    ]
+
+
+def _check(args: argparse.Namespace) -> torch.device:
+    for option in ("tokens", "hidden", "repeats"):
+        check_positive(f"--{option}", getattr(args, option))
+    device = check_device(args.device)
+    check_output_path("--json", args.json)
+    check_output_path("--plot", args.plot)
+    if args.plot:
+        check_plot_available()
+    return device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def run(args: argparse.Namespace) -> int:
+    device = _check(args)
+    tokens = args.tokens or (1024 if args.quick else 4096)
+    hidden = args.hidden or 7168
+    repeats = args.repeats or (5 if args.quick else 11)
+    # routed, shared, a saved copy of each (bf16), two float64 references
+    check_memory("--tokens/--hidden", tokens * hidden * (4 * 2 + 2 * 8), "the combine", device)
+    started = time.perf_counter()
+    records = bench_combine(tokens, hidden, torch.bfloat16, device, repeats)
+    small = (16, 256, 128, 8, 2) if args.quick else (64, 1024, 256, 16, 4)
+    records += check_torch_moe(*small, device)
+    notes: list[str] = []
+    if args.no_device_methods:
+        notes.append("device packages' MoE methods: skipped (--no-device-methods)")
+    else:
+        cases, skipped = device_cases(device, small=args.quick)
+        for case in cases:
+            records += check_case(case, device, repeats)
+        notes += skipped
+    header = ["op", "impl", "shape", "device", "ms", "GB/s", "speedup", "rel err", "verified"]
+    print_table("sgl-bench moe (ms per call, median)", header, [_row(r) for r in records])
+    print(
+        "rel err = max |result - reference| / max |reference|, the reference computed in "
+        "float64 from the same inputs"
+    )
+    interpreted = {r.impl for r in records if r.interpreted}
+    if interpreted:
+        print(interpreted_note(interpreted, "ms, GB/s and speedup"))
+    for note in notes:
+        print(f"note: {note}")
+    fused = records[0]
+    goal = "met" if (fused.speedup or 0.0) >= 1.3 else "NOT met"
+    print(
+        f"goal combine fused >= 1.3x unfused at {fused.shape}: {goal} ({fused.speedup or 0.0:.2f}x)"
+    )
+    ok = all(r.verified is not False for r in records)
+    print(f"verified: {'yes' if ok else 'NO'}")
+    print(f"wall time: {time.perf_counter() - started:.1f} s")
+    if args.json:
+        _write(args.json, records, quick=args.quick)
+        print(f"wrote {args.json}")
+    if args.plot:
+        from sgl_core.cli._plot import plot_moe
+
+        plot_moe(records, args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if ok else 1
+
+
+def _write(path: str, records: list[MoERecord], **extra: Any) -> None:
+    import json
+    from pathlib import Path
+
+    doc = {"machine": machine_info(), "records": [r.to_json() for r in records], **extra}
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,132 @@
+"""Per-layer device rows: one tensor per (component, layer) for every kind of KV pool.
+
+The torch backend (and, subclassed, cuda) keeps each component of the spec
+(``sgl_core.kv._spec``) as a list of per-row tensors of ``(size + page_size,
+heads, dim)``, named ``<component>_buffer``: ``kv_buffer`` (MLA),
+``k_buffer`` / ``v_buffer`` (MHA, SGLang's field names), ``index_k_buffer`` /
+``index_k_scale_buffer`` (the DSA indexer, one per indexer layer). Slot 0
+(the first page) is the engine's padding page, valid to address but never
+handed out. With ``layers_in_one_allocation`` a component's rows are equally
+spaced views of one tensor, which lets the ``direct`` io backend move a run
+of pages for every layer in one strided copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+
+from sgl_core.errors import PoolMismatchError, PoolSizeError
+from sgl_core.kv._spec import KVSpec
+from sgl_core.kv._validation import (
+    check_index_bounds,
+    check_index_device,
+    check_index_tensor,
+    check_layer_id,
+    check_value_rows,
+)
+from sgl_core.kv.device._slot_geometry import SlotGeometry
+from sgl_core.kv.protocols._kv_protocols import MHADevicePool, MLADevicePool
+
+__all__ = [
+    "PerLayerRows",
+    "check_raw_rows",
+    "device_layers",
+    "mha_device_layers",
+    "stacked_layers",
+]
+
+
+class PerLayerRows(SlotGeometry):
+    """A device pool that keeps every component of ``spec`` as per-row tensors."""
+
+    spec: KVSpec
+    layers_in_one_allocation: ClassVar[bool] = True
+
+    def _allocate_rows(self) -> None:
+        """``<component>_buffer``: a list of ``(slots, heads, dim)`` tensors per component."""
+        slots = self.slot_count
+        try:
+            for c in self.spec.components:
+                shape = (slots, c.heads, c.dim)
+                n = c.rows(self.spec.layer_num)
+                if self.layers_in_one_allocation:
+                    stacked = torch.zeros((n, *shape), dtype=c.dtype, device=self._device)
+                    rows = list(stacked.unbind(0))
+                else:
+                    rows = [
+                        torch.zeros(shape, dtype=c.dtype, device=self._device) for _ in range(n)
+                    ]
+                setattr(self, c.device_name, rows)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise PoolSizeError(f"device pool does not fit on {self._device}: {exc}") from None
+
+    @property
+    def device(self) -> torch.device:
+        first: list[torch.Tensor] = getattr(self, self.spec.components[0].device_name)
+        return first[0].device
+
+    def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        layer_id = check_layer_id(layer_id, self.layer_num)
+        check_index_tensor(loc, "loc")
+        check_index_device(loc, "loc", self.device)
+        check_index_bounds(loc, self.slot_count, "loc")
+        return loc.to(self.device)
+
+
+def check_raw_rows(rows: object, n: int, dim: int, dtype: torch.dtype) -> None:
+    """``rows`` is an ``(n, dim)`` tensor of ``dtype`` with values, else a typed error
+    (``ShapeMismatchError`` for shape or dtype, ``DeviceError`` for a meta tensor)."""
+    check_value_rows(rows, "rows", (n, dim), dtype)
+
+
+def stacked_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``(layer_num, *layer.shape)`` view of layers that are equally spaced in one storage.
+
+    None when the layers are separate allocations (or replaced, or strided):
+    the caller then copies layer by layer.
+    """
+    first = layers[0]
+    if len(layers) < 2 or not first.is_contiguous():
+        return None
+    item = first.element_size()
+    step = layers[1].data_ptr() - first.data_ptr()
+    if step < first.numel() * item or step % item:
+        return None
+    storage = first.untyped_storage().data_ptr()
+    for i, layer in enumerate(layers):
+        if (
+            layer.data_ptr() != first.data_ptr() + i * step
+            or layer.untyped_storage().data_ptr() != storage
+            or layer.shape != first.shape
+            or layer.dtype != first.dtype
+            or not layer.is_contiguous()
+        ):
+            return None
+    return first.as_strided((len(layers), *first.shape), (step // item, *first.stride()))
+
+
+def device_layers(device_pool: MLADevicePool) -> list[torch.Tensor]:
+    """The per-layer ``kv_buffer`` list of a device pool, or ``PoolMismatchError``."""
+    layers = getattr(device_pool, "kv_buffer", None)
+    if not isinstance(layers, list) or len(layers) != device_pool.layer_num:
+        raise PoolMismatchError(
+            f"{type(device_pool).__name__} has no per-layer kv_buffer list; "
+            "this host pool needs a per-layer device pool (torch or cuda backend)"
+        )
+    return layers
+
+
+def mha_device_layers(device_pool: MHADevicePool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The per-layer ``k_buffer`` and ``v_buffer`` lists of a pool, or ``PoolMismatchError``."""
+    k = getattr(device_pool, "k_buffer", None)
+    v = getattr(device_pool, "v_buffer", None)
+    n = device_pool.layer_num
+    if not (isinstance(k, list) and isinstance(v, list) and len(k) == n and len(v) == n):
+        raise PoolMismatchError(
+            f"{type(device_pool).__name__} has no per-layer k_buffer/v_buffer lists; "
+            "this host pool needs a per-layer MHA device pool (torch or cuda backend)"
+        )
+    return k, v

@@ -1,0 +1,150 @@
+"""Device pools built by a serving engine, normalized at our boundary.
+
+SGLang's ``MLATokenToKVPool`` has every member our host pools read (sizes,
+``dtype``, a per-layer ``kv_buffer`` list) except that its ``device`` is a
+``str`` such as ``"cuda:0"``, and its ``set_mla_kv_buffer``/``get_mla_kv_buffer``
+take the engine's attention-layer objects, not layer ids.
+``sgl_core.kv.device._engine_views.as_device_pool`` returns such a pool wrapped in a
+view whose ``device`` is a ``torch.device`` and whose KV accessors follow
+:class:`sgl_core.MLADevicePool`; the view shares the engine's ``kv_buffer``
+list, so every transfer reads and writes the engine's own tensors. Pools
+that already follow the protocol pass through.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sgl_core.errors import PoolMismatchError, ShapeMismatchError
+from sgl_core.kv._validation import check_index_tensor, check_value_rows
+from sgl_core.kv.protocols._kv_protocols import MLADevicePool
+from sgl_core.transfer.copy._copy import byte_view
+
+__all__ = ["ForeignMLADevicePool", "engine_dtype", "meant_layers"]
+
+
+def engine_dtype(pool: Any, layers: list[torch.Tensor]) -> torch.dtype:
+    """The element type ``pool`` means: its ``dtype`` when that is a same-width
+    reading of the stored one (SGLang's fp8 over ``uint8``), else the stored one."""
+    stored = layers[0].dtype
+    meant = getattr(pool, "dtype", None)
+    if isinstance(meant, torch.dtype) and meant != stored and meant.itemsize == stored.itemsize:
+        return meant
+    return stored
+
+
+def meant_layers(layers: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """``layers`` itself when stored as ``dtype``, else same-storage views of ``dtype``.
+
+    Views are made on every call (cheap, no copy), so a layer the engine
+    replaced or re-pointed (``Tensor.set_``) is seen as it is now.
+    """
+    if all(t.dtype == dtype for t in layers):
+        return layers
+    return [t.view(dtype) for t in layers]
+
+
+class ForeignMLADevicePool:
+    """An engine's per-layer MLA device pool seen through ``MLADevicePool``."""
+
+    def __init__(self, pool: Any) -> None:
+        try:
+            self._device = torch.device(pool.device)
+            layers = pool.kv_buffer
+        except (AttributeError, TypeError, RuntimeError) as exc:
+            raise PoolMismatchError(
+                f"{type(pool).__name__} is not a per-layer MLA device pool: {exc}"
+            ) from None
+        if not isinstance(layers, list) or not layers:
+            raise PoolMismatchError(
+                f"{type(pool).__name__}.kv_buffer must be a non-empty list of layer tensors"
+            )
+        self._pool = pool
+
+    @property
+    def wrapped(self) -> Any:
+        """The engine's pool object."""
+        return self._pool
+
+    @property
+    def kv_buffer(self) -> list[torch.Tensor]:
+        # The engine's own list (not a copy): a layer it replaces is seen here too.
+        layers: list[torch.Tensor] = self._pool.kv_buffer
+        return meant_layers(layers, engine_dtype(self._pool, layers))
+
+    @property
+    def size(self) -> int:
+        return int(self._pool.size)
+
+    @property
+    def page_size(self) -> int:
+        return int(self._pool.page_size)
+
+    @property
+    def layer_num(self) -> int:
+        return int(self._pool.layer_num)
+
+    @property
+    def kv_lora_rank(self) -> int:
+        return int(self._pool.kv_lora_rank)
+
+    @property
+    def qk_rope_head_dim(self) -> int:
+        return int(self._pool.qk_rope_head_dim)
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return int(self._pool.kv_cache_dim)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        # The dtype the engine means (SGLang's ``dtype``), not its ``store_dtype``.
+        return engine_dtype(self._pool, self._pool.kv_buffer)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _rows(self, layer_id: int) -> torch.Tensor:
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+            raise PoolMismatchError(f"layer_id must be an int, got {type(layer_id).__name__}")
+        if not 0 <= layer_id < self.layer_num:
+            raise PoolMismatchError(f"layer_id={layer_id} is outside [0, {self.layer_num})")
+        return self.kv_buffer[layer_id]
+
+    def set_mla_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+    ) -> None:
+        rows = self._rows(layer_id)
+        n = check_index_tensor(loc, "loc").numel()
+        # As our own pools: rows of exactly the pool's dtype and shape, never
+        # converted; checked before any byte moves.
+        for name, tensor, dim in (
+            ("cache_k_nope", cache_k_nope, self.kv_lora_rank),
+            ("cache_k_rope", cache_k_rope, self.qk_rope_head_dim),
+        ):
+            check_value_rows(tensor, name, (n, 1, dim), self.dtype)
+        if rows.shape[-1] != self.kv_lora_rank + self.qk_rope_head_dim:
+            raise ShapeMismatchError(
+                f"rows of {rows.shape[-1]} elements are not kv_lora_rank + qk_rope_head_dim "
+                "(a packed pool): write them with the engine's own calls"
+            )
+        # fp8 has no index kernels everywhere: written as bytes (same storage).
+        byte_view(rows)[loc] = byte_view(torch.cat([cache_k_nope, cache_k_rope], dim=-1))
+
+    def get_mla_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = byte_view(self._rows(layer_id))[loc].view(self.dtype)
+        rank = self.kv_lora_rank
+        return rows[..., :rank].clone(), rows[..., rank:].clone()
+
+
+if TYPE_CHECKING:  # static conformance of the view
+    _check: MLADevicePool = ForeignMLADevicePool(object())

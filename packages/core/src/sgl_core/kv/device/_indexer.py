@@ -1,0 +1,192 @@
+"""The sparse-attention (DSA/NSA) indexer cache of per-layer MLA device pools.
+
+DeepSeek-V3.2-style models keep, besides the MLA KV row, an indexer key per
+token for some layers (``indexer_layer_ids``): ``index_head_dim`` elements of
+the pool's dtype (fp8 bytes in practice) and, optionally, one float32 scale.
+A per-layer device pool holds them as one tensor per *indexer slot* (the
+position of a model layer in ``indexer_layer_ids``)::
+
+    index_k_buffer[slot]        (size + page_size, 1, index_head_dim)   pool dtype
+    index_k_scale_buffer[slot]  (size + page_size, 1, 1)                float32
+
+:class:`IndexerConfig` is the configuration a host pool mirrors and checks
+(``PoolMismatchError`` when a device pool's differs); the Ascend backend's
+contiguous pools report the same three public attributes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import torch
+
+from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
+from sgl_core.kv._validation import check_layer_id, check_value_rows
+from sgl_core.transfer.copy._copy import byte_view
+
+__all__ = ["IndexerConfig", "IndexerRows", "check_indexer", "indexer_of"]
+
+#: Bytes of one index_k scale (float32).
+SCALE_BYTES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexerConfig:
+    """``index_head_dim``, the model layers that have an indexer row, whether it has scales."""
+
+    index_head_dim: int
+    layer_ids: tuple[int, ...]
+    with_scale: bool
+
+    def slot(self, layer_id: int) -> int | None:
+        """Row of ``layer_id`` in the indexer buffers, None when the layer has none."""
+        try:
+            return self.layer_ids.index(layer_id)
+        except ValueError:
+            return None
+
+    def bytes_per_token(self, itemsize: int) -> int:
+        """Bytes one token costs over every indexer layer (keys and scales)."""
+        row = self.index_head_dim * itemsize + (SCALE_BYTES if self.with_scale else 0)
+        return len(self.layer_ids) * row
+
+
+def check_indexer(
+    index_head_dim: int | None,
+    indexer_layer_ids: Iterable[int] | None,
+    with_index_k_scale: bool,
+    layer_num: int,
+) -> IndexerConfig | None:
+    """The validated configuration (None: no indexer), or ``PoolSizeError``/``LayerIndexError``."""
+    if not isinstance(with_index_k_scale, bool):
+        raise PoolSizeError(f"with_index_k_scale must be a bool, got {with_index_k_scale!r}")
+    if index_head_dim is None:
+        if indexer_layer_ids is not None or with_index_k_scale:
+            raise PoolSizeError(
+                "indexer_layer_ids / with_index_k_scale need index_head_dim to be set"
+            )
+        return None
+    if isinstance(index_head_dim, bool) or not isinstance(index_head_dim, int):
+        raise PoolSizeError(f"index_head_dim must be a positive int, got {index_head_dim!r}")
+    if index_head_dim <= 0:
+        raise PoolSizeError(f"index_head_dim must be a positive int, got {index_head_dim!r}")
+    ids = list(range(layer_num)) if indexer_layer_ids is None else list(indexer_layer_ids)
+    for layer in ids:
+        try:
+            check_layer_id(layer, layer_num)
+        except LayerIndexError as exc:
+            raise LayerIndexError(f"indexer_layer_ids: {exc}") from None
+    if len(set(ids)) != len(ids) or not ids:
+        raise PoolSizeError(f"indexer_layer_ids must be distinct and non-empty, got {ids}")
+    return IndexerConfig(index_head_dim, tuple(sorted(ids)), with_index_k_scale)
+
+
+def indexer_of(pool: object) -> IndexerConfig | None:
+    """A device pool's indexer configuration from its public attributes (None: none).
+
+    Only pools that declare the whole configuration (``IndexerCache``) count:
+    an engine's own pool with just an ``index_head_dim`` attribute is mirrored
+    without it (SGLang's DSA pools are seen through a view that declares theirs,
+    ``sgl_core.kv.device._paged_indexer``).
+    """
+    head_dim = getattr(pool, "index_head_dim", None)
+    ids = getattr(pool, "indexer_layer_ids", None)
+    if not isinstance(head_dim, int) or not isinstance(ids, tuple) or not ids:
+        return None
+    return IndexerConfig(head_dim, ids, bool(getattr(pool, "has_index_k_scale", False)))
+
+
+class IndexerRows:
+    """The indexer cache of a per-layer device pool (a base of ``PerLayerMLADevicePool``)."""
+
+    indexer: IndexerConfig | None
+    index_k_buffer: list[torch.Tensor] | None
+    index_k_scale_buffer: list[torch.Tensor] | None
+
+    @property
+    def layer_num(self) -> int:
+        raise NotImplementedError
+
+    def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> torch.dtype:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    @property
+    def index_head_dim(self) -> int | None:
+        return None if self.indexer is None else self.indexer.index_head_dim
+
+    @property
+    def indexer_layer_ids(self) -> tuple[int, ...]:
+        """Model layers that have an indexer cache, ascending (empty: no indexer)."""
+        return () if self.indexer is None else self.indexer.layer_ids
+
+    @property
+    def has_index_k_scale(self) -> bool:
+        return self.indexer is not None and self.indexer.with_scale
+
+    def indexer_slot(self, layer_id: int) -> int | None:
+        """Row of ``layer_id`` in the indexer buffers, or None if it has no indexer."""
+        layer_id = check_layer_id(layer_id, self.layer_num)
+        return None if self.indexer is None else self.indexer.slot(layer_id)
+
+    def _indexer_row(self, layer_id: int) -> int:
+        slot = self.indexer_slot(layer_id)
+        if slot is None:
+            raise LayerIndexError(
+                f"layer_id={layer_id} has no indexer cache "
+                f"(indexer_layer_ids={list(self.indexer_layer_ids)})"
+            )
+        return slot
+
+    @staticmethod
+    def _check_rows(
+        name: str, tensor: object, n: int, dim: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        return check_value_rows(tensor, name, (n, 1, dim), dtype)
+
+    def set_index_k_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        index_k: torch.Tensor,
+        index_k_scale: torch.Tensor | None = None,
+    ) -> None:
+        """Write ``(n, 1, index_head_dim)`` indexer keys (and ``(n, 1, 1)`` fp32 scales).
+
+        Everything is checked before a byte is written.
+        """
+        loc = self._check_loc(layer_id, loc)
+        slot = self._indexer_row(layer_id)
+        cfg, keys = self.indexer, self.index_k_buffer
+        assert cfg is not None and keys is not None
+        n = loc.numel()
+        self._check_rows("index_k", index_k, n, cfg.index_head_dim, self.dtype)
+        scales = self.index_k_scale_buffer
+        if (index_k_scale is None) != (scales is None):
+            raise PoolMismatchError(
+                "index_k_scale must be given exactly when the pool has index_k_scale_buffer"
+            )
+        if index_k_scale is not None and scales is not None:
+            self._check_rows("index_k_scale", index_k_scale, n, 1, torch.float32)
+            scales[slot].index_copy_(0, loc, index_k_scale.to(self.device))
+        byte_view(keys[slot]).index_copy_(0, loc, byte_view(index_k.to(self.device)))
+
+    def get_index_k_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Copies of the indexer keys (and scales, or None) at token ``loc``."""
+        loc = self._check_loc(layer_id, loc)
+        slot = self._indexer_row(layer_id)
+        keys = self.index_k_buffer
+        assert keys is not None
+        got = byte_view(keys[slot]).index_select(0, loc).view(self.dtype)
+        scales = self.index_k_scale_buffer
+        return got, None if scales is None else scales[slot].index_select(0, loc)

@@ -1,0 +1,181 @@
+"""Constructor arguments of a host pool: layout and io backend checks, sizing.
+
+A base of ``MLAHostPoolBase``: a layout or io backend the class has no mover
+for is ``UnsupportedLayoutError`` naming the supported pairs; the pool's size
+comes from ``host_size_gb`` or ``host_to_device_ratio``, in whole pages, and
+must fit in the host memory the kernel reports as available, less a headroom.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from sgl_core.errors import (
+    ArgumentTypeError,
+    PoolMismatchError,
+    PoolSizeError,
+    UnsupportedLayoutError,
+)
+from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.kv._memory import available_host_bytes
+from sgl_core.kv._spec import KVSpec
+from sgl_core.kv._validation import differing_fields
+from sgl_core.kv.protocols._kv_protocols import DevicePoolGeometry
+
+__all__ = ["HostArguments", "describe_pairs", "size_argument"]
+
+# Leave this much host memory to the rest of the process when sizing pools.
+_MEMORY_HEADROOM = 1 << 30
+
+
+def size_argument(name: str, value: object) -> float:
+    """A finite, non-negative real number (``bool`` excluded), or a typed error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be a real number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise PoolSizeError(f"{name} must be finite and not negative, got {value!r}")
+    return number
+
+
+def describe_pairs(pairs: Mapping[HostLayout, frozenset[IOBackend]]) -> str:
+    return "; ".join(
+        f"{layout.value}: {', '.join(sorted(io.value for io in ios))}"
+        for layout, ios in pairs.items()
+    )
+
+
+class HostArguments:
+    """Layout, io backend and size checks; the class's ``movers`` and ``supported_pairs``."""
+
+    #: Per host layout this class builds: each io backend it runs and its mover factory.
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]]
+    #: Host layouts this class builds, each with the io backends it runs (from ``movers``).
+    supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "supported_pairs" in cls.__dict__ and "movers" not in cls.__dict__:
+            # A hand-written list could name pairs no mover runs: it is derived.
+            raise TypeError(f"{cls.__name__} sets supported_pairs: declare movers instead")
+        movers = getattr(cls, "movers", None)
+        if movers is not None:
+            cls.supported_pairs = {layout: frozenset(ios) for layout, ios in movers.items()}
+
+    _page_size: int
+
+    spec: KVSpec
+    default_io_backend: IOBackend | None
+    _layout: HostLayout
+
+    def _bytes_per_token(self, device_pool: Any) -> int:
+        raise NotImplementedError
+
+    def _is_page_granular(self, io_backend: IOBackend) -> bool:
+        raise NotImplementedError
+
+    def _check_device_pool_kind(self, device_pool: Any) -> None:
+        raise NotImplementedError
+
+    @property
+    def layer_num(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> Any:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ the device
+    def check_device_pool(self, device_pool: Any) -> None:
+        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
+        names = ("layer_num", *(n for n, _ in self.spec.identity), "dtype", "page_size")
+        mine = (self.layer_num, *(v for _, v in self.spec.identity), self.dtype, self._page_size)
+        try:
+            theirs = tuple(getattr(device_pool, name) for name in names)
+        except AttributeError as exc:
+            kind = self.spec.kind.value.upper()
+            raise PoolMismatchError(f"device_pool is not an {kind} device pool: {exc}") from None
+        if mine != theirs:
+            raise PoolMismatchError(
+                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
+            )
+        self._check_device_pool_kind(device_pool)
+
+    # ------------------------------------------------------------ io backend
+    def moves_whole_pages(self, io_backend: IOBackend | str | None = None) -> bool:
+        """True when ``io_backend`` (None: the pool's default) takes whole, aligned pages only."""
+        io = self._given_io(io_backend)
+        return self._is_page_granular(self._check_io_backend(self._layout, io))
+
+    def _given_io(self, io_backend: IOBackend | str | None) -> IOBackend | str:
+        """``io_backend``, or the pool's default when None (``ArgumentTypeError`` if none)."""
+        if io_backend is not None:
+            return io_backend
+        if self.default_io_backend is None:
+            raise ArgumentTypeError(
+                "io_backend is None and this host pool was created without an io_backend: "
+                "pass one to the call or to create_host_pool"
+            )
+        return self.default_io_backend
+
+    # ---------------------------------------------------------------- sizing
+    def _check_layout(
+        self, layout: HostLayout | str, io_backend: IOBackend | str | None
+    ) -> HostLayout:
+        pairs = type(self).supported_pairs
+        try:
+            parsed = HostLayout.parse(layout, argument="layout")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(
+                f"{exc}; supported pairs: {describe_pairs(pairs)}"
+            ) from None
+        if parsed not in pairs:
+            raise UnsupportedLayoutError(
+                f"layout={parsed.value!r} is not supported by {type(self).__name__}; "
+                f"supported pairs: {describe_pairs(pairs)}"
+            )
+        if io_backend is not None:
+            self._check_io_backend(parsed, io_backend)
+        return parsed
+
+    def _check_io_backend(self, layout: HostLayout, io_backend: IOBackend | str) -> IOBackend:
+        pairs = type(self).supported_pairs
+        try:
+            parsed = IOBackend.parse(io_backend, argument="io_backend")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(
+                f"{exc}; supported pairs: {describe_pairs(pairs)}"
+            ) from None
+        if parsed not in pairs[layout]:
+            raise UnsupportedLayoutError(
+                f"io_backend={parsed.value!r} does not run layout={layout.value!r}; "
+                f"supported pairs: {describe_pairs(pairs)}"
+            )
+        return parsed
+
+    def _compute_size(
+        self, device_pool: DevicePoolGeometry, host_to_device_ratio: float, host_size_gb: float
+    ) -> int:
+        per_token = self._bytes_per_token(device_pool)
+        if host_size_gb > 0:
+            tokens = int(host_size_gb * 1e9) // per_token
+        else:
+            tokens = int(device_pool.size * host_to_device_ratio)
+        size = tokens // self._page_size * self._page_size
+        if size <= 0:
+            raise PoolSizeError(
+                f"host pool would hold no whole page of {self._page_size} tokens "
+                f"(host_size_gb={host_size_gb}, host_to_device_ratio={host_to_device_ratio})"
+            )
+        needed = size * per_token
+        available = available_host_bytes()
+        if available is not None and needed > available - _MEMORY_HEADROOM:
+            raise PoolSizeError(
+                f"host pool needs {needed / 1e9:.2f} GB but only {available / 1e9:.2f} GB "
+                "of host memory is available (keeping 1 GiB headroom); "
+                "lower host_size_gb or host_to_device_ratio"
+            )
+        return size

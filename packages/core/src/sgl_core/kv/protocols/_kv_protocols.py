@@ -1,0 +1,248 @@
+"""Structural contracts of the KV pools, one for every kind (docs/design.md sections 5, 6).
+
+Backend authors: implement these Protocols (no inheritance needed) and add a
+static conformance line to your module, e.g.::
+
+    if TYPE_CHECKING:
+        _pool: MLAHostPool = MyHostPool(...)
+
+Every device pool addresses token slots ``[0, size + page_size)``: ``size``
+tokens of pages ``1 .. size // page_size`` plus page 0 (slots
+``[0, page_size)``), the engine's padding page (valid to address, never handed
+out); ``loc`` arguments are 1-D ``torch.int64`` token indices. What differs
+between the kinds is only their rows and the accessors that write them
+(``sgl_core.kv._spec``): MLA keeps one ``kv_cache_dim`` row per token and
+layer, MHA/GQA a K row ``(head_num, head_dim)`` and a V row
+``(head_num, v_head_dim)``. A host pool of either kind has the same slots,
+accounting, transfers and L3 page helpers (:class:`KVHostPool`); a device
+pool is MHA when it reports ``head_num`` and no ``kv_lora_rank``
+(:func:`is_mha_device_pool`), so SGLang's own pools dispatch by attributes,
+never by class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, TypeVar, Union, runtime_checkable
+
+import torch
+
+from sgl_core.kv._enums import HostLayout, IOBackend
+
+__all__ = [
+    "DevicePoolGeometry",
+    "KVHostPool",
+    "MHADevicePool",
+    "MHAHostPool",
+    "MLADevicePool",
+    "MLAHostPool",
+    "PoolShape",
+    "is_mha_device_pool",
+]
+
+
+@runtime_checkable
+class DevicePoolGeometry(Protocol):
+    """Token slots ``[0, size + page_size)`` in pages of ``page_size``, on one device."""
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def layer_num(self) -> int: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def device(self) -> torch.device: ...
+
+
+@runtime_checkable
+class MLADevicePool(DevicePoolGeometry, Protocol):
+    """An accelerator-side MLA KV cache: one ``kv_cache_dim`` row per token per layer."""
+
+    @property
+    def kv_lora_rank(self) -> int: ...
+    @property
+    def qk_rope_head_dim(self) -> int: ...
+    @property
+    def kv_cache_dim(self) -> int: ...
+
+    def set_mla_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+    ) -> None:
+        """Write ``(n, 1, kv_lora_rank)`` and ``(n, 1, qk_rope_head_dim)`` rows at ``loc``."""
+        ...
+
+    def get_mla_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return copies of the ``(k_nope, k_rope)`` rows at ``loc``."""
+        ...
+
+
+@runtime_checkable
+class MHADevicePool(DevicePoolGeometry, Protocol):
+    """An accelerator-side MHA/GQA KV cache: a K and a V row per token per layer
+    (GQA: ``head_num`` is the number of KV heads on this rank)."""
+
+    @property
+    def head_num(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def v_head_dim(self) -> int: ...
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+    ) -> None:
+        """Write K rows ``(n, head_num, head_dim)`` and V rows ``(n, head_num, v_head_dim)``."""
+        ...
+
+    def get_kv_buffer(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return copies of the ``(k, v)`` rows at ``loc``."""
+        ...
+
+
+DevT_contra = TypeVar("DevT_contra", contravariant=True)
+
+
+@runtime_checkable
+class _HostPool(Protocol[DevT_contra]):
+    """A host-memory backup of KV pages (HiCache L2) of device pools ``DevT_contra``.
+
+    Host token indices are ``[0, size)``; ``size`` is whole pages. Transfers
+    validate every argument first: a rejected call raises a
+    ``sgl_core.errors`` exception and changes no byte of either pool.
+    Transfers may return once queued on an accelerator stream: call
+    ``synchronize()`` before reading host bytes another way than through the
+    pool (its own page helpers wait by themselves).
+    """
+
+    @property
+    def layout(self) -> HostLayout: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def layer_num(self) -> int: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def backup_from_device_all_layer(
+        self,
+        device_pool: DevT_contra,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: IOBackend | str,
+    ) -> None:
+        """Copy every layer of ``device_indices`` rows to ``host_indices`` rows."""
+        ...
+
+    def load_to_device_per_layer(
+        self,
+        device_pool: DevT_contra,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: IOBackend | str,
+    ) -> None:
+        """Copy layer ``layer_id`` of ``host_indices`` rows back to the device."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait until every transfer this pool queued has finished (no-op when synchronous)."""
+        ...
+
+    def moves_whole_pages(self, io_backend: IOBackend | str) -> bool:
+        """True when ``io_backend`` on this pool's layout takes whole, aligned pages only."""
+        ...
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """Reserve ``need_size`` slots (whole pages); ``None`` when not enough are free."""
+        ...
+
+    def free(self, indices: torch.Tensor) -> int:
+        """Release slots; freeing a free or out-of-range slot raises ``FreeError``."""
+        ...
+
+    def available_size(self) -> int: ...
+    def clear(self) -> None:
+        """Mark every slot free (contents are left as they are)."""
+        ...
+
+    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
+        """A copy of the page starting at token ``index`` (flat: 1-D, the components in
+        order, each in the layout's byte order)."""
+        ...
+
+    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
+        """Write a flat page (as returned by ``get_data_page``) at token ``index``."""
+        ...
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        """A zeroed flat page of the right dtype and length."""
+        ...
+
+    def get_page_buffer_meta(
+        self, indices: torch.Tensor | Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        """Addresses and byte sizes of the memory objects of whole pages.
+
+        ``indices`` are token indices of whole, aligned pages. The objects of
+        one page, concatenated in order, are exactly ``get_data_page(start)``.
+        """
+        ...
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """``(base_ptrs, total_bytes, object_bytes)`` of each host buffer, for registration."""
+        ...
+
+
+@runtime_checkable
+class MLAHostPool(_HostPool[MLADevicePool], Protocol):
+    """A host pool of MLA device pools (see docs/design.md section 6)."""
+
+
+@runtime_checkable
+class MHAHostPool(_HostPool[MHADevicePool], Protocol):
+    """A host pool of MHA/GQA device pools: the same contract, with the kind's numbers."""
+
+    @property
+    def head_num(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def v_head_dim(self) -> int: ...
+
+
+#: A host pool of either kind: what L3 page stores accept (they read only the
+#: members both kinds share: layout, sizes, dtype and the L3 page helpers).
+KVHostPool = Union[MLAHostPool, MHAHostPool]  # noqa: UP007  (a runtime alias on 3.10)
+
+
+class PoolShape(Protocol):
+    """The per-token geometry a host pool sizes itself with (``MLAShape``, ``MHAShape``)."""
+
+    @property
+    def layer_num(self) -> int: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def layout_dim(self) -> int:
+        """Host bytes of one token across every layer and component."""
+        ...
+
+
+def is_mha_device_pool(device_pool: object) -> bool:
+    """True for an MHA/GQA device pool: ``head_num`` and no MLA ``kv_lora_rank``."""
+    return hasattr(device_pool, "head_num") and not hasattr(device_pool, "kv_lora_rank")

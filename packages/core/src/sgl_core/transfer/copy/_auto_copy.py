@@ -1,0 +1,262 @@
+"""CPU copies with ``copy_threads = AUTO``: the thread count chosen by measurement.
+
+Between two CPU buffers each copy of the direct movers has three candidate
+strategies (``CopyTuning.copy_threads``): ``1`` (pieces below ATen's grain
+on the calling thread), ``n`` (the same pieces over ``n`` threads of our
+own) and ``0`` (ATen's threads: one ``copy_`` per block, an OpenMP team per
+big block). With ``AUTO`` a call of at least ``AUTO_MIN_BYTES`` asks the
+process's :class:`~sgl_core.transfer.copy._calibrate.Calibrator` for the key (operation,
+``cpu->cpu``, block-size class, contiguous or strided); an unknown key is
+measured on the call's own first blocks (about ``SAMPLE_BYTES``: copying
+them again is what the call does next anyway), and the whole call's
+throughput is reported back so a slowed copy is measured again. Smaller
+calls take ``1``: there a hand-off costs more than it saves, and one thread
+never waits for a team.
+
+The sample copies blocks of the call before the call itself, so the blocks
+must not overlap their own sources (true of every mover: the device pool
+and the host pool are separate buffers).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Sequence
+
+import torch
+
+from sgl_core.transfer.copy import _copy
+from sgl_core.transfer.copy._calibrate import default_calibrator
+from sgl_core.transfer.copy._copy import copy_blocks, memmove_blocks
+from sgl_core.transfer.copy._pieces import index_chunk
+from sgl_core.transfer.copy._tuning import AUTO_MIN_BYTES
+
+__all__ = [
+    "AUTO_MIN_BYTES",
+    "SAMPLE_BYTES",
+    "auto_copy_blocks",
+    "auto_gather",
+    "auto_memmove",
+    "gather_pieces",
+    "thread_candidates",
+]
+
+SAMPLE_BYTES = 1 << 20
+SEGMENTS = 8  # disjoint sample segments, so no candidate is timed on cache-hot data
+
+
+def thread_candidates(*, with_aten: bool = True) -> list[int]:
+    """Thread counts to measure, in preference order: 1, our threads, then ATen's."""
+    many = _copy._workers + 1
+    return [1, *([many] if many > 1 else []), *([0] if with_aten else [])]
+
+
+def _bucket(nbytes: int) -> str:
+    size = 1 << max(nbytes, 1).bit_length() - 1
+    return f"{size >> 10}KiB" if size >= 1024 else f"{size}B"
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _run(
+    key: str,
+    total: int,
+    samples: Callable[[], tuple[Callable[[int, int], None], int, int]],
+    full: Callable[[int], None],
+    with_aten: bool = True,
+) -> None:
+    """Resolve ``key`` (measuring on ``samples()`` if needed), run ``full``, report its speed.
+
+    ``samples()`` (built only when measuring) returns ``(run, segments,
+    bytes)``: ``run(threads, k)`` copies disjoint segment ``k`` of the call;
+    successive timed runs take successive segments, so a candidate is not
+    timed on data the previous one left in cache.
+    """
+    cal = default_calibrator()
+    chosen = cal.current(key)
+    if chosen is None:
+        run, count, nbytes = samples()
+        turn = itertools.count()
+
+        def candidate(threads: int) -> None:
+            run(threads, next(turn) % count)
+
+        cands = {
+            str(t): functools.partial(candidate, t) for t in thread_candidates(with_aten=with_aten)
+        }
+        chosen = cal.choose(key, cands, nbytes)
+    start = cal.timer()
+    full(int(chosen))
+    cal.observe(key, total, cal.timer() - start)
+
+
+def _spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Up to ``SEGMENTS`` disjoint runs of consecutive items, each about ``SAMPLE_BYTES``."""
+    spans: list[tuple[int, int]] = []
+    start, got = 0, 0
+    for i, n in enumerate(sizes):
+        got += n
+        if got >= SAMPLE_BYTES:
+            spans.append((start, i + 1))
+            start, got = i + 1, 0
+            if len(spans) == SEGMENTS:
+                break
+    return spans or [(0, len(sizes))]
+
+
+def _units(
+    dst: list[torch.Tensor], src: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The call's first blocks, big ones cut along dim 0 to about ``SAMPLE_BYTES``."""
+    units_d: list[torch.Tensor] = []
+    units_s: list[torch.Tensor] = []
+    got = 0
+    for d, s in zip(dst, src, strict=True):
+        size = _nbytes(d)
+        if size > 2 * SAMPLE_BYTES and d.dim() and d.shape[0] > 1:
+            rows = max(1, d.shape[0] * SAMPLE_BYTES // size)
+            units_d.extend(torch.split(d, rows))
+            units_s.extend(torch.split(s, rows))
+        else:
+            units_d.append(d)
+            units_s.append(s)
+        got += size
+        if got >= SEGMENTS * SAMPLE_BYTES:
+            break
+    return units_d, units_s
+
+
+def auto_copy_blocks(dst_list: list[torch.Tensor], src_list: list[torch.Tensor]) -> None:
+    """``copy_blocks`` between CPU buffers with a measured thread count."""
+    total = sum(_nbytes(t) for t in dst_list)
+    strided = not (dst_list[0].is_contiguous() and src_list[0].is_contiguous())
+    kind = "strided" if strided else "contiguous"
+    key = f"copy cpu->cpu {_bucket(total // len(dst_list))} {kind}"
+
+    def samples() -> tuple[Callable[[int, int], None], int, int]:
+        ud, us = _units(dst_list, src_list)
+        spans = _spans([_nbytes(t) for t in ud])
+
+        def run(threads: int, k: int) -> None:
+            a, b = spans[k]
+            copy_blocks(ud[a:b], us[a:b], threads=threads)
+
+        nbytes = sum(_nbytes(t) for t in ud[spans[0][0] : spans[-1][1]]) // len(spans)
+        return run, len(spans), nbytes
+
+    _run(key, total, samples, lambda t: copy_blocks(dst_list, src_list, threads=t))
+
+
+def auto_memmove(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> None:
+    """``memmove_blocks`` with a measured thread count (memmove itself never starts a team)."""
+    total = sum(sizes)
+    if total < AUTO_MIN_BYTES or len(sizes) < 2:
+        memmove_blocks(dst, src, sizes, threads=1)
+        return
+    key = f"memmove cpu->cpu {_bucket(total // len(sizes))}"
+
+    def samples() -> tuple[Callable[[int, int], None], int, int]:
+        spans = _spans(sizes)
+
+        def run(threads: int, k: int) -> None:
+            a, b = spans[k]
+            memmove_blocks(dst[a:b], src[a:b], sizes[a:b], threads=threads)
+
+        return run, len(spans), sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
+
+    _run(key, total, samples, lambda t: memmove_blocks(dst, src, sizes, threads=t), False)
+
+
+def gather_pieces(
+    dst: Sequence[torch.Tensor],
+    src: Sequence[torch.Tensor],
+    d_idx: torch.Tensor,
+    s_idx: torch.Tensor,
+    threads: int,
+    out: torch.Tensor | None = None,
+) -> None:
+    """``dst[i][d_idx] = src[i][s_idx]`` along dim 0 in chunks below ATen's grain, threaded.
+
+    Each chunk is one ``index_select`` into a buffer and one ``index_copy_``;
+    destination indices are distinct (validated), so chunks on different
+    threads never write the same row. ``out`` (rows for every index, the
+    caller's reused staging buffer) is the buffer where it fits, each chunk
+    in its own rows (on several threads only with one pair); else each
+    thread allocates one chunk. ``threads`` 0 is
+    one thread too (this function never hands a chunk to ATen's team).
+    """
+    count = d_idx.numel()
+    if not dst or count == 0:
+        return
+    step = index_chunk(src[0][0].numel() if src[0].dim() > 1 else 1)
+    work = [(i, a, min(a + step, count)) for i in range(len(dst)) for a in range(0, count, step)]
+    # ``out``'s rows [a, b) serve chunk [a, b) of every pair: shared only on one thread
+    # or with one pair (two threads must never fill the same rows)
+    fits = out is not None and out.shape[0] >= count and out.is_contiguous()
+    fits = fits and (threads <= 1 or len(dst) == 1)
+
+    def chunk_buffer(s: torch.Tensor, held: torch.Tensor | None) -> torch.Tensor:
+        if fits and out is not None and out.dtype == s.dtype and out.shape[1:] == s.shape[1:]:
+            return out
+        if held is not None and held.dtype == s.dtype and held.shape[1:] == s.shape[1:]:
+            return held
+        return torch.empty((min(step, count), *s.shape[1:]), dtype=s.dtype)
+
+    def part(lo: int, hi: int) -> None:
+        held: torch.Tensor | None = None
+        for i, a, b in work[lo:hi]:
+            held = chunk_buffer(src[i], held)
+            at = a if held is out else 0
+            rows = torch.index_select(src[i], 0, s_idx[a:b], out=held[at : at + b - a])
+            dst[i].index_copy_(0, d_idx[a:b], rows)
+
+    if threads > 1:
+        _copy._spread(threads, len(work), part)
+        return
+    held: torch.Tensor | None = None  # one thread: part's loop inline (one frame less)
+    for i, a, b in work:
+        held = chunk_buffer(src[i], held)
+        at = a if held is out else 0
+        rows = torch.index_select(src[i], 0, s_idx[a:b], out=held[at : at + b - a])
+        dst[i].index_copy_(0, d_idx[a:b], rows)
+
+
+def auto_gather(
+    dst: Sequence[torch.Tensor],
+    src: Sequence[torch.Tensor],
+    d_idx: torch.Tensor,
+    s_idx: torch.Tensor,
+    whole: Callable[[], None],
+) -> None:
+    """A CPU gather/scatter along dim 0 with a measured count: ``whole()`` (0) or pieces."""
+    row = _nbytes(src[0][0])
+    total = sum(_nbytes(s[0]) for s in src) * d_idx.numel()
+
+    def samples() -> tuple[Callable[[int, int], None], int, int]:
+        per = max(1, SAMPLE_BYTES // max(row, 1))
+        spans = _spans([row] * min(d_idx.numel(), SEGMENTS * per))
+        one_d, one_s = dst[:1], src[:1]
+
+        def run(threads: int, k: int) -> None:
+            a, b = spans[k]
+            di, si = d_idx[a:b], s_idx[a:b]
+            if threads == 0:
+                one_d[0].index_copy_(0, di, one_s[0].index_select(0, si))
+            else:
+                gather_pieces(one_d, one_s, di, si, threads)
+
+        return run, len(spans), row * (spans[-1][1] - spans[0][0]) // len(spans)
+
+    def full(t: int) -> None:
+        if t == 0:
+            whole()
+        else:
+            gather_pieces(dst, src, d_idx, s_idx, t)
+
+    _run(f"gather cpu->cpu {_bucket(row)} rows", total, samples, full)
+
+
+_copy.register_auto_copies(auto_copy_blocks, auto_memmove)

@@ -1,0 +1,93 @@
+"""Cut CPU copies into pieces that ATen copies on the calling thread.
+
+ATen runs a CPU ``copy_`` (and ``index_select`` / ``index_copy_``) with its
+OpenMP team once the iteration has ``GRAIN`` elements or more. A team waits
+for every one of its threads to be scheduled: on a machine whose cores are
+busy with other processes (a serving host: scheduler, tokenizer, other ranks),
+a big copy then waits for a core instead of copying (BENCHMARKS.md, "Copy
+threads"). A piece below the grain never starts a team; the pieces of one call
+are spread over the copy threads of ``sgl_core.transfer.copy._copy`` instead, which release
+the GIL inside each ``_foreach_copy_``.
+
+Pieces are views (``split`` along dim 0, then of a row along its own dim 0):
+they cover every byte of the block exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["GRAIN", "index_chunk", "split_parts", "split_pieces"]
+
+#: ATen's parallel grain (``at::internal::GRAIN_SIZE``): elements per iteration below
+#: which a CPU kernel runs serially on the calling thread.
+GRAIN = 32768
+_WIDE = ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2))
+
+
+def _widen(d: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both sides as the widest integer dtype that tiles their rows (fewer elements, same bytes)."""
+    if d.dtype != s.dtype or d.dim() == 0 or d.shape != s.shape:
+        return d, s
+    size = d.element_size()
+    row = d.shape[-1] * size
+    if d.stride(-1) != 1 or s.stride(-1) != 1:
+        return d, s
+    for dtype, wide in _WIDE:
+        if wide > size and row % wide == 0:
+            try:
+                return d.view(dtype), s.view(dtype)
+            except RuntimeError:  # strides not divisible by the wider item
+                return d, s
+    return d, s
+
+
+def _cut(
+    d: torch.Tensor, s: torch.Tensor, out_d: list[torch.Tensor], out_s: list[torch.Tensor]
+) -> None:
+    if d.numel() < GRAIN or d.dim() == 0:
+        out_d.append(d)
+        out_s.append(s)
+        return
+    if d.shape[0] == 1:
+        _cut(d[0], s[0], out_d, out_s)
+        return
+    per_row = d.numel() // d.shape[0]
+    rows = max(1, (GRAIN - 1) // max(per_row, 1))
+    if rows > 1 or per_row < GRAIN:
+        out_d.extend(torch.split(d, rows))
+        out_s.extend(torch.split(s, rows))
+        return
+    for i in range(d.shape[0]):  # one row is itself above the grain: cut inside it
+        _cut(d[i], s[i], out_d, out_s)
+
+
+def split_pieces(
+    dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``dst[i] <- src[i]`` as pairs of pieces, each below ``GRAIN`` elements, same bytes."""
+    out_d: list[torch.Tensor] = []
+    out_s: list[torch.Tensor] = []
+    for d, s in zip(dst, src, strict=True):
+        if d.shape != s.shape or d.dtype != s.dtype:
+            out_d.append(d)  # a broadcasting or casting copy: left whole (copy_ handles it)
+            out_s.append(s)
+            continue
+        wd, ws = _widen(d, s)
+        _cut(wd, ws, out_d, out_s)
+    return out_d, out_s
+
+
+def index_chunk(row_numel: int) -> int:
+    """Indices per gather/scatter chunk so one chunk stays below ``GRAIN`` elements."""
+    return max(1, (GRAIN - 1) // max(row_numel, 1))
+
+
+def split_parts(count: int, parts: int) -> list[tuple[int, int]]:
+    """``[0, count)`` cut into ``parts`` nearly equal, non-empty ``(start, end)`` ranges."""
+    parts = max(1, min(parts, count))
+    bounds = [count * k // parts for k in range(parts + 1)]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
