@@ -9,10 +9,13 @@ mover seam), e.g.::
 For each case it prints the deepest chain of sgl_* frames from the public
 method to a copy primitive (a torch copy/gather op or the ``memmove`` loop),
 and the peak Python allocation of five repeated loads of the same layer.
+``--every-pair``: the load chain of every backend x kind (MLA, DSA, MHA) x
+(layout, io) this tree builds, as a markdown table.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import tracemalloc
 import types
@@ -86,7 +89,55 @@ def run_case(name: str, layout: str, ps: int) -> None:
     print(f"  repeated load: Python peak {peak} B over 5 calls")
 
 
+def _pool(backend: object, kind: str, ps: int) -> object:
+    common = {"size": 32 * ps, "page_size": ps, "dtype": torch.bfloat16, "layer_num": 4}
+    if kind == "mha":
+        return backend.create_mha_device_pool(head_num=2, head_dim=64, **common)  # type: ignore[attr-defined]
+    extra = {"index_head_dim": 128, "indexer_layer_ids": (1,), "with_index_k_scale": True}
+    return backend.create_device_pool(  # type: ignore[attr-defined]
+        kv_lora_rank=512, qk_rope_head_dim=64, **common, **(extra if kind == "dsa" else {})
+    )
+
+
+def every_pair() -> None:
+    """The deepest load chain of every backend x kind x (layout, io), pages of 16 tokens,
+    on a repeated per-layer load (the memo path), as one markdown table."""
+    import sgl_core
+
+    print("| backend | kind | layout/io | load frames | chain |")
+    print("|---|---|---|---|---|")
+    ps = 16
+    for name in sgl_core.available_backends():
+        backend = sgl_core.get_backend(name)
+        for kind in ("mla", "dsa", "mha"):
+            pairs = backend.supported_mha_pairs if kind == "mha" else backend.supported_pairs
+            for layout, ios in pairs.items():
+                for io in sorted(ios, key=lambda i: i.value):
+                    try:
+                        dev = _pool(backend, kind, ps)
+                        host = backend.create_host_pool(dev, layout=layout)
+                    except Exception as exc:
+                        pair = f"{layout.value}/{io.value}"
+                        print(f"| {name} | {kind} | {pair} | - | {type(exc).__name__} |")
+                        continue
+                    idx = (torch.tensor([3, 0, 5, 1])[:, None] * ps + torch.arange(ps)).flatten()
+                    h_idx = idx + ps
+                    host.backup_from_device_all_layer(dev, h_idx, idx, io)
+                    host.load_to_device_per_layer(dev, h_idx, idx, 0, io)
+                    host.load_to_device_per_layer(dev, h_idx, idx, 1, io)
+                    chain = deepest_copy(
+                        functools.partial(host.load_to_device_per_layer, dev, h_idx, idx, 1, io)
+                    )
+                    short = " > ".join(c.rsplit(":", 1)[1] for c in chain)
+                    print(
+                        f"| {name} | {kind} | {layout.value}/{io.value} | {len(chain)} | {short} |"
+                    )
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--every-pair"]:
+        every_pair()
+        return
     for case in (
         ("torch", "layer_first", 64),
         ("torch", "layer_first", 1),

@@ -105,9 +105,13 @@ class TokenHostPool(TokenPages[DevT, ShapeT]):
         side = self.host_side
         rows = tuple(p for p in side.parts if p.component.layers is None)
         subset = [p for p in side.parts if p.component.layers is not None]
+        direct = isinstance(factory, type) and issubclass(factory, DirectMover)
+        if not subset or (direct and self._paged is None):
+            # A direct mover moves every component itself, layer subsets included.
+            return self._mover_of(factory, side)
         kv = self._mover_of(factory, dataclasses.replace(side, parts=rows))
         cfg = self._indexer
-        if not subset or cfg is None:
+        if cfg is None:
             return kv
         if self._paged is not None:
             paged = [
