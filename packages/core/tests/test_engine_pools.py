@@ -165,3 +165,28 @@ def test_the_views_refuse_rows_they_would_convert(kind: str, wrong: str) -> None
             )
     now = [t.view(torch.uint8) for t in _layers(engine)]
     assert all(torch.equal(a.view(torch.uint8), b) for a, b in zip(before, now, strict=True))
+
+
+def test_engine_views_refuse_pools_without_their_layer_lists() -> None:
+    """An engine's pool needs its kind's per-layer lists, non-empty and equally long."""
+    import types
+
+    from sgl_core import errors
+    from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
+    from sgl_core.kv.device._mha_foreign_pool import ForeignMHADevicePool
+
+    layer = torch.zeros(4, 1, 8)
+    with pytest.raises(errors.PoolMismatchError, match="not a per-layer MLA device pool"):
+        ForeignMLADevicePool(types.SimpleNamespace(device="cpu"))
+    with pytest.raises(errors.PoolMismatchError, match="not a per-layer MHA device pool"):
+        ForeignMHADevicePool(types.SimpleNamespace(device="cpu", k_buffer=[layer]))
+    for k, v in (([], []), ([layer], [layer, layer]), ((layer,), (layer,))):
+        pool = types.SimpleNamespace(device="cpu", k_buffer=k, v_buffer=v)
+        with pytest.raises(errors.PoolMismatchError, match="k_buffer/v_buffer must be non-empty"):
+            ForeignMHADevicePool(pool)
+    with pytest.raises(errors.PoolMismatchError, match="kv_buffer must be non-empty"):
+        ForeignMLADevicePool(types.SimpleNamespace(device="cpu", kv_buffer=[]))
+    view = ForeignMHADevicePool(
+        types.SimpleNamespace(device="cpu", k_buffer=[layer], v_buffer=[layer])
+    )
+    assert view.device == torch.device("cpu")

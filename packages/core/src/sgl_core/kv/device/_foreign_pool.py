@@ -13,7 +13,7 @@ that already follow the protocol pass through.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -22,7 +22,7 @@ from sgl_core.kv._validation import check_index_tensor, check_value_rows
 from sgl_core.kv.protocols._kv_protocols import MLADevicePool
 from sgl_core.transfer.copy._copy import byte_view
 
-__all__ = ["ForeignMLADevicePool", "engine_dtype", "meant_layers"]
+__all__ = ["EngineView", "ForeignMLADevicePool", "engine_dtype", "meant_layers"]
 
 
 def engine_dtype(pool: Any, layers: list[torch.Tensor]) -> torch.dtype:
@@ -46,20 +46,26 @@ def meant_layers(layers: list[torch.Tensor], dtype: torch.dtype) -> list[torch.T
     return [t.view(dtype) for t in layers]
 
 
-class ForeignMLADevicePool:
-    """An engine's per-layer MLA device pool seen through ``MLADevicePool``."""
+class EngineView:
+    """What a view of an engine's per-layer pool shares, whatever its kind: the
+    wrapped pool, its sizes and its ``device`` as a ``torch.device``."""
+
+    _kind: ClassVar[str]
+    #: The engine pool's per-layer lists the view needs (non-empty, equally long).
+    _lists: ClassVar[tuple[str, ...]]
 
     def __init__(self, pool: Any) -> None:
         try:
             self._device = torch.device(pool.device)
-            layers = pool.kv_buffer
+            lists = [getattr(pool, name) for name in self._lists]
         except (AttributeError, TypeError, RuntimeError) as exc:
             raise PoolMismatchError(
-                f"{type(pool).__name__} is not a per-layer MLA device pool: {exc}"
+                f"{type(pool).__name__} is not a per-layer {self._kind} device pool: {exc}"
             ) from None
-        if not isinstance(layers, list) or not layers:
+        if not all(isinstance(x, list) and x for x in lists) or len(set(map(len, lists))) > 1:
             raise PoolMismatchError(
-                f"{type(pool).__name__}.kv_buffer must be a non-empty list of layer tensors"
+                f"{type(pool).__name__}.{'/'.join(self._lists)} must be non-empty lists of "
+                "layer tensors"
             )
         self._pool = pool
 
@@ -67,12 +73,6 @@ class ForeignMLADevicePool:
     def wrapped(self) -> Any:
         """The engine's pool object."""
         return self._pool
-
-    @property
-    def kv_buffer(self) -> list[torch.Tensor]:
-        # The engine's own list (not a copy): a layer it replaces is seen here too.
-        layers: list[torch.Tensor] = self._pool.kv_buffer
-        return meant_layers(layers, engine_dtype(self._pool, layers))
 
     @property
     def size(self) -> int:
@@ -85,6 +85,23 @@ class ForeignMLADevicePool:
     @property
     def layer_num(self) -> int:
         return int(self._pool.layer_num)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+
+class ForeignMLADevicePool(EngineView):
+    """An engine's per-layer MLA device pool seen through ``MLADevicePool``."""
+
+    _kind = "MLA"
+    _lists = ("kv_buffer",)
+
+    @property
+    def kv_buffer(self) -> list[torch.Tensor]:
+        # The engine's own list (not a copy): a layer it replaces is seen here too.
+        layers: list[torch.Tensor] = self._pool.kv_buffer
+        return meant_layers(layers, engine_dtype(self._pool, layers))
 
     @property
     def kv_lora_rank(self) -> int:
@@ -102,10 +119,6 @@ class ForeignMLADevicePool:
     def dtype(self) -> torch.dtype:
         # The dtype the engine means (SGLang's ``dtype``), not its ``store_dtype``.
         return engine_dtype(self._pool, self._pool.kv_buffer)
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     def _rows(self, layer_id: int) -> torch.Tensor:
         if isinstance(layer_id, bool) or not isinstance(layer_id, int):

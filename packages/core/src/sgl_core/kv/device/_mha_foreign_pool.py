@@ -17,40 +17,24 @@ shape check.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from sgl_core.errors import PoolMismatchError
 from sgl_core.kv._validation import check_index_tensor, check_value_rows
-from sgl_core.kv.device._foreign_pool import engine_dtype, meant_layers
+from sgl_core.kv.device._foreign_pool import EngineView, engine_dtype, meant_layers
 from sgl_core.kv.protocols._kv_protocols import MHADevicePool
 from sgl_core.transfer.copy._copy import byte_view
 
 __all__ = ["ForeignMHADevicePool"]
 
 
-class ForeignMHADevicePool:
+class ForeignMHADevicePool(EngineView):
     """An engine's per-layer MHA device pool seen through ``MHADevicePool``."""
 
-    def __init__(self, pool: Any) -> None:
-        try:
-            self._device = torch.device(pool.device)
-            k, v = pool.k_buffer, pool.v_buffer
-        except (AttributeError, TypeError, RuntimeError) as exc:
-            raise PoolMismatchError(
-                f"{type(pool).__name__} is not a per-layer MHA device pool: {exc}"
-            ) from None
-        if not (isinstance(k, list) and isinstance(v, list) and k and len(k) == len(v)):
-            raise PoolMismatchError(
-                f"{type(pool).__name__}.k_buffer/v_buffer must be non-empty lists of layers"
-            )
-        self._pool = pool
-
-    @property
-    def wrapped(self) -> Any:
-        """The engine's pool object."""
-        return self._pool
+    _kind = "MHA"
+    _lists = ("k_buffer", "v_buffer")
 
     @property
     def k_buffer(self) -> list[torch.Tensor]:
@@ -61,18 +45,6 @@ class ForeignMHADevicePool:
     def v_buffer(self) -> list[torch.Tensor]:
         layers: list[torch.Tensor] = self._pool.v_buffer
         return meant_layers(layers, self.dtype)
-
-    @property
-    def size(self) -> int:
-        return int(self._pool.size)
-
-    @property
-    def page_size(self) -> int:
-        return int(self._pool.page_size)
-
-    @property
-    def layer_num(self) -> int:
-        return int(self._pool.layer_num)
 
     @property
     def head_num(self) -> int:
@@ -89,10 +61,6 @@ class ForeignMHADevicePool:
     @property
     def dtype(self) -> torch.dtype:
         return engine_dtype(self._pool, self._pool.k_buffer)
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     def _layer(self, layer_id: int) -> int:
         if isinstance(layer_id, bool) or not isinstance(layer_id, int):
