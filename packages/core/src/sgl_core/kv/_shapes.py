@@ -14,7 +14,7 @@ import torch
 from sgl_core.errors import ArgumentTypeError, PoolSizeError
 from sgl_core.kv._spec import KVSpec, mha_spec, mla_spec
 
-__all__ = ["MHAShape", "MLAShape", "pages_for_bytes"]
+__all__ = ["MHAShape", "MLAShape"]
 
 
 def _check(shape: object, names: tuple[str, ...]) -> None:
@@ -127,8 +127,3 @@ class MHAShape(_Sized):
     def v_row_bytes(self) -> int:
         """Bytes of one token's V row of one layer."""
         return self.spec.component("v").row_bytes
-
-
-def pages_for_bytes(nbytes: float, bytes_per_page: int) -> int:
-    """Whole pages that fit in ``nbytes``."""
-    return int(nbytes // bytes_per_page)

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from sgl_core.errors import PoolMismatchError, PoolSizeError
+from sgl_core.errors import PoolSizeError
 from sgl_core.kv._spec import KVSpec
 from sgl_core.kv._validation import (
     check_index_bounds,
@@ -28,13 +28,10 @@ from sgl_core.kv._validation import (
     check_value_rows,
 )
 from sgl_core.kv.device._slot_geometry import SlotGeometry
-from sgl_core.kv.protocols._kv_protocols import MHADevicePool, MLADevicePool
 
 __all__ = [
     "PerLayerRows",
     "check_raw_rows",
-    "device_layers",
-    "mha_device_layers",
     "stacked_layers",
 ]
 
@@ -106,27 +103,3 @@ def stacked_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor | None:
         ):
             return None
     return first.as_strided((len(layers), *first.shape), (step // item, *first.stride()))
-
-
-def device_layers(device_pool: MLADevicePool) -> list[torch.Tensor]:
-    """The per-layer ``kv_buffer`` list of a device pool, or ``PoolMismatchError``."""
-    layers = getattr(device_pool, "kv_buffer", None)
-    if not isinstance(layers, list) or len(layers) != device_pool.layer_num:
-        raise PoolMismatchError(
-            f"{type(device_pool).__name__} has no per-layer kv_buffer list; "
-            "this host pool needs a per-layer device pool (torch or cuda backend)"
-        )
-    return layers
-
-
-def mha_device_layers(device_pool: MHADevicePool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The per-layer ``k_buffer`` and ``v_buffer`` lists of a pool, or ``PoolMismatchError``."""
-    k = getattr(device_pool, "k_buffer", None)
-    v = getattr(device_pool, "v_buffer", None)
-    n = device_pool.layer_num
-    if not (isinstance(k, list) and isinstance(v, list) and len(k) == n and len(v) == n):
-        raise PoolMismatchError(
-            f"{type(device_pool).__name__} has no per-layer k_buffer/v_buffer lists; "
-            "this host pool needs a per-layer MHA device pool (torch or cuda backend)"
-        )
-    return k, v
