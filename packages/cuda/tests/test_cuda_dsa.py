@@ -58,3 +58,34 @@ def test_kernel_io_moves_kv_by_kernel_and_indexer_by_the_direct_engine() -> None
     for layer in range(2):
         host.load_to_device_per_layer(dst, idx, idx, layer, "kernel")
         assert torch.equal(device_rows(dst, layer, idx), device_rows(src, layer, idx))
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
+def test_batched_copy_engine_leaves_indexer_pools_to_the_slot_aware_slices(
+    layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the opt-in copy engine, a pool with indexer rows on a layer subset never
+    reaches its per-layer entry points (they would address slots as layers); every
+    load still restores exactly its layer's rows."""
+    from sgl_cuda import _copy_engine
+
+    monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "batch")
+    called: list[str] = []
+    for name in ("layer_first", "page_first"):
+        monkeypatch.setattr(_copy_engine, name, lambda *a, _n=name, **k: called.append(_n))
+    dev = pool(656, index_head_dim=16, indexer_layer_ids=(1,), with_index_k_scale=True)
+    host = sgl_cuda.backend.create_host_pool(dev, layout=layout)
+    fill_device_random(dev, 3)
+    h_idx, d_idx = page_indices([1, 0], PS), page_indices([2, 1], PS)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    dst = pool(656, index_head_dim=16, indexer_layer_ids=(1,), with_index_k_scale=True)
+    for layer in range(dev.layer_num):
+        host.load_to_device_per_layer(dst, h_idx, d_idx, layer, "direct")
+    assert called == []
+    for layer in range(dev.layer_num):
+        assert torch.equal(device_rows(dst, layer, d_idx), device_rows(dev, layer, d_idx))
+    for slot in range(1):  # model layer 1 keeps slot 0
+        assert torch.equal(dst.index_k_buffer[slot][d_idx], dev.index_k_buffer[slot][d_idx])
+        assert torch.equal(
+            dst.index_k_scale_buffer[slot][d_idx], dev.index_k_scale_buffer[slot][d_idx]
+        )

@@ -30,6 +30,9 @@ class CudaDirectMover(DirectMover):
     def __init__(self, host: HostSide, fence: StreamFence | None = None) -> None:
         super().__init__(host)
         self.fence = StreamFence() if fence is None else fence
+        # Rows kept on a layer subset (the DSA indexer) are addressed by slot, which
+        # the copy engine's per-layer entry points do not know: the slices move them.
+        self._subset = any(p.component.layers is not None for p in self.parts)
 
     def synchronize(self) -> None:
         self.fence.synchronize()
@@ -47,7 +50,7 @@ class CudaDirectMover(DirectMover):
     def _batched(self, transfer: Transfer[Any], layer_id: int | None) -> bool:
         """One batched copy-engine call (opt-in), or False with nothing copied."""
         mode = _copy_engine.resolve_mode(None)
-        if mode == "foreach" or self.layout not in _BATCHED:
+        if mode == "foreach" or self.layout not in _BATCHED or self._subset:
             return False
         pool = transfer.device_pool
         h_idx, d_idx = transfer.host_indices.cpu(), transfer.device_indices.cpu()
