@@ -46,7 +46,9 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
         )
 
     def create_host_pool(self, device_pool: Any, **kwargs: Any) -> Any:
-        """As ``PoolBackend.create_host_pool``; SGLang's ``NPUMLATokenToKVPool`` /
+        """As ``PoolBackend.create_host_pool`` (a layout this backend does not build
+        raises ``UnsupportedLayoutError``; ``io_backend`` becomes the pool's
+        ``default_io_backend``); SGLang's ``NPUMLATokenToKVPool`` /
         ``NPUMHATokenToKVPool`` are taken as views of their own tensors."""
         return super().create_host_pool(engine_view(device_pool), **kwargs)
 
