@@ -194,3 +194,53 @@ def test_a_pool_with_only_an_index_head_dim_attribute_is_mirrored_without_an_ind
     host.backup_from_device_all_layer(engine, idx, idx, "direct")
     assert torch.equal(host.get_data_page(PS).view(torch.uint8).view(PS, LAYERS, 656)[0, 0],
                        dev.get_kv_rows(0, idx[:1])[0])  # fmt: skip
+
+
+def test_indexer_mover_moves_parts_first_and_maps_layers_to_slots() -> None:
+    """``IndexerMover`` (kernel io and engine-paged indexers): the indexer parts move
+    before the KV mover, every slot on backup, and on a per-layer load the layer's slot
+    (``slot_of``), or nothing for a layer without one; without ``slot_of`` the parts
+    map layers themselves and get the layer id."""
+    from sgl_core.kv.host._indexer_host import IndexerMover
+
+    calls: list[tuple[str, str, int | None]] = []
+
+    class Recorder:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def backup(self, transfer: object) -> None:
+            calls.append((self.name, "backup", None))
+
+        def load(self, transfer: object, layer_id: int) -> None:
+            assert transfer is moved  # the same validated transfer reaches every part
+            calls.append((self.name, "load", layer_id))
+
+        def check(self, device_pool: object) -> None:
+            calls.append((self.name, "check", None))
+
+        def synchronize(self) -> None:
+            calls.append((self.name, "sync", None))
+
+    slots = {1: 0, 3: 1}
+    mover = IndexerMover(Recorder("kv"), [Recorder("keys"), Recorder("scales")], slots.get)  # type: ignore[arg-type]
+    moved = object()
+    mover.backup(moved)  # type: ignore[arg-type]
+    mover.load(moved, 3)  # type: ignore[arg-type]
+    mover.load(moved, 2)  # type: ignore[arg-type]
+    mover.check(object())  # type: ignore[arg-type]
+    mover.synchronize()
+    assert calls == [
+        ("keys", "backup", None),
+        ("scales", "backup", None),
+        ("kv", "backup", None),
+        ("keys", "load", 1),
+        ("scales", "load", 1),
+        ("kv", "load", 3),
+        ("kv", "load", 2),
+        ("kv", "check", None),
+        ("kv", "sync", None),
+    ]
+    calls.clear()
+    IndexerMover(Recorder("kv"), [Recorder("rows")], None).load(moved, 2)  # type: ignore[arg-type]
+    assert calls == [("rows", "load", 2), ("kv", "load", 2)]

@@ -1,8 +1,8 @@
 """The engine-visible shape objects of both kinds, sized by their KV spec (``_kv_spec``).
 
 ``MLAShape`` and ``MHAShape`` are what ``pool.shape`` reports: the kind's own
-numbers, checked on construction. Their byte sizes are the spec's
-(``spec``), so a pool's sizes have one source.
+numbers, checked on construction by building their spec (``spec``), whose
+byte sizes they report, so a pool's sizes have one source.
 """
 
 from __future__ import annotations
@@ -11,20 +11,9 @@ import dataclasses
 
 import torch
 
-from sgl_core.errors import ArgumentTypeError, PoolSizeError
 from sgl_core.kv._spec import KVSpec, mha_spec, mla_spec
 
 __all__ = ["MHAShape", "MLAShape"]
-
-
-def _check(shape: object, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(shape, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise PoolSizeError(f"{name} must be a positive int, got {value!r}")
-    dtype = getattr(shape, "dtype")  # noqa: B009  (both shapes' field, read like the others)
-    if not isinstance(dtype, torch.dtype):
-        raise ArgumentTypeError(f"dtype must be a torch.dtype, got {dtype!r}")
 
 
 class _Sized:
@@ -75,16 +64,12 @@ class MLAShape(_Sized):
     row_dim: int | None = None
 
     def __post_init__(self) -> None:
-        _check(self, ("layer_num", "kv_lora_rank", "qk_rope_head_dim"))
-        row = self.row_dim
-        if row is not None:
-            if not isinstance(row, int) or isinstance(row, bool) or row <= 0:
-                raise PoolSizeError(f"kv_cache_dim must be a positive int or None, got {row!r}")
-            if row == self.kv_lora_rank + self.qk_rope_head_dim:
-                object.__setattr__(self, "row_dim", None)
+        # The spec checks every number and the dtype (typed errors naming the field).
         spec = mla_spec(
             self.layer_num, self.kv_lora_rank, self.qk_rope_head_dim, self.dtype, self.row_dim
         )
+        if self.row_dim == self.kv_lora_rank + self.qk_rope_head_dim:
+            object.__setattr__(self, "row_dim", None)
         object.__setattr__(self, "_spec", spec)
 
     @property
@@ -114,7 +99,6 @@ class MHAShape(_Sized):
     dtype: torch.dtype
 
     def __post_init__(self) -> None:
-        _check(self, ("layer_num", "head_num", "head_dim", "v_head_dim"))
         spec = mha_spec(self.layer_num, self.head_num, self.head_dim, self.v_head_dim, self.dtype)
         object.__setattr__(self, "_spec", spec)
 
