@@ -47,7 +47,8 @@ class TokenPages(HostPoolBase[DevT, ShapeT], abc.ABC):
         """A copy of one page: flat, components in order; else its part (one component),
         the parts stacked (MHA, equal head dims), or flat (mixed parts)."""
         self.synchronize()  # transfers may still be queued on a stream
-        pages = [self._page(p, self._check_page_start(index)) for p in self._parts]
+        start = self._check_page_start(index)
+        pages = [self._page(p, start) for p in self._parts]
         if len(pages) == 1:
             return pages[0].flatten().clone() if flat else pages[0].clone()
         if not flat and self.spec.stacked:

@@ -145,17 +145,14 @@ class TokenHostPool(TokenPages[DevT, ShapeT]):
     def _device_pool_fingerprint(self, device_pool: DevT) -> tuple[object, ...]:
         # The lists are plain lists: a replaced layer tensor must be re-validated.
         # So are the indexer lists (not validated here: this runs on every load).
+        paged = isinstance(device_pool, ForeignPagedIndexerPool)
         extra: list[object] = []
         for c in self.spec.components:
-            if c.layers is None:  # unchecked here: validation names what is wrong
+            if not (paged and c.layers is not None):  # unchecked: validation says what is wrong
                 tensors = getattr(device_pool, c.device_name, None)
                 extra += tensors if isinstance(tensors, list) else [tensors]
-        if isinstance(device_pool, ForeignPagedIndexerPool):
+        if isinstance(device_pool, ForeignPagedIndexerPool):  # its indexer lives in pages
             extra += device_pool.index_buffers()
-        elif self._indexer is not None:
-            for name in ("index_k_buffer", "index_k_scale_buffer"):
-                tensors = getattr(device_pool, name, None)
-                extra += tensors if isinstance(tensors, list) else [tensors]
         return (device_pool, *extra)
 
     def _device_indexer(self, device_pool: DevT) -> list[torch.Tensor]:
