@@ -485,3 +485,21 @@ def test_the_batched_candidate_moves_exact_bytes_where_it_runs(
     dsa = lambda: mla(index_head_dim=16, indexer_layer_ids=(1,), with_index_k_scale=True)  # noqa: E731
     round_trip(dsa, "layer_first")
     assert issued == []
+
+
+def test_a_choice_is_kept_on_disk_for_the_next_process(tmp_path: Any, clock: FakeClock) -> None:
+    """The core calibrator's cache file (``SGLCORE_COPY_CALIBRATION``) keeps cuda keys too."""
+    from sgl_core.transfer.copy._calibration_cache import DiskCache
+
+    path = tmp_path / "cal.json"
+    log: list[str] = []
+    first = PathChooser(Calibrator(timer=clock, budget_s=100, cache=DiskCache(path)))
+    cands = {"copy engine": fake(clock, 4.0, log, "ce"), "kernel": fake(clock, 1.0, log, "k")}
+    key = path_key("load", CPU, CPU, "layer_first", "kv", 4096)
+    assert first.run(key, cands, 10, CPU) == "kernel"
+    log.clear()
+    later = PathChooser(Calibrator(timer=clock, budget_s=100, cache=DiskCache(path)))
+    assert later.run(key, cands, 10, CPU) == "kernel"
+    assert log == ["k"]  # not measured again
+    (choice,) = later.calibrator.choices()
+    assert choice.source == "disk cache"
