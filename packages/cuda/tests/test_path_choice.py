@@ -503,3 +503,41 @@ def test_a_choice_is_kept_on_disk_for_the_next_process(tmp_path: Any, clock: Fak
     assert log == ["k"]  # not measured again
     (choice,) = later.calibrator.choices()
     assert choice.source == "disk cache"
+
+
+def test_the_kernel_declines_a_device_pool_kernel_io_would_refuse(
+    fresh: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E.g. unpinned host memory on a GPU: the kernel is not offered, the rest still move."""
+    from sgl_core.errors import UnsupportedLayoutError
+    from sgl_cuda._movers import KernelMover
+
+    def refuse(self: KernelMover, device_pool: Any) -> None:
+        raise UnsupportedLayoutError("io_backend='kernel' needs pinned host memory (test)")
+
+    monkeypatch.setattr(KernelMover, "check", refuse)
+    round_trip(mla, "layer_first")
+    assert calibration() and all("kernel" not in c.seconds for c in calibration())
+
+
+def test_a_page_granular_sample_is_whole_pages(
+    fresh: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_direct_mover, "SAMPLE_BYTES", 3 * 48 * 2)  # 1.5 tokens' worth x 2 layers
+    counts: list[int] = []
+    real = CudaDirectMover._candidates
+
+    def seen(self: CudaDirectMover, transfer: Any, *rest: Any) -> dict[str, Any]:
+        counts.append(transfer.count)
+        return real(self, transfer, *rest)
+
+    monkeypatch.setattr(CudaDirectMover, "_candidates", seen)
+    src = mla()
+    fill_device_random(src, 7)
+    host = sgl_cuda.backend.create_host_pool(src, layout="page_first_direct", io_backend="direct")
+    idx = page_indices([0, 2, 4], PS)
+    host.backup_from_device_all_layer(src, idx, idx, "direct")
+    assert sorted(counts) == [PS, 3 * PS]  # one whole page, not 3 tokens
+    dst = mla()
+    host.load_to_device_per_layer(dst, idx, idx, 1, "direct")
+    assert torch.equal(device_rows(dst, 1, idx), device_rows(src, 1, idx))

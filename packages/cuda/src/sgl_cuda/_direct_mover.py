@@ -37,7 +37,7 @@ from sgl_core.backend import (
 )
 from sgl_core.errors import SGLError
 from sgl_cuda import _copy_engine
-from sgl_cuda._movers import KernelMover, check_kernel_rows
+from sgl_cuda._movers import KernelMover
 from sgl_cuda._path_choice import Candidate, PathChooser, path_key
 from sgl_cuda._stream_fence import StreamFence
 
@@ -82,8 +82,7 @@ class CudaDirectMover(DirectMover):
         self._subset = any(p.component.layers is not None for p in self.parts)
         self._names = ",".join(p.component.name for p in self.parts)  # part of auto's keys
         self._pinned: dict[tuple[torch.device, int], DirectMover] = {}
-        # auto's kernel candidate: built on first use; False where its kernels cannot move the rows
-        self._kernel: KernelMover | bool | None = None
+        self._kernel: KernelMover | None = None  # auto's kernel candidate, built on first use
         self._auto_plans: PlanCache[_AutoPlan] = PlanCache()
 
     def synchronize(self) -> None:
@@ -211,16 +210,16 @@ class CudaDirectMover(DirectMover):
         return mover
 
     def _kernel_mover(self, device_pool: Any) -> KernelMover | None:
-        """The ``kernel`` candidate where its kernels can move these rows, else None."""
-        if self.layout is not HostLayout.LAYER_FIRST or self._kernel is False:
+        """The ``kernel`` candidate where its kernels can move these rows, else None.
+
+        Only ``layer_first`` (the kernels have no address form for
+        ``page_first_direct``), whose pools refuse rows that are not whole 8-byte
+        words when they are built; the device pool is checked as for ``kernel`` io.
+        """
+        if self.layout is not HostLayout.LAYER_FIRST:
             return None
         kernel = self._kernel
-        if not isinstance(kernel, KernelMover):
-            try:
-                check_kernel_rows(self.layout, [p.component for p in self.parts])
-            except SGLError:
-                self._kernel = False
-                return None
+        if kernel is None:
             # one thread for its indexer rows between CPU buffers: no calibrator inside a candidate
             tune = dataclasses.replace(tuning_for(device_pool.device), copy_threads=1)
             side = dataclasses.replace(self.side, tuning=tune)
