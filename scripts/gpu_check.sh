@@ -4,8 +4,9 @@
 # SM budget), the GGML bench and one ncu profile; every step has its own timeout.
 # Writes at most 10 files under $OUT: gpu.txt (env + step status), cuda_tests.log,
 # hicache.json, hicache.log, hicache_mha.json, hicache_mha.log, ggml.json, ggml.log,
-# ncu.txt. Needs .whl/*.whl (gguf, hatchling). Worst case 8.3 min: 15+25 pip, 15 env,
-# 135 tests, 100 hicache, 40 MHA hicache, 130 ggml, 35 ncu (each overridable:
+# ncu.txt. hicache.json's meta.copy_calibration says what SGL_CUDA_DIRECT_COPY=auto
+# picked per kind of transfer, and why (its auto rows time it). Needs .whl/*.whl
+# (gguf, hatchling). Worst case 8.3 min: 15+25 pip, 15 env, 135 tests, 100 hicache, 40 MHA hicache, 130 ggml, 35 ncu (each overridable:
 # TEST_TIMEOUT, HICACHE_TIMEOUT, MHA_TIMEOUT, GGML_TIMEOUT, NCU_TIMEOUT).
 # CPU dry run of the python steps: GPU_CHECK_TINY=1 TRITON_INTERPRET=1 (see tests).
 set -u

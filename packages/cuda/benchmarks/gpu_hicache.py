@@ -3,13 +3,15 @@
 DeepSeek-V3 shape (61 layers, 512 + 64, bf16). For each page size (16, 64, 128)
 and every supported (host layout, io backend) pair, ``direct`` in each copy mode
 (``batch``: one ``cudaMemcpyBatchAsync`` per call, copy engines preferred;
-``batch-plain``: same, no flag; ``foreach``: one async copy per piece, only at
-``--foreach-pages``): back up the same number of tokens from random device pages
-to random (churned) host pages, all layers in one call, load them back per layer
-into other device pages, check every byte, and time each op as ``--reps``
-samples (best and median) against a contiguous pinned ``copy_`` of the same
-bytes measured in the same round. Then (``gpu_hicache_extra.py``) the per-layer
-load sweep over launch tunables, the SM-budget view and the ncu target.
+``batch-plain``: same, no flag; ``auto``: the path measured fastest per kind of
+transfer, ``sgl_cuda._path_choice``, recorded as ``meta.copy_calibration``;
+``foreach``: one async copy per piece, only at ``--foreach-pages``): back up the
+same number of tokens from random device pages to random (churned) host pages,
+all layers in one call, load them back per layer into other device pages, check
+every byte, and time each op as ``--reps`` samples (best and median) against a
+contiguous pinned ``copy_`` of the same bytes measured in the same round. Then
+(``gpu_hicache_extra.py``) the per-layer load sweep over launch tunables, the
+SM-budget view and the ncu target.
 
     python packages/cuda/benchmarks/gpu_hicache.py out.json            # H200: ~1-2 min
     TRITON_INTERPRET=1 python packages/cuda/benchmarks/gpu_hicache.py out.json \\
@@ -37,6 +39,7 @@ import torch
 
 import sgl_cuda
 from sgl_core import HostLayout, IOBackend
+from sgl_core.backend import copy_calibration
 from sgl_cuda import CudaMLADevicePool, CudaMLAHostPool, _copy_engine
 
 _Event: Callable[..., torch.cuda.Event] = torch.cuda.Event
@@ -234,12 +237,20 @@ def make_case(
 
 
 def direct_modes(page: int, foreach_pages: list[int]) -> list[str]:
-    modes = ["batch", "batch-plain"]
+    modes = ["batch", "batch-plain", "auto"]
     return [*modes, "foreach"] if page in foreach_pages else modes
 
 
 def set_mode(mode: str) -> None:
-    os.environ["SGL_CUDA_DIRECT_COPY"] = mode if mode in _copy_engine.MODES else "foreach"
+    os.environ["SGL_CUDA_DIRECT_COPY"] = mode if mode in _copy_engine.MOVER_MODES else "foreach"
+
+
+def calibration_lines() -> list[str]:
+    """What ``auto`` (and the CPU copy threads) chose in this run, and why."""
+    choices = copy_calibration()
+    if not choices:
+        return ["copy calibration: nothing measured"]
+    return [f"copy calibration: {c.key}: {c.choice} ({c.source}; {c.reason})" for c in choices]
 
 
 def bench_pair(
@@ -392,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     def dump() -> None:  # after every step: a timeout still leaves what was measured
         meta["seconds"] = time.perf_counter() - t_start
         meta["batched_copy_disabled"] = _copy_engine.disabled_reason()
+        # what SGL_CUDA_DIRECT_COPY=auto picked per kind of transfer, and why
+        meta["copy_calibration"] = [asdict(c) for c in copy_calibration()]
         with open(args.json_out, "w", encoding="utf-8") as out:
             json.dump({"meta": meta, "rows": [asdict(r) for r in rows], **extras}, out, indent=1)
 
@@ -484,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     dump()
     ok = all(r.exact for r in rows) and extra.extras_exact(extras)
     extra.print_compact(rows, extras)
+    for line in calibration_lines():
+        print(line[:300])
     print(
         f"batched copy available at start: {meta['batched_copy_available']}, "
         f"cudart {meta['cuda_runtime']}; switched off: {_copy_engine.disabled_reason() or 'no'}"

@@ -46,6 +46,19 @@ def test_cuda_on_cpu_runs_in_the_interpreter_it_announces() -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_the_measured_cuda_path_is_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``SGL_CUDA_DIRECT_COPY=auto`` the run says what each kind of transfer took."""
+    monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "auto")
+    proc = _bench("--backend", "cuda", "--layout", "page_first_direct", "--no-baselines")
+    assert proc.returncode == 0, proc.stderr
+    found = re.findall(
+        r"copy calibration: cuda (backup|load) cpu->cpu page_first_direct .*", proc.stdout
+    )
+    assert sorted(set(found)) == ["backup", "load"], proc.stdout
+    assert "slowest rounds copy engine: " in proc.stdout
+    assert "bit-exact: yes" in proc.stdout
+
+
 def test_cuda_is_left_out_of_all_with_the_reason() -> None:
     proc = _bench("--backend", "all", "--layers", "2", "--pages", "2", "--repeats", "1")
     assert proc.returncode == 0, proc.stderr

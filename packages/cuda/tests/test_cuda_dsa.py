@@ -51,7 +51,7 @@ def test_kernel_io_moves_kv_by_kernel_and_indexer_by_the_direct_engine() -> None
     fill_device_random(src, 2)
     host = sgl_cuda.backend.create_host_pool(src, layout=HostLayout.LAYER_FIRST)
     idx = page_indices([2, 0], PS)
-    with mock.patch.object(_movers, "prepare_rows", wraps=_kvcacheio_mha.prepare_rows) as launch:
+    with mock.patch.object(_movers, "bind_rows", wraps=_kvcacheio_mha.bind_rows) as launch:
         host.backup_from_device_all_layer(src, idx, idx, "kernel")
     assert launch.call_count == 1  # one launch for every KV layer; indexer rows copied apart
     dst = pool(index_head_dim=128, with_index_k_scale=True)

@@ -145,18 +145,18 @@ def test_one_launch_per_transfer(
 ) -> None:
     """K and V together: one launch per backup and per layer load (two for unequal widths)."""
     calls: list[int] = []
-    real = _kvcacheio_mha.prepare_rows
+    real = _kvcacheio_mha.bind_rows
 
-    def counting(*args: Any, **kwargs: Any) -> Callable[[], None]:
-        launch = real(*args, **kwargs)
+    def counting(*args: Any, **kwargs: Any) -> tuple[Callable[..., None], bool]:
+        launch, interpreted = real(*args, **kwargs)
 
-        def counted() -> None:
+        def counted(*idx: torch.Tensor) -> None:
             calls.append(1)
-            launch()
+            launch(*idx)
 
-        return counted
+        return counted, interpreted
 
-    monkeypatch.setattr(_movers, "prepare_rows", counting)
+    monkeypatch.setattr(_movers, "bind_rows", counting)
     dev = make_device(backend, v_head_dim)
     host = backend.create_host_pool(dev, layout="page_head")
     h, d = shuffled_pages(seed=5)

@@ -274,13 +274,13 @@ def test_per_layer_loads_upload_indices_once(reuse: bool, monkeypatch: pytest.Mo
     from sgl_cuda import _movers
 
     uploads: list[int] = []
-    real = _movers._upload
+    real = _movers.upload
 
     def counting(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
         uploads.append(indices.numel())
         return real(indices, device)
 
-    monkeypatch.setattr(_movers, "_upload", counting)
+    monkeypatch.setattr(_movers, "upload", counting)
     dev = make_pool(layers=4, pages=4)
     fill_device_random(dev, 4)
     host = backend.create_host_pool(dev, layout="layer_first")

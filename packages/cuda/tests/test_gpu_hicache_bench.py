@@ -1,7 +1,7 @@
 """``benchmarks/gpu_hicache.py`` end to end in its tiny CPU mode (interpreter).
 
 The GPU check runs this script once on a lent machine; every code path of it
-(main table with all three direct modes, sweep, SM budget, ncu target) runs
+(main table with every direct mode, sweep, SM budget, ncu target) runs
 here first, so that run cannot fail for a reason a CPU could have caught.
 """
 
@@ -33,6 +33,11 @@ def test_tiny_run_writes_exact_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     modes = {(r["layout"], r["io"], r["mode"]) for r in rows}
     assert ("page_first_direct", "direct", "foreach") in modes
     assert ("layer_first", "direct", "batch") in modes
+    assert ("layer_first", "direct", "auto") in modes
+    # what auto picked is in the JSON the GPU check brings back (kernel measured where it runs)
+    picked = [c for c in data["meta"]["copy_calibration"] if c["key"].startswith("cuda ")]
+    assert any("layer_first" in c["key"] and "kernel" in c["seconds"] for c in picked)
+    assert all(c["choice"] in c["seconds"] for c in picked)
     assert all(r["exact"] and not r["error"] for r in rows)
     assert len(data["sweep"]["rows"]) > 30 and all(r["exact"] for r in data["sweep"]["rows"])
     assert len(data["smbudget"]["rows"]) == 11

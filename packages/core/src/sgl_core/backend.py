@@ -54,7 +54,8 @@ Groups:
   ``gather_rows``); and the one tuning object that picks a copy's path: ``CopyTuning`` with
   per-device presets (``tuning_for``; ``NEVER`` turns a path off; ``AUTO``: copy
   threads chosen by measurement, ``copy_calibration()`` says what was chosen and
-  why, ``Calibrator`` / ``CopyChoice`` for other copy strategies;
+  why, ``Calibrator`` / ``CopyChoice`` for other copy strategies, ``default_calibrator()``
+  the process's one calibrator that ``copy_calibration()`` reads;
   ``shutdown_copy_threads`` stops the copy threads).
 
 The conformance suite a backend runs against itself is
@@ -116,7 +117,12 @@ from sgl_core.transfer._transfer import (
     PlanCache,
     Transfer,
 )
-from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice, copy_calibration
+from sgl_core.transfer.copy._calibrate import (
+    Calibrator,
+    CopyChoice,
+    copy_calibration,
+    default_calibrator,
+)
 from sgl_core.transfer.copy._copy import (
     IndexRuns,
     byte_view,
@@ -192,6 +198,7 @@ __all__ = [
     "check_value_tensor",
     "copy_calibration",
     "copy_runs",
+    "default_calibrator",
     "gather_rows",
     "is_mha_device_pool",
     "layout_facts",

@@ -16,7 +16,8 @@ waited for by it.
 
 Modes (``mode`` argument, else ``$SGL_CUDA_DIRECT_COPY``): ``batch`` (copies
 flagged to prefer overlap with compute, i.e. copy engines), ``batch-plain`` (no
-flag: the driver picks) and ``foreach`` (the per-piece path, the default). The
+flag: the driver picks) and ``foreach`` (the per-piece path, the default); the
+host pools' movers also take ``auto`` (``sgl_cuda._path_choice``: measured). The
 batched modes are opt-in: they are tested on CPU against a fake runtime only and
 have not yet run on a GPU.
 """
@@ -46,6 +47,7 @@ from sgl_cuda._copy_pieces import (
 
 __all__ = [
     "MODES",
+    "MOVER_MODES",
     "available",
     "disabled_reason",
     "layer_first",
@@ -58,6 +60,9 @@ __all__ = [
 ]
 
 MODES = ("batch", "batch-plain", "foreach")
+#: The host pools' ``direct`` movers also take ``auto``: the path chosen by measurement
+#: (``sgl_cuda._path_choice``).
+MOVER_MODES = (*MODES, "auto")
 _ENV = "SGL_CUDA_DIRECT_COPY"
 # Copies per runtime call: bounds the arrays the driver walks in one call.
 MAX_BATCH = 1 << 14
@@ -67,15 +72,18 @@ _disabled = ""
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
 
-def resolve_mode(mode: str | None) -> str:
-    """``mode``, else ``$SGL_CUDA_DIRECT_COPY``, else ``foreach``; checked against MODES.
+def resolve_mode(mode: str | None, *, movers: bool = False) -> str:
+    """``mode``, else ``$SGL_CUDA_DIRECT_COPY``, else ``foreach``; checked against MODES
+    (``movers``: MOVER_MODES, which add ``auto``).
 
     ``foreach`` stays the default until the batched modes have run on a GPU
-    (``scripts/gpu_check.sh`` measures and tests all three); ``batch`` is opt-in.
+    (``scripts/gpu_check.sh`` measures and tests all of them); ``batch`` and
+    ``auto`` are opt-in.
     """
     chosen = mode if mode is not None else os.environ.get(_ENV, "").strip().lower() or "foreach"
-    if chosen not in MODES:
-        raise ShapeMismatchError(f"direct copy mode must be one of {MODES}, got {chosen!r}")
+    allowed = MOVER_MODES if movers else MODES
+    if chosen not in allowed:
+        raise ShapeMismatchError(f"direct copy mode must be one of {allowed}, got {chosen!r}")
     return chosen
 
 

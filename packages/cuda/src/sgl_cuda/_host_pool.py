@@ -91,6 +91,13 @@ class CudaTokenHostPool(TokenHostPool[Any, Any]):
         rows = tuple(p for p in side.parts if p.component.layers is None)
         return dataclasses.replace(side, parts=rows)
 
+    def _make_mover(self, factory: MoverFactory) -> Mover[Any]:
+        # The kernel mover moves the DSA indexer's rows itself (no wrapper: a per-layer
+        # load stays within three frames); an engine's paged indexer keeps the core's.
+        if factory is KernelMover and self._paged is None and self._indexer is not None:
+            return KernelMover(self.host_side, self.fence)
+        return super()._make_mover(factory)
+
     def _mover_of(self, factory: MoverFactory, side: HostSide) -> Mover[Any]:
         for fenced in _FENCED:
             if factory is fenced:  # this backend's movers share the pool's fence

@@ -27,9 +27,11 @@ have the same geometry.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -40,6 +42,7 @@ from sgl_cuda._launch_lock import interpreter_launch
 
 __all__ = [
     "RowForm",
+    "bind_rows",
     "prepare_rows",
     "transfer_kv_all_layer",
     "transfer_kv_all_layer_lf_ph",
@@ -50,7 +53,7 @@ __all__ = [
 ]
 
 
-def prepare_rows(
+def bind_rows(
     src: Sequence[torch.Tensor],
     dst: Sequence[torch.Tensor],
     src_indices: torch.Tensor,
@@ -61,13 +64,14 @@ def prepare_rows(
     dst_form: RowForm,
     layer_offset: int = 0,
     num_layers: int = 1,
-) -> Callable[[], None]:
-    """Check a launch for ``(K,)`` or ``(K, V)`` buffers (or tables) of one row size now;
-    the launch itself runs when the result is called.
+) -> tuple[Callable[[torch.Tensor, torch.Tensor], None], bool]:
+    """Check a launch for ``(K,)`` or ``(K, V)`` buffers (or tables) of one row size now.
 
-    The upstream-named functions below call it with both components; a host
-    pool whose V rows differ in width from its K rows prepares one launch per
-    component and runs them only once both are checked.
+    Returns the launch bound to all but the two index tensors (a
+    ``functools.partial`` of the launcher: calling it adds no frame of ours)
+    and whether it runs interpreted (then each launch holds
+    ``interpreter_launch``'s lock). It must be called with indices of the
+    checked ones' length, dtype and device.
     """
     forms = (src_form, dst_form)
     checked = check_rows(
@@ -79,31 +83,46 @@ def prepare_rows(
         src, dst = (src[0], src[0]), (dst[0], dst[0])  # the V deltas are then 0, unused
     src_k, src_v = (byte_view(t) for t in src)
     dst_k, dst_v = (byte_view(t) for t in dst)
-
     kv_mha = _mha_kernels()
+    launch = functools.partial(
+        kv_mha.launch_copy_kv_rows,
+        src_k,
+        dst_k,
+        words=item_w,
+        head_words=head_w,
+        layer_offset=layer_offset,
+        num_layers=layers,
+        # V is reached as K's address plus their distance (both 8-byte aligned).
+        src_v_delta=(src_v.data_ptr() - src_k.data_ptr()) // 8,
+        dst_v_delta=(dst_v.data_ptr() - dst_k.data_ptr()) // 8,
+        src_side=src_side,
+        dst_side=dst_side,
+        src_table=src_form.kind == "table",
+        dst_table=dst_form.kind == "table",
+        components=components,
+    )
+    return launch, bool(kv_mha.INTERPRETED)
 
-    def launch() -> None:
-        with interpreter_launch(bool(kv_mha.INTERPRETED)):
-            kv_mha.launch_copy_kv_rows(
-                src_k,
-                dst_k,
-                src_indices,
-                dst_indices,
-                words=item_w,
-                head_words=head_w,
-                layer_offset=layer_offset,
-                num_layers=layers,
-                # V is reached as K's address plus their distance (both 8-byte aligned).
-                src_v_delta=(src_v.data_ptr() - src_k.data_ptr()) // 8,
-                dst_v_delta=(dst_v.data_ptr() - dst_k.data_ptr()) // 8,
-                src_side=src_side,
-                dst_side=dst_side,
-                src_table=src_form.kind == "table",
-                dst_table=dst_form.kind == "table",
-                components=components,
-            )
 
-    return launch
+def prepare_rows(
+    src: Sequence[torch.Tensor],
+    dst: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    **form: Any,
+) -> Callable[[], None]:
+    """Check a launch now (``bind_rows``, same arguments); it runs when the result is called.
+
+    A host pool whose V rows differ in width from its K rows checks one launch
+    per component and runs them only once both are checked.
+    """
+    launch, interpreted = bind_rows(src, dst, src_indices, dst_indices, **form)
+
+    def run() -> None:
+        with interpreter_launch(interpreted):
+            launch(src_indices, dst_indices)
+
+    return run
 
 
 def _kv(

@@ -18,15 +18,37 @@ The ``direct`` mover is ``sgl_cuda._direct_mover.CudaDirectMover``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from sgl_core.backend import Component, HostLayout, HostSide, PlanCache, Transfer, layout_facts
+from sgl_core.backend import (
+    DirectMover,
+    HostLayout,
+    HostSide,
+    PlanCache,
+    Transfer,
+    byte_view,
+    layout_facts,
+)
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError, UnsupportedLayoutError
+from sgl_cuda._kernel_parts import (
+    DeviceIndices,
+    Launch,
+    LayerSteps,
+    LoadPlan,
+    PointerTables,
+    address_table,
+    check_kernel_rows,
+    index_rows,
+    layer_views,
+    upload,
+)
 from sgl_cuda._kernels import interpreter_active
-from sgl_cuda._kvcacheio_mha import RowForm, prepare_rows
+from sgl_cuda._kvcacheio_mha import RowForm, bind_rows
+from sgl_cuda._launch_lock import interpreter_launch
 from sgl_cuda._stream_fence import StreamFence
 
 __all__ = [
@@ -38,82 +60,26 @@ __all__ = [
 ]
 
 
-@runtime_checkable
-class PointerTables(Protocol):
-    """A device pool that keeps its own per-layer address tables (the cuda pools)."""
-
-    def pointer_table(self, device_name: str) -> torch.Tensor:
-        """``torch.uint64`` addresses of the layers listed in attribute ``device_name``."""
-        ...
-
-
-def layer_views(host: HostSide) -> tuple[list[torch.Tensor], ...]:
-    """Each part's per-row host views (strided in the page-first layouts), in part order."""
-    facts = layout_facts(host.layout)
-    return tuple(
-        [facts.row(p.buffer, r) for r in range(p.component.rows(host.layer_num))]
-        for p in host.parts
-    )
-
-
-def check_kernel_rows(layout: HostLayout, components: Sequence[Component]) -> None:
-    """Refuse rows no ``kernel`` transfer could move, before any memory is taken.
-
-    The kernels move rows (``page_head``: each head's slice of a row) as int64
-    words; every part is checked, so no transfer can stop between K and V on a
-    row size. Rows kept on a layer subset (the DSA indexer) move by the direct
-    engine and are not checked.
-    """
-    per_head = not layout_facts(layout).heads_inner
-    unit = "a head's slice of a row" if per_head else "a row"
-    for c in components:
-        heads = 1 if per_head else c.heads
-        size = heads * c.dim * c.itemsize
-        if c.layers is None and size % 8:
-            raise UnsupportedLayoutError(
-                f"layout={layout.value!r} runs io_backend='kernel', which moves rows as "
-                f"8-byte words; {unit} of {c.name} here is {size} bytes ({heads} x {c.dim} "
-                f"x {c.dtype}), not a multiple of 8: use layout 'page_first_direct' "
-                "(io 'direct') or the 'torch' backend"
-            )
-
-
-def _upload(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``indices`` on ``device``; from CPU through a pinned snapshot, so the copy is async.
-
-    A snapshot even of pinned input: the async copy must not read the
-    caller's tensor after this returns (it may be reused for the next batch).
-    """
-    if indices.device == device:
-        return indices.contiguous()
-    if device.type == "cuda" and indices.device.type == "cpu":
-        indices = torch.empty(indices.shape, dtype=indices.dtype, pin_memory=True).copy_(indices)
-    return indices.to(device, non_blocking=True).contiguous()
-
-
-class _DeviceIndices:
-    """Device copies of a validated load's indices, reused by the next layers' loads."""
-
-    __slots__ = ("device", "device_indices", "event", "host_indices", "stream")
-
-    def __init__(
-        self, host_indices: torch.Tensor, device_indices: torch.Tensor, stream: torch.cuda.Stream
-    ) -> None:
-        self.device = host_indices.device
-        self.host_indices = host_indices
-        self.device_indices = device_indices
-        self.stream = stream
-        self.event = stream.record_event()
-
-
 class KernelMover:
-    """``kernel`` io for ``layer_first``, ``page_first`` and ``page_head``, any kind."""
+    """``kernel`` io for ``layer_first``, ``page_first`` and ``page_head``, any kind.
+
+    Parts on a layer subset (the DSA indexer's rows) move with the KV, by
+    gathers (their rows need not be 8-byte words): on a per-layer load only
+    where the layer has a row of them, before the kernel, on the same stream.
+    """
 
     def __init__(self, host: HostSide, fence: StreamFence | None = None) -> None:
         self.layout = host.layout
         self.layer_num = host.layer_num
         self.pin_memory = host.pin_memory
         self.fence = StreamFence() if fence is None else fence
+        subset = tuple(p for p in host.parts if p.component.layers is not None)
+        self.index_parts = subset
+        self._index_mover = DirectMover(host, subset) if subset else None
+        self._facts = layout_facts(host.layout)
+        host = dataclasses.replace(
+            host, parts=tuple(p for p in host.parts if p.component.layers is None)
+        )
         self.hosts = tuple(p.buffer for p in host.parts)
         self.names = tuple(p.component.device_name for p in host.parts)
         self.rows = tuple(p.component.row_bytes for p in host.parts)
@@ -130,7 +96,8 @@ class KernelMover:
         # Opt-in: per-layer loads of the same (already validated) indices reuse their
         # device copies. Off until it has run on a GPU (only a CUDA test covers it).
         self.reuse_index_uploads = False
-        self._uploads: PlanCache[_DeviceIndices] = PlanCache()
+        self._uploads: PlanCache[DeviceIndices] = PlanCache()
+        self._plans: PlanCache[LoadPlan] = PlanCache()
 
     def _form(self, c: int, page_size: int, heads: int) -> tuple[str, int, int, int]:
         dim = self.rows[c] * self.layer_num
@@ -178,30 +145,60 @@ class KernelMover:
     def backup(self, transfer: Transfer[Any]) -> None:
         device_pool = transfer.device_pool
         device = device_pool.device
-        h_idx = _upload(transfer.host_indices, device)
-        d_idx = _upload(transfer.device_indices, device)
+        h_idx = upload(transfer.host_indices, device)
+        d_idx = upload(transfer.device_indices, device)
         if isinstance(device_pool, PointerTables):
             src = tuple(device_pool.pointer_table(name) for name in self.names)
         else:  # a foreign per-layer pool (e.g. the torch backend's): build its tables
             src = tuple(address_table(getattr(device_pool, name), device) for name in self.names)
         layer_first = self.layout is HostLayout.LAYER_FIRST
         dst = self.host_tables(device) if layer_first else self.hosts
-        self._launch(src, dst, d_idx, h_idx, host_side="dst", layer=None)
+        launches, interpreted = self._bind(src, dst, d_idx, h_idx, host_side="dst", layer=None)
+        if self._index_mover is not None:  # indexer rows first, on the same stream
+            self._index_mover.backup(transfer)
+        with interpreter_launch(interpreted):
+            for launch in launches:
+                launch(d_idx, h_idx)
         self.fence.record(device)
 
     def load(self, transfer: Transfer[Any], layer_id: int) -> None:
         device = transfer.device_pool.device
         h_idx, d_idx = self._load_indices(transfer, device)
+        plan = self._plans.get(transfer, self._new_plan)
+        steps = plan.layers[layer_id]
+        if steps is None:  # every launch of the layer checked before the first runs
+            steps = plan.layers[layer_id] = self._bind_load(transfer, layer_id, h_idx, d_idx)
+        for host_rows, device_rows in steps.index_rows:
+            index_rows(host_rows, device_rows, plan.host_cpu, d_idx)
+        with steps.lock:
+            for launch in steps.launches:
+                launch(h_idx, d_idx)
+        self.fence.record(device)
+
+    def _new_plan(self, transfer: Transfer[Any]) -> LoadPlan:
+        return LoadPlan(transfer, self.layer_num, bool(self.index_parts))
+
+    def _bind_load(
+        self, transfer: Transfer[Any], layer_id: int, h_idx: torch.Tensor, d_idx: torch.Tensor
+    ) -> LayerSteps:
+        pool = transfer.device_pool
         if self.layout is HostLayout.LAYER_FIRST:
             src = tuple(views[layer_id] for views in self._views)
             offset = 0  # a layer's own rows
         else:
             src, offset = self.hosts, layer_id
-        dst = tuple(getattr(transfer.device_pool, name)[layer_id] for name in self.names)
-        self._launch(src, dst, h_idx, d_idx, host_side="src", layer=offset)
-        self.fence.record(device)
+        dst = tuple(getattr(pool, name)[layer_id] for name in self.names)
+        launches, interpreted = self._bind(src, dst, h_idx, d_idx, host_side="src", layer=offset)
+        index_rows = []
+        for part in self.index_parts:
+            slot = part.component.slot(layer_id)
+            if slot is not None:
+                host_rows = byte_view(self._facts.row(part.buffer, slot))
+                device_rows = byte_view(getattr(pool, part.component.device_name)[slot])
+                index_rows.append((host_rows, device_rows))
+        return LayerSteps(launches, interpreter_launch(interpreted), tuple(index_rows))
 
-    def _launch(
+    def _bind(
         self,
         src: Sequence[torch.Tensor],
         dst: Sequence[torch.Tensor],
@@ -210,41 +207,40 @@ class KernelMover:
         *,
         host_side: str,
         layer: int | None,
-    ) -> None:
-        """One launch per group of parts; every launch is checked before the first runs,
+    ) -> tuple[tuple[Launch, ...], bool]:
+        """One bound launch per group of parts, every one checked before any runs,
         so a refused V never leaves K moved."""
         per_layer = layer is not None
         device_side = "dst" if host_side == "src" else "src"
         device_form = RowForm("layer_first" if per_layer else "table", device_side)
-        launches: list[Callable[[], None]] = []
+        launches: list[Launch] = []
+        interpreted = False
         for comps in self.groups:
             kind, dim, ps, heads = self.forms[comps[0]]
             if kind == "layer_first" and not per_layer:
                 kind = "table"
             host_form = RowForm(kind, host_side, dim, ps, heads)
             forms = (host_form, device_form) if host_side == "src" else (device_form, host_form)
-            launches.append(
-                prepare_rows(
-                    tuple(src[c] for c in comps),
-                    tuple(dst[c] for c in comps),
-                    src_idx,
-                    dst_idx,
-                    item_size=self.rows[comps[0]],
-                    src_form=forms[0],
-                    dst_form=forms[1],
-                    layer_offset=layer or 0,
-                    num_layers=1 if per_layer else self.layer_num,
-                )
+            launch, interpreted = bind_rows(
+                tuple(src[c] for c in comps),
+                tuple(dst[c] for c in comps),
+                src_idx,
+                dst_idx,
+                item_size=self.rows[comps[0]],
+                src_form=forms[0],
+                dst_form=forms[1],
+                layer_offset=layer or 0,
+                num_layers=1 if per_layer else self.layer_num,
             )
-        for launch in launches:
-            launch()
+            launches.append(launch)
+        return tuple(launches), interpreted
 
     def _load_indices(
         self, transfer: Transfer[Any], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Device copies of a load's indices: uploaded once per validated transfer (opt-in)."""
         if device.type != "cuda" or not self.reuse_index_uploads:
-            return _upload(transfer.host_indices, device), _upload(transfer.device_indices, device)
+            return upload(transfer.host_indices, device), upload(transfer.device_indices, device)
         stream = torch.cuda.current_stream(device)
         cached = self._uploads.peek(transfer)
         if cached is not None and cached.device == device:
@@ -255,12 +251,7 @@ class KernelMover:
                 cached.host_indices.record_stream(stream)
                 cached.device_indices.record_stream(stream)
             return cached.host_indices, cached.device_indices
-        h_idx = _upload(transfer.host_indices, device)
-        d_idx = _upload(transfer.device_indices, device)
-        self._uploads.put(transfer, _DeviceIndices(h_idx, d_idx, stream))
+        h_idx = upload(transfer.host_indices, device)
+        d_idx = upload(transfer.device_indices, device)
+        self._uploads.put(transfer, DeviceIndices(h_idx, d_idx, stream))
         return h_idx, d_idx
-
-
-def address_table(layers: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """A ``torch.uint64`` table of ``layers``' addresses on ``device``."""
-    return torch.tensor([t.data_ptr() for t in layers], dtype=torch.uint64, device=device)

@@ -1,0 +1,184 @@
+"""Which CUDA copy path moves a transfer, chosen by measurement (``SGL_CUDA_DIRECT_COPY=auto``).
+
+A ``direct`` transfer of the cuda host pools can be moved by several
+candidates, each bit-exact, each declining (copying nothing, returning
+False) what it cannot move. In preference order (a later candidate must
+beat an earlier one by more than the calibrator's margin):
+
+* ``copy engine``: the core slice copies, one ``cudaMemcpyAsync`` per
+  (run, layer) piece; never declines;
+* ``copy engine gather``: one gather and one scatter per layer (the
+  per-piece path below ``CopyTuning.gather_below_run_bytes``);
+* ``batched copy engine``: every piece in one ``cudaMemcpyBatchAsync``
+  (``sgl_cuda._copy_engine``; declines without CUDA >= 12.8, for rows on a
+  layer subset, for layouts it has no entry point for);
+* ``kernel``: the Triton kernel (``sgl_cuda._movers.KernelMover``; declines
+  for layouts it has no address form for, rows that are not whole 8-byte
+  words, unpinned host memory).
+
+The copy engines come first: they leave the SMs to compute. Each kind of
+transfer (a *key*: operation, device pair, layout, components, average run
+size) is
+measured once per process by the core calibrator
+(``sgl_core.backend.default_calibrator``: one mechanism with the CPU copy
+threads; ``copy_calibration()`` lists both, and ``SGLCORE_COPY_CALIBRATION``
+caches both on disk). Between sizes the choice changes where the measured
+winner changes: the thresholds are measured, not constants. Each real copy
+reports its throughput (on a GPU through CUDA events read at the key's next
+call, so nothing waits); a sustained drop re-measures the key.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping
+
+import torch
+
+from sgl_core.backend import Calibrator, default_calibrator
+
+__all__ = ["CANDIDATES", "Candidate", "PathChooser", "device_label", "path_key", "size_class"]
+
+#: Every candidate name, in preference order.
+CANDIDATES = ("copy engine", "copy engine gather", "batched copy engine", "kernel")
+#: Moves the transfer and returns True, or declines: returns False having copied nothing.
+Candidate = Callable[[], bool]
+
+
+def size_class(nbytes: int) -> str:
+    """The power-of-two class of a size: ``64KiB``, ``512B``."""
+    size = 1 << max(nbytes, 1).bit_length() - 1
+    return f"{size >> 10}KiB" if size >= 1024 else f"{size}B"
+
+
+def device_label(device: torch.device) -> str:
+    """``cpu``, or ``cuda:N (<GPU name>)``: a cached choice applies only to the same GPU."""
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+
+
+def path_key(
+    op: str, host: torch.device, device: torch.device, layout: str, parts: str, run: int
+) -> str:
+    """The calibration key of one kind of transfer: ``parts`` names the components moved
+    (``kv``; ``k,v``; with an indexer's), ``run`` is the average bytes of one row's run."""
+    pair = (host, device) if op == "load" else (device, host)
+    return (
+        f"cuda {op} {device_label(pair[0])}->{device_label(pair[1])} {layout} [{parts}] "
+        f"{size_class(run)} runs"
+    )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(candidate: Candidate, device: torch.device) -> None:
+    """One measured run: the copy and, on a GPU, its completion."""
+    candidate()
+    _synchronize(device)
+
+
+class PathChooser:
+    """Runs a transfer with the candidate measured fastest for its key.
+
+    ``calibrator`` None: the process's (``default_calibrator()``), read at
+    each use (tests swap it). Candidates must not ask a calibrator
+    themselves (it holds its lock while it measures).
+    """
+
+    def __init__(self, calibrator: Calibrator | None = None) -> None:
+        self._calibrator = calibrator
+        self._lock = threading.Lock()
+        # key -> CUDA events around its last real copy, read at its next call
+        self._pending: dict[str, tuple[torch.cuda.Event, torch.cuda.Event, int]] = {}
+
+    @property
+    def calibrator(self) -> Calibrator:
+        return self._calibrator if self._calibrator is not None else default_calibrator()
+
+    def run(
+        self,
+        key: str,
+        candidates: Mapping[str, Candidate],
+        nbytes: int,
+        device: torch.device,
+        sample: Callable[[], tuple[Mapping[str, Candidate], int] | None] | None = None,
+    ) -> str:
+        """Move the transfer with the chosen candidate; the name of the one that moved it.
+
+        ``candidates`` move the whole transfer (``nbytes``), the first one
+        never declines. An unknown or stale key is measured first on what
+        ``sample()`` returns (the same candidates over a part of the transfer,
+        and its bytes; built only to measure), or on the whole transfer
+        (None): each candidate runs once (those that decline drop out), then
+        the calibrator times the rest.
+        """
+        cal = self.calibrator
+        chosen = cal.current(key)
+        if chosen is None or chosen not in candidates:
+            return self._measure(cal, key, candidates, nbytes, device, sample)
+        self._collect(cal, key)
+        on_gpu = device.type == "cuda"
+        start: torch.cuda.Event | float
+        if on_gpu:
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+        else:
+            start = cal.timer()
+        if not candidates[chosen]():
+            return self._fallback(candidates, next(iter(candidates)))
+        if isinstance(start, torch.cuda.Event):
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end.record()
+            with self._lock:  # read at the key's next call, so nothing waits for the copy
+                self._pending[key] = (start, end, nbytes)
+        else:
+            cal.observe(key, nbytes, cal.timer() - start)
+        return chosen
+
+    # ----------------------------------------------------------- internals
+    @staticmethod
+    def _fallback(candidates: Mapping[str, Candidate], first: str) -> str:
+        """The chosen candidate declined this call (e.g. switched off): the first one moves it."""
+        if not candidates[first]():
+            raise RuntimeError(f"internal error: the first copy candidate ({first}) declined")
+        return first
+
+    def _measure(
+        self,
+        cal: Calibrator,
+        key: str,
+        candidates: Mapping[str, Candidate],
+        nbytes: int,
+        device: torch.device,
+        sample: Callable[[], tuple[Mapping[str, Candidate], int] | None] | None,
+    ) -> str:
+        part = sample() if sample is not None else None
+        trial, trial_bytes = part if part is not None else (candidates, nbytes)
+        # Each candidate once: a decline copies nothing and drops out; the others are
+        # timed. Copies are idempotent and bit-exact, so the bytes are right whichever ran last.
+        usable = [name for name, candidate in trial.items() if candidate()]
+        if not usable or usable[0] != next(iter(trial)):
+            raise RuntimeError("internal error: the first copy candidate declined")
+        _synchronize(device)
+        timed = {name: functools.partial(_timed, trial[name], device) for name in usable}
+        chosen = cal.choose(key, timed, trial_bytes)
+        # the sample was a part: the chosen one moves the whole
+        if part is not None and not candidates[chosen]():
+            return self._fallback(candidates, next(iter(candidates)))
+        return chosen
+
+    def _collect(self, cal: Calibrator, key: str) -> None:
+        """Report the key's previous GPU copy if its events are done (never waits)."""
+        with self._lock:
+            pending = self._pending.pop(key, None)
+        if pending is None:
+            return
+        start, end, nbytes = pending
+        if end.query():  # type: ignore[no-untyped-call]
+            cal.observe(key, nbytes, start.elapsed_time(end) / 1e3)
