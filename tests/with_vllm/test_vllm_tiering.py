@@ -51,7 +51,7 @@ from vllm.v1.kv_offload.tiering.base import TransferJob as TierJob
 from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from sgl_core.errors import ArgumentTypeError, IndexOutOfRangeError
+from sgl_core.errors import ArgumentTypeError, IndexOutOfRangeError, PoolMismatchError
 from sgl_core.integrations.vllm import SglPageStoreTier
 
 KINDS = ["llama", "deepseek"]
@@ -291,3 +291,18 @@ def test_bad_jobs_raise_typed_errors_before_anything_runs(
         assert not tier.has_pending_work()
     assert np.array_equal(engine.rows(), rows)
     assert tier.store.stats().pages_set == tier.store.stats().pages_get == 0
+    # one job id in flight once
+    job = TierJob(5, _keys(1), np.array([0]), False, ctx)
+    tier.submit_store(job)
+    with pytest.raises(ArgumentTypeError, match="in flight"):
+        tier.submit_store(job)
+    tier.drain_jobs()
+    assert [r.job_id for r in tier.get_finished_jobs()] == [5]
+    # rows that are not the spec's chunks are refused at construction
+    with pytest.raises(PoolMismatchError):
+        SglPageStoreTier(
+            engine.spec,
+            memoryview(np.zeros((4, 2 * tier.block_size_bytes), dtype=np.int8)),
+            "SglPageStoreTier",
+            root_dir=str(tmp_path),
+        )
