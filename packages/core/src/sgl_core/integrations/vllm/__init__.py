@@ -2,8 +2,10 @@
 
 Load it in vLLM with ``"spec_name": "SglOffloadingSpec"`` and
 ``"spec_module_path": "sgl_core.integrations.vllm"`` in the
-``OffloadingConnector``'s ``kv_connector_extra_config`` (docs/vllm.md).
-Nothing here imports vLLM at import time.
+``OffloadingConnector``'s ``kv_connector_extra_config`` (docs/vllm.md); our
+L3 stores as a secondary tier of vLLM's ``TieringOffloadingSpec`` with
+``"type": "SglPageStoreTier"`` and ``"module_path": "sgl_core.integrations.vllm"``
+in ``secondary_tiers``. Nothing here imports vLLM at import time.
 """
 
 from sgl_core.backends._public import publish_names as _publish_names
@@ -14,14 +16,18 @@ from sgl_core.integrations.vllm._spec import (
     SglOffloadingWorker,
     register_with_vllm,
 )
+from sgl_core.integrations.vllm._tier import ChunkRows, SglPageStoreTier, chunk_format_fields
 
 __all__ = [
     "BlockDeviceView",
     "BlockHost",
     "BlockRows",
     "BlockStore",
+    "ChunkRows",
     "SglOffloadingSpec",
     "SglOffloadingWorker",
+    "SglPageStoreTier",
+    "chunk_format_fields",
     "kv_dtype",
     "register_with_vllm",
 ]

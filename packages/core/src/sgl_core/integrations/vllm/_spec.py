@@ -24,6 +24,7 @@ from typing import Any
 
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
 from sgl_core.integrations.vllm._blocks import BlockDeviceView, BlockHost, BlockRows, kv_dtype
+from sgl_core.integrations.vllm._tier import register_tier_with_vllm
 
 __all__ = ["SglOffloadingSpec", "SglOffloadingWorker", "register_with_vllm"]
 
@@ -35,10 +36,12 @@ def _vllm(module: str) -> Any:
 
 
 def register_with_vllm() -> None:
-    """Make our classes virtual subclasses of vLLM's (imports vLLM)."""
+    """Make our classes virtual subclasses of vLLM's (imports vLLM): the spec,
+    its worker and the secondary tier (``SglPageStoreTier``)."""
     base = _vllm(_BASE)
     base.OffloadingSpec.register(SglOffloadingSpec)
     base.OffloadingWorker.register(SglOffloadingWorker)
+    register_tier_with_vllm()
 
 
 @dataclass(frozen=True)
