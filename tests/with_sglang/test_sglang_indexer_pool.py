@@ -91,6 +91,10 @@ _BAD: dict[str, tuple[Callable[[Any, Any], tuple[Any, Any, Any]], type[SGLError]
     "part of a page": (lambda dev, o: (dev, _A(PAGE - 1), o[: PAGE - 1]), PageAlignmentError),
     "unaligned run": (lambda dev, o: (dev, _A(1, _N + 1), o), PageAlignmentError),
     "run out of order": (lambda dev, o: (dev, _A(_N).flip(0), o), PageAlignmentError),
+    "run with a gap": (
+        lambda dev, o: (dev, torch.cat([_A(32), _A(96, 128), _A(PAGE, 2 * PAGE)]), o),
+        PageAlignmentError,
+    ),
     "device run unaligned": (lambda dev, o: (dev, _A(_N), o + 1), PageAlignmentError),
     "counts differ": (lambda dev, o: (dev, _A(PAGE), o), IndexShapeError),
     "duplicate pages": (

@@ -36,7 +36,6 @@ import torch
 from sgl_core.errors import (
     ArgumentTypeError,
     IndexDTypeError,
-    IndexOutOfRangeError,
     IndexShapeError,
     LayerIndexError,
     PageAlignmentError,
@@ -207,12 +206,9 @@ class SGLangIndexerHostPool:
                 f"device_pool {type(device_pool).__name__} is not the pool this INDEXER "
                 "entry mirrors"
             )
+        # Our pool checks the pages themselves (counts, range, duplicates).
         h = _runs(host_indices, self.page_size, "host_indices")
         d = _runs(device_indices, self.page_size, "device_indices")
-        if h.numel() != d.numel():
-            raise IndexShapeError(
-                f"{host_indices.numel()} host indices for {device_indices.numel()} device indices"
-            )
         return indexer_pages(device_pool), h, d
 
     def prepare_transfer_indices(
@@ -230,8 +226,7 @@ class SGLangIndexerHostPool:
     ) -> None:
         io = sglang_io(io_backend, self._pairs, self._layout)
         view, h, d = self._pages(device_pool, host_indices, device_indices)
-        if h.numel():
-            self._base.backup_from_device_all_layer(view, h, d, io)
+        self._base.backup_from_device_all_layer(view, h, d, io)
 
     def backup_from_device_all_layer_physical(
         self,
@@ -263,10 +258,7 @@ class SGLangIndexerHostPool:
         view, h, d = self._pages(device_pool, host_indices, device_indices)
         if layer_id not in self.indexer_layer_ids:
             return  # as SGLang: the layer reuses another's top-k and has no index pages
-        if h.numel():
-            self._base.load_to_device_per_layer(
-                view, h, d, self.indexer_layer_ids.index(layer_id), io
-            )
+        self._base.load_to_device_per_layer(view, h, d, self.indexer_layer_ids.index(layer_id), io)
 
     def load_to_device_per_layer_physical(
         self,
@@ -284,9 +276,7 @@ class SGLangIndexerHostPool:
 
     # ------------------------------------------------------------ pages
     def _page(self, index: object) -> int:
-        start = page_index(index)
-        if not 0 <= start < self.size:
-            raise IndexOutOfRangeError(f"page start {start} is outside [0, {self.size})")
+        start = page_index(index)  # our pool checks the page's range
         if start % self.page_size:
             raise PageAlignmentError(f"page start {start} is not a multiple of {self.page_size}")
         return start // self.page_size
