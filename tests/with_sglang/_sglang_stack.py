@@ -30,7 +30,10 @@ SINGLE_RANK = {
     "tp_rank": 0, "tp_size": 1, "pp_rank": 0, "pp_size": 1, "attn_dcp_size": 1,
     "attn_dcp_rank": 0, "attn_tp_rank": 0, "attn_tp_size": 1, "attn_dp_rank": 0,
 }  # fmt: skip
-TIMEOUT = 30.0
+# A liveness guard, not a time limit: the first storage call of a process loads
+# SGLang's native hash extension (a torch cpp_extension, behind a file lock shared
+# by every process on the machine), which took over 30 s on 2 busy cores.
+TIMEOUT = 120.0
 
 
 def flags(path: Path, layout: str, io: str) -> list[str]:
