@@ -17,10 +17,11 @@ import torch
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # isort: skip
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams  # isort: skip
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # isort: skip
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool  # isort: skip
+from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool  # isort: skip
+from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool  # isort: skip
 from sglang.srt.mem_cache.radix_cache import RadixKey  # isort: skip
 from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_unified_radix_cache  # isort: skip
-from sglang.srt.runtime_context import get_context  # isort: skip
+from sglang.srt.runtime_context import get_context, get_parallel  # isort: skip
 from sglang.srt.server_args import prepare_server_args  # isort: skip
 
 PAGE, LAYERS, SLOTS = 4, 3, 64
@@ -29,7 +30,10 @@ SINGLE_RANK = {
     "tp_rank": 0, "tp_size": 1, "pp_rank": 0, "pp_size": 1, "attn_dcp_size": 1,
     "attn_dcp_rank": 0, "attn_tp_rank": 0, "attn_tp_size": 1, "attn_dp_rank": 0,
 }  # fmt: skip
-TIMEOUT = 30.0
+# A liveness guard, not a time limit: the first storage call of a process loads
+# SGLang's native hash extension (a torch cpp_extension, behind a file lock shared
+# by every process on the machine), which took over 30 s on 2 busy cores.
+TIMEOUT = 120.0
 
 
 def flags(path: Path, layout: str, io: str) -> list[str]:
@@ -68,6 +72,32 @@ def mha(v_head_dim: int | None = None) -> Callable[[], MHATokenToKVPool]:
         )  # fmt: skip
 
     return make
+
+
+DSA_PAGE, DSA_LAYERS, DSA_KEY = 64, 3, 128
+DSA_SKIP = [False, True, False]  # layer 1 reuses layer 0's top-k: a 0-page placeholder
+DSA_LIVE = (0, 2)
+
+
+def dsa(seed: int = 7, pages: int = 4, skip: list[bool] | None = DSA_SKIP) -> DSATokenToKVPool:
+    """A DeepSeek-V3.2 pool (packed fp8 KV rows, paged indexer) of random bytes."""
+    with get_parallel().override(**SINGLE_RANK):
+        dev = DSATokenToKVPool(
+            size=pages * DSA_PAGE, page_size=DSA_PAGE, kv_lora_rank=512,
+            dtype=torch.float8_e4m3fn, qk_rope_head_dim=64, layer_num=DSA_LAYERS,
+            device="cpu", index_head_dim=DSA_KEY, enable_memory_saver=False,
+            kv_cache_dim=656, skip_topk_layers=skip,
+        )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    for t in dev.kv_buffer + dev.index_k_with_scale_buffer:
+        raw = torch.randint(0, 256, (t.nbytes,), dtype=torch.uint8, generator=gen)
+        t.view(torch.uint8).view(-1).copy_(raw)
+    return dev
+
+
+def dsa_state(dev: DSATokenToKVPool) -> list[torch.Tensor]:
+    """Copies of every byte of ``dev``: KV rows per layer, then index pages per layer."""
+    return [t.view(torch.uint8).clone() for t in dev.kv_buffer + dev.index_k_with_scale_buffer]
 
 
 def device_buffers(dev: Any) -> list[torch.Tensor]:
@@ -119,11 +149,11 @@ def until(step: Callable[[], bool]) -> None:
         time.sleep(0.01)
 
 
-def match(cache: Any) -> Any:
-    return cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", TOKENS))))
+def match(cache: Any, tokens: list[int] = TOKENS) -> Any:
+    return cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
 
 
-def load_back(cache: Any, node: Any) -> torch.Tensor:
+def load_back(cache: Any, node: Any, tokens: list[int] = TOKENS) -> torch.Tensor:
     assert cache.load_back(node)
     cache.cache_controller.start_loading()
 
@@ -132,7 +162,7 @@ def load_back(cache: Any, node: Any) -> torch.Tensor:
         return not cache.ongoing_load_back
 
     until(done)
-    m = match(cache)
-    assert (m.device_prefix_len, m.host_hit_length) == (len(TOKENS), 0)
+    m = match(cache, tokens)
+    assert (m.device_prefix_len, m.host_hit_length) == (len(tokens), 0)
     indices: torch.Tensor = cache.path_device_indices(m.last_device_node)
     return indices

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,17 @@ else:
         sys.path.append(str(Path(__file__).parent / "_stubs"))
     # The cuda backend's Triton kernels run on CPU tensors only in the interpreter.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def published() -> Iterator[None]:
+    """Restore the process's published server args (SGLang's RuntimeContext) after the test."""
+    from sglang.srt.runtime_context import get_context
+
+    ctx = get_context()
+    saved = (ctx._server_args, ctx._config_bags, ctx.parallel._config)
+    try:
+        yield
+    finally:
+        ctx._server_args, ctx._config_bags = saved[0], saved[1]
+        ctx.parallel._config = saved[2]

@@ -33,7 +33,6 @@ Stand-ins, and why:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,32 +41,18 @@ import pytest
 import torch
 
 import sgl_core
-from sgl_core.errors import PoolMismatchError
 from sgl_core.integrations.sglang import SGLangHostPool, kv_host_pool_builder
 from sgl_core.integrations.sglang_storage import SGLangPageStorage
-from sgl_core.l3 import PageStoreArgumentError
 
 from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, EvictParams  # isort: skip
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # isort: skip
 from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as asm  # isort: skip
 from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController  # isort: skip
-from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool  # isort: skip
+from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool  # isort: skip
 from sglang.srt.mem_cache.pool_host import HostPoolGroup  # isort: skip
 from sglang.srt.mem_cache.pool_host import common as host_common  # isort: skip
 from sglang.srt.mem_cache.radix_cache import RadixKey  # isort: skip
-from sglang.srt.runtime_context import get_context, get_parallel  # isort: skip
-
-
-@pytest.fixture
-def published() -> Iterator[None]:
-    """Restore the process's published server args after the test."""
-    ctx = get_context()
-    saved = (ctx._server_args, ctx._config_bags, ctx.parallel._config)
-    try:
-        yield
-    finally:
-        ctx._server_args, ctx._config_bags = saved[0], saved[1]
-        ctx.parallel._config = saved[2]
+from sglang.srt.runtime_context import get_parallel  # isort: skip
 
 
 def _reference_host(dev: Any, host_idx: torch.Tensor, dev_idx: torch.Tensor) -> Any:
@@ -249,30 +234,3 @@ def _round_trip(
     assert (m.device_prefix_len, m.host_hit_length) == (0, len(st.TOKENS))
     loaded = st.load_back(cache, m.best_match_node)
     assert _rows_equal(dev, snapshot, loaded, dev_idx)
-
-
-@pytest.mark.parametrize("host_pools", ["ours", "sglangs"])
-def test_a_dsa_server_on_our_backend_fails_at_startup(
-    host_pools: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, published: None
-) -> None:
-    """DeepSeek-V3.2 (``_DsaStrategy``): ``build_host_pool_group`` builds the KV root
-    through ``build_kv_host_pool`` and the INDEXER entry with SGLang's own
-    ``DSAIndexerPoolHost``. Our builder refuses the DSA pool (no INDEXER entry of
-    ours yet); with SGLang's own host pools our storage refuses them at attach. Both
-    typed, at startup: no server serves KV pages without their indexer."""
-    monkeypatch.setattr(host_common, "_cuda_host_register", lambda *a, **k: None)
-    if host_pools == "ours":
-        builder = kv_host_pool_builder(sgl_core.get_backend("torch"), layout="page_first")
-        monkeypatch.setattr(asm, "build_kv_host_pool", builder)
-    error, match = (
-        (PoolMismatchError, "INDEXER") if host_pools == "ours"
-        else (PageStoreArgumentError, "wrap_host_pool")
-    )  # fmt: skip
-    with get_parallel().override(**st.SINGLE_RANK):
-        dev = DSATokenToKVPool(
-            size=128, page_size=64, kv_lora_rank=512, dtype=torch.float8_e4m3fn,
-            qk_rope_head_dim=64, layer_num=2, device="cpu", index_head_dim=128,
-            enable_memory_saver=False, kv_cache_dim=656,
-        )  # fmt: skip
-        with pytest.raises(error, match=match):
-            st.build(dev, st.flags(tmp_path / "l3", "page_first", "kernel"), page=64, is_dsa=True)

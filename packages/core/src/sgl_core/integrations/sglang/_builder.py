@@ -24,8 +24,9 @@ from typing import Any
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError
 from sgl_core.integrations.sglang._host import SGLangHostPool, wrap_host_pool
 from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
 from sgl_core.kv.device._paged_indexer import has_paged_indexer
-from sgl_core.kv.host._host_kinds import MHAHostPoolBase
+from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core.kv.protocols._protocols import Backend
 
 __all__ = ["kv_host_pool_builder"]
@@ -47,9 +48,10 @@ def kv_host_pool_builder(
     SGLang, and a ``host_size`` SGLang passes (its split of ``--hicache-size``
     between pools) wins over both. Refused (``PoolMismatchError``): packed MTP
     draft pools (ours hold target layers only), an ``override_kv_cache_dim``
-    other than the device pool's row width, and a DeepSeek-V3.2 pool with its
-    indexer (SGLang's stack moves that in its own ``INDEXER`` host pool, for
-    which we have no entry yet: refused before any allocation).
+    other than the device pool's row width. A DeepSeek-V3.2 pool
+    (``DSATokenToKVPool``) gets a host pool of its packed KV rows only: SGLang's
+    ``_DsaStrategy`` moves the indexer in its own ``INDEXER`` entry, which
+    :func:`~sgl_core.integrations.sglang.indexer_host_pool_builder` builds.
     """
     if not callable(getattr(backend, "create_host_pool", None)):
         raise ArgumentTypeError(f"backend must be an sgl Backend, got {type(backend).__name__}")
@@ -69,11 +71,6 @@ def kv_host_pool_builder(
             raise PoolMismatchError(
                 "packed MTP draft pools: our host pools hold target layers only"
             )
-        if has_paged_indexer(kv_pool):
-            raise PoolMismatchError(
-                f"{type(kv_pool).__name__} has an indexer cache: SGLang's DSA stack moves it "
-                "in its own INDEXER host pool, which has no sgl entry yet"
-            )
         if page_size != getattr(kv_pool, "page_size", None):
             raise PoolMismatchError(
                 f"page_size {page_size} differs from the device pool's "
@@ -86,8 +83,12 @@ def kv_host_pool_builder(
                 f"override_kv_cache_dim={override_kv_cache_dim} is not the device pool's row width"
             )
         size_gb = host_size_gb if host_size is None else float(host_size)
+        # A DeepSeek-V3.2 pool: this entry holds its packed KV rows only; SGLang's
+        # stack moves the indexer in its INDEXER entry (indexer_host_pool_builder).
+        rows = ForeignMLADevicePool(kv_pool) if has_paged_indexer(kv_pool) else None
+        device: Any = kv_pool if rows is None else rows
         host = backend.create_host_pool(
-            kv_pool,
+            device,
             layout=layout,
             host_to_device_ratio=host_to_device_ratio,
             host_size_gb=size_gb,
@@ -98,6 +99,9 @@ def kv_host_pool_builder(
             raise PoolMismatchError(
                 f"SGLang asked for use_mla={use_mla}, the device pool is the other kind"
             )
+        if rows is not None:
+            assert isinstance(host, MLAHostPoolBase)  # an MLA view makes an MLA pool
+            return SGLangHostPool(host, pool_label=pool_label, kv_rows=rows)
         return wrap_host_pool(host, pool_label=pool_label)
 
     return build_kv_host_pool

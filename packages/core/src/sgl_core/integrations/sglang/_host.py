@@ -17,6 +17,7 @@ ascend backends). The L3 page members live in :mod:`._host_pages`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 import torch
@@ -24,11 +25,13 @@ import torch
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
 from sgl_core.integrations.sglang._host_pages import SGLangPageMembers
 from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
+from sgl_core.kv.device._paged_indexer import ForeignPagedIndexerPool, IndexerPagesView
 from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core.kv.host._host_pool import HostPoolBase
 from sgl_core.kv.protocols._kv_protocols import MHAHostPool, MLAHostPool
 
-__all__ = ["SGLangHostPool", "wrap_host_pool"]
+__all__ = ["SGLangHostPool", "sglang_io", "wrap_host_pool"]
 
 # Layouts whose page bytes are SGLang's (same flat-page order and page meta):
 # their pages carry no format tag, so they are shared with an SGLang fleet.
@@ -41,6 +44,26 @@ _MHA_BYTE_COMPATIBLE = _MLA_BYTE_COMPATIBLE | {HostLayout.PAGE_HEAD}
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def sglang_io(
+    io_backend: object, pairs: Mapping[HostLayout, frozenset[IOBackend]], layout: HostLayout
+) -> IOBackend:
+    """SGLang's io backend name for a pool of ``pairs`` in ``layout``.
+
+    ``"kernel"`` on a layout that runs only ``direct`` (the torch backend)
+    runs ``direct``: the same rows move, with torch copies.
+    """
+    try:
+        io = IOBackend.parse(io_backend, argument="io_backend")
+    except ValueError as exc:
+        raise UnsupportedLayoutError(str(exc)) from None
+    ios = pairs.get(layout, frozenset())
+    if io is IOBackend.KERNEL and io not in ios and IOBackend.DIRECT in ios:
+        # SGLang's "kernel" (and its index placement) on a pool that has only
+        # torch copies: the same rows move, so run them with "direct".
+        return IOBackend.DIRECT
+    return io
 
 
 class SGLangHostPool(SGLangPageMembers):
@@ -59,7 +82,13 @@ class SGLangHostPool(SGLangPageMembers):
     stores_page_envelope = False
     can_use_write_back_jit = False
 
-    def __init__(self, pool: MLAHostPoolBase | MHAHostPoolBase, *, pool_label: str = "kv") -> None:
+    def __init__(
+        self,
+        pool: MLAHostPoolBase | MHAHostPoolBase,
+        *,
+        pool_label: str = "kv",
+        kv_rows: ForeignMLADevicePool | None = None,
+    ) -> None:
         if not isinstance(pool, (MLAHostPoolBase, MHAHostPoolBase)):
             raise ArgumentTypeError(
                 "wrap_host_pool needs a host pool of an sgl backend (an MLAHostPoolBase or "
@@ -74,6 +103,15 @@ class SGLangHostPool(SGLangPageMembers):
             )
         if not isinstance(pool_label, str) or not pool_label:
             raise ArgumentTypeError("pool_label must be a non-empty str")
+        if kv_rows is not None:
+            if not isinstance(kv_rows, ForeignMLADevicePool) or isinstance(
+                kv_rows, (ForeignPagedIndexerPool, IndexerPagesView)
+            ):
+                raise ArgumentTypeError("kv_rows must be a plain ForeignMLADevicePool view")
+            pool.check_device_pool(kv_rows)
+        #: SGLang's DSA stack: the engine pool whose KV rows alone this pool mirrors
+        #: (its indexer is the INDEXER entry's), and the view that shows only them.
+        self._kv_rows = kv_rows
         self._base: HostPoolBase[Any, Any] = pool
         self._mha = isinstance(pool, MHAHostPoolBase)
         layout = HostLayout.parse(pool.layout, argument="layout")
@@ -165,16 +203,16 @@ class SGLangHostPool(SGLangPageMembers):
 
     # --------------------------------------------------------- transfers
     def _io(self, io_backend: object) -> IOBackend:
-        try:
-            io = IOBackend.parse(io_backend, argument="io_backend")
-        except ValueError as exc:
-            raise UnsupportedLayoutError(str(exc)) from None
-        ios = self._pairs.get(self._layout, frozenset())
-        if io is IOBackend.KERNEL and io not in ios and IOBackend.DIRECT in ios:
-            # SGLang's "kernel" (and its index placement) on a pool that has only
-            # torch copies: the same rows move, so run them with "direct".
-            return IOBackend.DIRECT
-        return io
+        return sglang_io(io_backend, self._pairs, self._layout)
+
+    def _device(self, device_pool: Any) -> Any:
+        """The KV-rows view for the DSA pool of an SGLang KV entry; any other pool as given."""
+        rows = self._kv_rows
+        return rows if rows is not None and device_pool is rows.wrapped else device_pool
+
+    def l3_indices(self, host_indices: torch.Tensor) -> torch.Tensor:
+        """The wrapped pool's slots of SGLang's host indices (the same token slots)."""
+        return host_indices
 
     def prepare_transfer_indices(
         self, host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str
@@ -196,7 +234,7 @@ class SGLangHostPool(SGLangPageMembers):
     ) -> None:
         # Our pools see SGLang's raw device pool through their cached views.
         self._base.backup_from_device_all_layer(
-            device_pool, host_indices, device_indices, self._io(io_backend)
+            self._device(device_pool), host_indices, device_indices, self._io(io_backend)
         )
 
     def backup_from_device_all_layer_physical(
@@ -226,7 +264,9 @@ class SGLangHostPool(SGLangPageMembers):
                 "(give the draft model its own host pool)"
             )
         io = self._io(io_backend)
-        self._base.load_to_device_per_layer(device_pool, host_indices, device_indices, layer_id, io)
+        self._base.load_to_device_per_layer(
+            self._device(device_pool), host_indices, device_indices, layer_id, io
+        )
 
     def load_to_device_per_layer_physical(
         self,

@@ -25,13 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sgl_core.errors import SGLError
 from sgl_core.integrations.sglang._host import SGLangHostPool
+from sgl_core.integrations.sglang._indexer_pool import SGLangIndexerHostPool
 from sgl_core.l3 import PageStore, PageStoreArgumentError, page_format
 from sgl_core.l3._pages import resolve_pages
 
 __all__ = ["PoolTransferResultLike", "StorageV2Members"]
 
 _ALL, _TRAILING, _BLOCKS = "all_pages", "trailing_pages", "block_groups"
+_Registered = SGLangHostPool | SGLangIndexerHostPool
 
 
 @dataclasses.dataclass
@@ -77,10 +80,10 @@ class StorageV2Members:
 
         def _pool_store(self, name: str) -> PageStore: ...
 
-    _pools: dict[str, tuple[SGLangHostPool, PageStore]]
+    _pools: dict[str, tuple[_Registered, PageStore]]
 
     # ------------------------------------------------------------ setup
-    def register_mem_host_pool_v2(self, host_pool: SGLangHostPool, host_pool_name: Any) -> None:
+    def register_mem_host_pool_v2(self, host_pool: _Registered, host_pool_name: Any) -> None:
         """Bind one ``HostPoolGroup`` entry's host pool to a store of its own.
 
         The anchor pool (the one ``register_mem_pool_host`` bound) keeps the
@@ -88,10 +91,11 @@ class StorageV2Members:
         part naming the pool.
         """
         name = _name(host_pool_name)
-        if not isinstance(host_pool, SGLangHostPool):
+        if not isinstance(host_pool, (SGLangHostPool, SGLangIndexerHostPool)):
             raise PageStoreArgumentError(
                 "register_mem_host_pool_v2 needs a host pool wrapped by "
-                f"sgl_core.integrations.sglang.wrap_host_pool, got {type(host_pool).__name__}"
+                "sgl_core.integrations.sglang.wrap_host_pool (or the INDEXER entry of "
+                f"indexer_host_pool_builder), got {type(host_pool).__name__}"
             )
         if name in self._pools:
             if self._pools[name][0] is host_pool:
@@ -110,7 +114,7 @@ class StorageV2Members:
     def _scoped(self, name: str, keys: Sequence[str]) -> list[str]:
         return self._keys(keys, None if name == self._anchor_name() else name)
 
-    def _entry(self, transfer: Any) -> tuple[str, SGLangHostPool, PageStore]:
+    def _entry(self, transfer: Any) -> tuple[str, _Registered, PageStore]:
         name = _name(getattr(transfer, "name", None))
         if name not in self._pools:
             raise PageStoreArgumentError(
@@ -164,7 +168,7 @@ class StorageV2Members:
 
     def _checked_transfers(
         self, transfers: Any
-    ) -> list[tuple[Any, str, SGLangHostPool, PageStore, list[str], torch.Tensor]]:
+    ) -> list[tuple[Any, str, _Registered, PageStore, list[str], torch.Tensor]]:
         if transfers is None or isinstance(transfers, (str, bytes)):
             raise PageStoreArgumentError("transfers must be a list of PoolTransfer")
         out = []
@@ -182,9 +186,14 @@ class StorageV2Members:
                     f"{host.page_size} tokens"
                 )
             # The store's own checks (key form, index dtype, range, whole pages,
-            # duplicates) for every transfer before the first one moves a byte.
-            resolve_pages(host.pool, page_format(host.pool), self._scoped(name, keys), idx)
-            out.append((t, name, host, store, list(keys), idx))
+            # duplicates) for every transfer before the first one moves a byte,
+            # on the pool's own slots (an INDEXER entry's are pages).
+            try:
+                slots = host.l3_indices(idx)
+            except SGLError as exc:
+                raise PageStoreArgumentError(f"pool {name!r}: {exc}") from None
+            resolve_pages(host.pool, page_format(host.pool), self._scoped(name, keys), slots)
+            out.append((t, name, host, store, list(keys), slots))
         return out
 
     def batch_get_v2(self, transfers: Any, extra_info: Any = None) -> dict[Any, list[bool]]:

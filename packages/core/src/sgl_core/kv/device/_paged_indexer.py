@@ -33,7 +33,13 @@ from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
 from sgl_core.kv.device._indexer import SCALE_BYTES, IndexerConfig
 from sgl_core.transfer._transfer import Transfer
 
-__all__ = ["ForeignPagedIndexerPool", "PagedIndexerPart", "has_paged_indexer", "paged_buffers"]
+__all__ = [
+    "ForeignPagedIndexerPool",
+    "IndexerPagesView",
+    "PagedIndexerPart",
+    "has_paged_indexer",
+    "paged_buffers",
+]
 
 _BUFFER = "index_k_with_scale_buffer"
 
@@ -146,6 +152,85 @@ class ForeignPagedIndexerPool(ForeignMLADevicePool):
         """The engine's own buffers of the indexer layers (for fingerprints), unchecked."""
         buffers: list[torch.Tensor] = getattr(self.wrapped, _BUFFER)
         return [buffers[i] for i in self.paged_format.layer_ids]
+
+
+class IndexerPagesView(ForeignMLADevicePool):
+    """An engine's paged indexer as an MLA device pool whose "tokens" are its pages.
+
+    SGLang's ``DSAIndexerPoolHost`` copies whole index pages: one ``page_size *
+    (index_head_dim + 4)``-byte row per page and indexer layer. This view
+    shows exactly that as the one KV model's terms, so our host pools and
+    movers (any backend, layout and io) move the engine's index pages
+    unchanged: ``page_size`` 1 (a slot is one engine page), ``layer_num`` the
+    layers with pages (``indexer_layer_ids``, in order), ``kv_buffer[i]`` the
+    engine's ``index_k_with_scale_buffer[indexer_layer_ids[i]]`` seen as
+    ``(pages, 1, row)`` ``uint8`` (no copy), the keys as the ``kv_lora_rank``
+    part of a row and the scales as its ``qk_rope_head_dim`` part; ``size`` is
+    the pages less page 0, the engine's padding page. Refused
+    (``PoolMismatchError``): a pool without a paged indexer, or one whose
+    indexer layers hold different page counts.
+    """
+
+    _lists = (_BUFFER,)
+
+    def __init__(self, pool: Any) -> None:
+        super().__init__(pool)
+        try:
+            fmt = _format(pool)
+        except PoolMismatchError:
+            raise
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise PoolMismatchError(f"{type(pool).__name__}: bad paged indexer: {exc}") from None
+        if not fmt.layer_ids:
+            raise PoolMismatchError(f"{type(pool).__name__} has no layer with index pages")
+        buffers = getattr(pool, _BUFFER)
+        pages = {int(buffers[i].shape[0]) for i in fmt.layer_ids}
+        if len(pages) != 1:
+            raise PoolMismatchError(
+                f"{type(pool).__name__}: indexer layers hold different page counts {sorted(pages)}"
+            )
+        #: The engine's page format (the same value ``ForeignPagedIndexerPool`` reports).
+        self.paged_format = fmt
+        self._pages = pages.pop()
+
+    @property
+    def size(self) -> int:
+        return self._pages - 1
+
+    @property
+    def page_size(self) -> int:
+        return 1
+
+    @property
+    def token_page_size(self) -> int:
+        """The engine's page size in tokens (tokens per slot of this view)."""
+        return self.paged_format.page_size
+
+    @property
+    def layer_num(self) -> int:
+        return len(self.paged_format.layer_ids)
+
+    @property
+    def kv_buffer(self) -> list[torch.Tensor]:
+        # Views made on every call: a layer the engine replaced is seen as it is now.
+        buffers: list[torch.Tensor] = getattr(self._pool, _BUFFER)
+        return [buffers[i].unsqueeze(1) for i in self.paged_format.layer_ids]
+
+    @property
+    def kv_lora_rank(self) -> int:
+        return self.paged_format.page_size * self.paged_format.index_head_dim
+
+    @property
+    def qk_rope_head_dim(self) -> int:
+        return self.paged_format.page_size * SCALE_BYTES
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return self.paged_format.row_bytes
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.uint8
 
 
 class PagedIndexerPart:
