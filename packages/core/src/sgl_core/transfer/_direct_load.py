@@ -33,6 +33,7 @@ from sgl_core.transfer.copy._steps import (
     numpy_rows,
     slices_step,
 )
+from sgl_core.transfer.copy._tuning import load_gather_limit
 
 __all__ = ["Plan", "load_steps", "new_plan"]
 
@@ -107,7 +108,7 @@ def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -
             addrs[0].extend(devs)
             addrs[1].extend(hosts)
             addrs[2].extend(sizes)
-        elif run_bytes < tune.gather_below_run_bytes:
+        elif run_bytes < (load_gather_limit(tune) if on_cpu else tune.gather_below_run_bytes):
             dev = mover._device_rows(mover._wide(layer))
             rows = mover._host_rows(c, r)
             staged = mover._staging(plan, c, rows, dev.device)
