@@ -101,3 +101,32 @@ def test_loads_of_one_batch_share_one_plan() -> None:
     host.load_to_device_per_layer(dev, h_idx.clone(), d_idx, 0, IO)  # new tensors: new plan
     last = mover._plans._last
     assert last is not None and last[1] is not plans[0]
+
+
+def test_gather_loads_of_one_batch_share_one_buffer_per_component() -> None:
+    """Every layer's gather step of a plan reuses this thread's buffer of its component
+    (no fresh multi-MB temporary per layer), and the loads stay bit-exact."""
+    dev, host = pools(PATHS["gather"], 1)
+    dst, _ = pools(None, 2)
+    h_idx, d_idx = page_indices([5, 0, 2], 4), page_indices([1, 3, 2], 4)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, IO)
+    mover = host._movers[IOBackend.KERNEL_ASCEND]
+    assert isinstance(mover, KvSplitMover)
+    for layer in range(3):
+        host.load_to_device_per_layer(dst, h_idx, d_idx, layer, IO)
+    last = mover._plans._last
+    assert last is not None
+    plan = last[1]
+    assert len(plan.staging) == 2  # k and v, one thread
+    ptrs = {b.untyped_storage().data_ptr() for b in plan.staging.values()}
+    used = {
+        b.untyped_storage().data_ptr()
+        for steps in plan.steps.values()
+        for s in steps
+        for b in s.parts[0][4]
+    }
+    assert len(plan.steps) == 3 and used == ptrs  # three layers' steps, two buffers
+    for layer in range(3):
+        pairs = zip(dst.get_kv_buffer(layer, d_idx), dev.get_kv_buffer(layer, d_idx), strict=True)
+        for got, want in pairs:
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

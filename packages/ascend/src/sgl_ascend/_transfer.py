@@ -157,6 +157,7 @@ def _cpu_steps(
     plan: PagePlan,
     per_page: int,
     tuning: CopyTuning,
+    staging: dict[tuple[int, int], torch.Tensor],
 ) -> list[Step]:
     """A CPU load's copy steps: by address (big pages), gathers (short runs) or run copies."""
     threads = tuning.copy_threads
@@ -167,11 +168,15 @@ def _cpu_steps(
     pairs = [(widen_rows(host[:, row]), widen_rows(dev[row])) for host, dev, row in triples]
     if _short_runs(plan, per_page, tuning):
         steps = []
-        for host, dev in pairs:
-            staging = torch.empty((plan.num_pages, *host.shape[1:]), dtype=host.dtype)
-            steps.append(
-                gather_step(dev, host, plan.device_pages, plan.host_pages, staging, threads)
-            )
+        for c, (host, dev) in enumerate(pairs):
+            # one buffer per (thread, component) for every layer of the plan: its layers'
+            # loads run one after the other on that thread
+            key = (threading.get_ident(), c)
+            buf = staging.get(key)
+            if buf is None or buf.dtype != host.dtype or buf.shape[1:] != host.shape[1:]:
+                buf = torch.empty((plan.num_pages, *host.shape[1:]), dtype=host.dtype)
+                staging[key] = buf
+            steps.append(gather_step(dev, host, plan.device_pages, plan.host_pages, buf, threads))
         return steps
     runs = list(plan.runs)
     extent = (
@@ -190,6 +195,8 @@ class _LoadPlan:
     pages: PagePlan
     #: per (thread, layer) of a load between CPU tensors: its bound copy steps
     steps: dict[tuple[int, int], list[Step]] = dataclasses.field(default_factory=dict)
+    #: per (thread, component): the gather buffer of its loads' gather steps
+    staging: dict[tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 class KvSplitMover:
@@ -244,7 +251,7 @@ class KvSplitMover:
         if self.buffers[0].device == device and device.type == "cpu":
             key = (threading.get_ident(), layer_id)  # gather steps hold this thread's buffers
             if key not in plan.steps:  # the memo re-checked the storage
-                plan.steps[key] = _cpu_steps(triples, pages, per_page, tune)
+                plan.steps[key] = _cpu_steps(triples, pages, per_page, tune, plan.staging)
             for step in plan.steps[key]:  # the primitive itself, called from here
                 rest = step.start_rest()
                 try:
