@@ -93,3 +93,39 @@ def test_a_load_is_calibrated_on_its_whole_call(monkeypatch: pytest.MonkeyPatch)
     loads = [c for c in copy_calibration() if c.key.endswith("per load")]
     assert [c.key for c in loads] == ["memmove cpu->cpu 64KiB blocks, 1024KiB per load"]
     assert loads[0].nbytes == whole and loads[0].source == "measured"
+
+
+@pytest.mark.parametrize(
+    ("tuning", "path"),
+    [
+        (None, "copy_slices"),  # the cpu preset: CPU loads gather only below 4 KiB runs
+        (CopyTuning(), "gather_chunks"),  # no load limit: gather_below_run_bytes (96 KiB)
+        (CopyTuning(load_gather_below_run_bytes=1 << 20), "gather_chunks"),
+    ],
+)
+def test_cpu_loads_take_the_load_gather_limit(
+    monkeypatch: pytest.MonkeyPatch, tuning: CopyTuning | None, path: str
+) -> None:
+    from sgl_core.transfer.copy import _steps
+
+    seen: list[str] = []
+    for name in ("gather_chunks", "copy_slices"):
+        real = getattr(_steps, name)
+
+        def spy(*args: object, _real: object = real, _name: str = name) -> None:
+            seen.append(_name)
+            _real(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(_steps, name, spy)
+    backend = sgl_core.TorchBackend(tuning=tuning)
+    kw = dict(size=256, page_size=16, dtype=torch.bfloat16, kv_lora_rank=512)
+    dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
+    back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
+    fill_device_random(dev, 6)
+    host = backend.create_host_pool(dev, layout="page_first")
+    h_idx, d_idx = page_indices([9, 2, 5], 16), page_indices([1, 7, 3], 16)  # 18 KiB runs
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    seen.clear()
+    host.load_to_device_per_layer(back, h_idx, d_idx, 1, "direct")
+    assert seen == [path]
+    assert torch.equal(device_rows(back, 1, d_idx), device_rows(dev, 1, d_idx))
