@@ -25,6 +25,8 @@ import torch
 
 OURS = ("/sgl_core/", "/sgl_cuda/", "/sgl_ascend/")
 COPIES = {"copy_", "_foreach_copy_", "index_copy_", "index_select"}
+# our copy loops that are themselves the primitive (by-address blocks, numpy run copies)
+PRIMITIVES = {"_memmove_all", "copy_slices"}
 
 
 def our_frames(frame: types.FrameType | None) -> list[str]:
@@ -43,7 +45,7 @@ def deepest_copy(call: Callable[[], None]) -> list[str]:
     def profile(frame: types.FrameType, event: str, arg: object) -> None:
         nonlocal best
         copy = (event == "c_call" and getattr(arg, "__name__", "") in COPIES) or (
-            event == "call" and frame.f_code.co_name == "_memmove_all"
+            event == "call" and frame.f_code.co_name in PRIMITIVES
         )
         if copy:
             stack = our_frames(frame)

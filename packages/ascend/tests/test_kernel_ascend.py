@@ -124,11 +124,20 @@ def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch
     assert len(calls) == 1
     assert len(calls[0]) == 2 * 4
     assert calls[0][0] == (10, LAYERS, PS, 1, 16 * 2)
+    # A per-layer load between CPU tensors: one slice-copy step per component, per run.
+    steps: list[tuple[list[tuple[int, int, int]], tuple[int, ...]]] = []
+    real_step = _transfer.slices_step
+
+    def record_step(dst: Any, src: Any, runs: list[tuple[int, int, int]], *a: Any) -> Any:
+        steps.append((list(runs), tuple(dst.shape[1:])))
+        return real_step(dst, src, runs, *a)
+
+    monkeypatch.setattr(_transfer, "slices_step", record_step)
     calls.clear()
     host.load_to_device_per_layer(dev, page_indices(hp, PS), page_indices(dp, PS), 0, IO)
-    assert len(calls) == 1
-    assert len(calls[0]) == 2 * 2
-    assert calls[-1][0] == (10, PS, 1, 16 * 2)
+    assert calls == []
+    assert [r for r, _ in steps] == [[(8, 1, 10), (2, 12, 1)]] * 2
+    assert all(shape[0] == PS for _, shape in steps)
 
 
 def test_short_runs_use_one_gather_per_component(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sgl_ascend import _transfer
-from sgl_core.backend import CopyTuning, memmove_blocks
+from sgl_core.backend import CopyTuning, memmove_step
 from sgl_core.testing import page_indices
 
 PS, DIM = 4, 3
@@ -70,7 +70,7 @@ def test_row_addresses_point_at_the_planned_pages(row: int) -> None:
     expect_dst += [dev2[row, d].data_ptr() for d in (4, 1, 0)]
     assert src == expect_src and dst == expect_dst
     assert sizes == [PS * DIM * 2] * 6
-    memmove_blocks(dst, src, sizes)
+    memmove_step(dst, src, sizes, 1).run()
     for h, d in ((5, 4), (0, 1), (2, 0)):
         assert torch.equal(dev[row, d].view(torch.int16), host[h, row].view(torch.int16))
     untouched = [r for r in range(ROWS) if r != row]

@@ -103,7 +103,10 @@ def test_tuning_presets_per_device() -> None:
     cpu = api.tuning_for(torch.device("cpu"))
     cuda = api.tuning_for(torch.device("cuda", 1))
     npu = api.tuning_for(torch.device("meta"))  # unknown type: the CPU preset
-    assert npu == cpu == api.CopyTuning()
+    # the CPU preset: the defaults, but per-layer CPU loads gather only below 4 KiB runs
+    assert npu == cpu == api.CopyTuning(load_gather_below_run_bytes=4 << 10)
+    assert api.CopyTuning().load_gather_below_run_bytes is None  # None: gather_below_run_bytes
+    assert cuda.load_gather_below_run_bytes is None
     assert cuda.batched_cross_device and not cpu.batched_cross_device
     assert cuda.by_address_min_block_bytes == api.NEVER
     pool_dev, _ = pools("layer_first")

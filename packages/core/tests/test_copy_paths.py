@@ -91,18 +91,17 @@ class TestStackedAllLayers(_PinnedPath):
 def test_each_tuning_takes_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tuning objects above really select different copy paths."""
     from sgl_core.testing import page_indices
-    from sgl_core.transfer import _direct_mover
-    from sgl_core.transfer.copy import _copy
+    from sgl_core.transfer.copy import _steps
 
     seen: list[str] = []
-    for name, module in (("memmove", _copy), ("copy_runs", _direct_mover)):
-        real = getattr(module, "memmove_blocks" if name == "memmove" else name)
+    for name in ("memmove_each", "gather_chunks", "copy_slices"):
+        real = getattr(_steps, name)
 
-        def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> None:
+        def spy(*args: object, _real: object = real, _name: str = name) -> None:
             seen.append(_name)
-            _real(*args, **kw)  # type: ignore[operator]
+            _real(*args)  # type: ignore[operator]
 
-        monkeypatch.setattr(_direct_mover, "memmove_blocks" if name == "memmove" else name, spy)
+        monkeypatch.setattr(_steps, name, spy)
     paths = {}
     for label, tuning in (("by_address", _BY_ADDRESS), ("gather", _GATHER), ("slices", _SLICES)):
         backend = sgl_core.TorchBackend(tuning=tuning)
@@ -115,4 +114,8 @@ def test_each_tuning_takes_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
         seen.clear()
         host.load_to_device_per_layer(dev, idx, idx, 0, "direct")
         paths[label] = tuple(seen)
-    assert paths == {"by_address": ("memmove",), "gather": (), "slices": ("copy_runs",)}
+    assert paths == {
+        "by_address": ("memmove_each",),
+        "gather": ("gather_chunks",),
+        "slices": ("copy_slices",),
+    }

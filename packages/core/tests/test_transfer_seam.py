@@ -29,6 +29,8 @@ from sgl_core.testing import device_rows, fill_device_random, page_indices
 
 SRC = str(Path(sgl_core.__file__).parent)
 COPIES = {"copy_", "_foreach_copy_", "index_copy_", "index_select"}
+# our copy loops that are themselves the primitive (by-address blocks, numpy run copies)
+PRIMITIVES = {"_memmove_all", "copy_slices"}
 PATHS = {
     "by_address": CopyTuning(by_address_min_block_bytes=0),
     "gather": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_run_bytes=NEVER),
@@ -63,7 +65,7 @@ def frames_at_copies(call: types.FunctionType | object) -> list[int]:
 
     def profile(frame: types.FrameType, event: str, arg: object) -> None:
         if (event == "c_call" and getattr(arg, "__name__", "") in COPIES) or (
-            event == "call" and frame.f_code.co_name == "_memmove_all"
+            event == "call" and frame.f_code.co_name in PRIMITIVES
         ):
             depths.append(ours(frame))
 
@@ -77,7 +79,7 @@ def frames_at_copies(call: types.FunctionType | object) -> list[int]:
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
-def test_per_layer_load_is_at_most_four_frames(layout: str, path: str) -> None:
+def test_per_layer_load_is_at_most_three_frames(layout: str, path: str) -> None:
     dev, host = pools(layout, tuning=PATHS[path])
     dst, _ = pools(layout)
     h_idx, d_idx = page_indices([5, 0, 2], 4), page_indices([1, 3, 2], 4)
@@ -85,7 +87,7 @@ def test_per_layer_load_is_at_most_four_frames(layout: str, path: str) -> None:
     host.load_to_device_per_layer(dst, h_idx, d_idx, 0, "direct")
     depths = frames_at_copies(lambda: host.load_to_device_per_layer(dst, h_idx, d_idx, 1, "direct"))
     assert depths, "no copy seen"
-    assert max(depths) <= 4, depths
+    assert max(depths) <= 3, depths
     for layer in (0, 1):
         assert torch.equal(device_rows(dst, layer, d_idx), device_rows(dev, layer, d_idx))
 

@@ -15,7 +15,7 @@ runs are short (many tiny blocks), the whole batch instead goes through one
 ``index_select``/``index_copy_`` over the page axis per component. Either way
 there is no Python loop per page, and no loop per layer. The exception is a
 per-row load between CPU tensors with big pages: each page of each component
-is then one ``memmove`` by address (``sgl_core.backend.memmove_blocks``), which
+is then one ``memmove`` by address (``sgl_core.backend.memmove_step``), which
 costs less than the two tensor views a run copy needs.
 
 Between devices (an NPU pool and a pinned host pool) the run copies are
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,11 +45,16 @@ from sgl_core.backend import (
     IndexRuns,
     PlanCache,
     RunSide,
+    Step,
     Transfer,
     copy_runs,
+    finish,
     gather_rows,
-    memmove_blocks,
+    gather_step,
+    memmove_step,
     merge_runs,
+    numpy_rows,
+    slices_step,
     tuning_for,
     widen_rows,
 )
@@ -146,14 +152,51 @@ def _row_addresses(
     return dst, src, sizes
 
 
+def _cpu_steps(
+    triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]],
+    plan: PagePlan,
+    per_page: int,
+    tuning: CopyTuning,
+    staging: dict[tuple[int, int], torch.Tensor],
+) -> list[Step]:
+    """A CPU load's copy steps: by address (big pages), gathers (short runs) or run copies."""
+    threads = tuning.copy_threads
+    if per_page >= tuning.by_address_min_block_bytes:
+        blocks = _row_addresses(triples, plan)
+        if blocks is not None:
+            return [memmove_step(*blocks, threads)]
+    pairs = [(widen_rows(host[:, row]), widen_rows(dev[row])) for host, dev, row in triples]
+    if _short_runs(plan, per_page, tuning):
+        steps = []
+        for c, (host, dev) in enumerate(pairs):
+            # one buffer per (thread, component) for every layer of the plan: its layers'
+            # loads run one after the other on that thread
+            key = (threading.get_ident(), c)
+            buf = staging.get(key)
+            if buf is None or buf.dtype != host.dtype or buf.shape[1:] != host.shape[1:]:
+                buf = torch.empty((plan.num_pages, *host.shape[1:]), dtype=host.dtype)
+                staging[key] = buf
+            steps.append(gather_step(dev, host, plan.device_pages, plan.host_pages, buf, threads))
+        return steps
+    runs = list(plan.runs)
+    extent = (
+        max((a + n for a, _, n in runs), default=0),
+        max((b + n for _, b, n in runs), default=0),
+    )
+    return [
+        slices_step(numpy_rows(dev), numpy_rows(host), runs, extent, threads) for host, dev in pairs
+    ]
+
+
 @dataclasses.dataclass
 class _LoadPlan:
     """A transfer's page plan and, per row, the by-address blocks of its loads."""
 
     pages: PagePlan
-    addresses: dict[int, tuple[list[int], list[int], list[int]] | None] = dataclasses.field(
-        default_factory=dict
-    )
+    #: per (thread, layer) of a load between CPU tensors: its bound copy steps
+    steps: dict[tuple[int, int], list[Step]] = dataclasses.field(default_factory=dict)
+    #: per (thread, component): the gather buffer of its loads' gather steps
+    staging: dict[tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 class KvSplitMover:
@@ -205,14 +248,17 @@ class KvSplitMover:
         device = triples[0][1].device
         tune = self.tuning or tuning_for(device)
         per_page = sum(_page_bytes(h, 1) for h, _, _ in triples)
-        same = self.buffers[0].device == device
-        if same and device.type == "cpu" and per_page >= tune.by_address_min_block_bytes:
-            if layer_id not in plan.addresses:  # the memo re-checked the storage
-                plan.addresses[layer_id] = _row_addresses(triples, pages)
-            blocks = plan.addresses[layer_id]
-            if blocks is not None:
-                memmove_blocks(*blocks, threads=tune.copy_threads)
-                return
+        if self.buffers[0].device == device and device.type == "cpu":
+            key = (threading.get_ident(), layer_id)  # gather steps hold this thread's buffers
+            if key not in plan.steps:  # the memo re-checked the storage
+                plan.steps[key] = _cpu_steps(triples, pages, per_page, tune, plan.staging)
+            for step in plan.steps[key]:  # the primitive itself, called from here
+                rest = step.start_rest()
+                try:
+                    step.fn(*step.parts[0])
+                finally:
+                    finish(rest)
+            return
         self._queued_on.add(device)
         with _npu.transfer_stream(device):
             if _short_runs(pages, per_page, tune):

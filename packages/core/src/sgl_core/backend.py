@@ -49,7 +49,7 @@ Groups:
   ``page_aligned_zeros`` (host buffers on page boundaries, for
   ``O_DIRECT`` storage);
 * **the copy kit** (the ``direct`` io building blocks): ``IndexRuns``,
-  ``merge_runs``, ``byte_view``, ``widen_rows``, ``memmove_blocks``; the
+  ``merge_runs``, ``byte_view``, ``widen_rows``; the
   direct-copy engine every direct mover uses (``RunSide``, ``copy_runs``,
   ``gather_rows``); and the one tuning object that picks a copy's path: ``CopyTuning`` with
   per-device presets (``tuning_for``; ``NEVER`` turns a path off; ``AUTO``: copy
@@ -126,12 +126,19 @@ from sgl_core.transfer.copy._calibrate import (
 from sgl_core.transfer.copy._copy import (
     IndexRuns,
     byte_view,
-    memmove_blocks,
     merge_runs,
     shutdown_copy_threads,
     widen_rows,
 )
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows
+from sgl_core.transfer.copy._steps import (
+    Step,
+    finish,
+    gather_step,
+    memmove_step,
+    numpy_rows,
+    slices_step,
+)
 from sgl_core.transfer.copy._tuning import AUTO, NEVER, CopyTuning, tuning_for
 
 __all__ = [
@@ -181,6 +188,7 @@ __all__ = [
     "PoolBackend",
     "PoolShape",
     "RunSide",
+    "Step",
     "TokenHostPool",
     "TokenPages",
     "TokenRowHostPool",
@@ -199,17 +207,21 @@ __all__ = [
     "copy_calibration",
     "copy_runs",
     "default_calibrator",
+    "finish",
     "gather_rows",
+    "gather_step",
     "is_mha_device_pool",
     "layout_facts",
-    "memmove_blocks",
+    "memmove_step",
     "merge_runs",
     "mha_spec",
     "mla_spec",
+    "numpy_rows",
     "page_aligned_zeros",
     "parse_device",
     "publish_names",
     "shutdown_copy_threads",
+    "slices_step",
     "tuning_for",
     "usable_device",
     "widen_rows",

@@ -23,7 +23,6 @@ repeated loads of the same indices allocate nothing big.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -32,34 +31,16 @@ import torch
 
 from sgl_core.kv._layouts import layout_facts
 from sgl_core.kv.device._device_rows import stacked_layers
+from sgl_core.transfer._direct_load import Plan, load_steps, new_plan
 from sgl_core.transfer._transfer import HostPart, HostSide, PlanCache, Transfer
-from sgl_core.transfer.copy._copy import IndexRuns, memmove_blocks, merge_runs, widen_rows
+from sgl_core.transfer.copy._copy import memmove_blocks, widen_rows
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows, run_options
+from sgl_core.transfer.copy._steps import finish
 from sgl_core.transfer.copy._tuning import CopyTuning, tuning_for
 
 __all__ = ["DirectMover"]
 
 _INTERNAL = "internal error: validated indices out of range in the copy plan"
-
-
-@dataclasses.dataclass
-class _Plan:
-    """One transfer's runs and what its per-layer loads reuse."""
-
-    runs: IndexRuns
-    host_idx: torch.Tensor  # gather indices into the host rows (tokens or pages), CPU
-    device_idx: torch.Tensor  # the same on the device side, CPU
-    # per part: by-address blocks of one row (host offset, device offset, size), made when needed
-    blocks: dict[int, tuple[list[int], list[int], list[int], int]] = dataclasses.field(
-        default_factory=dict
-    )
-    # per (part, row): (device base, host addresses, device addresses)
-    addresses: dict[tuple[int, int], tuple[int, list[int], list[int]]] = dataclasses.field(
-        default_factory=dict
-    )
-    staging: dict[tuple[int, int, torch.device], torch.Tensor] = dataclasses.field(
-        default_factory=dict
-    )
 
 
 class DirectMover:
@@ -80,7 +61,8 @@ class DirectMover:
         self.tuning = host.tuning
         self.rows = tuple(p.component.row_bytes for p in self.parts)
         self.wide = tuple(self._wide(p.buffer) for p in self.parts)
-        self._plans: PlanCache[_Plan] = PlanCache()
+        self._plans: PlanCache[Plan] = PlanCache()
+        self.host_np: dict[tuple[int, int], Any] = {}  # (part, row): numpy view of its rows
 
     def _tuning(self, device_pool: Any) -> CopyTuning:
         return self.tuning or tuning_for(device_pool.device)
@@ -125,52 +107,34 @@ class DirectMover:
 
     def load(self, transfer: Transfer[Any], layer_id: int) -> None:
         plan = self._plans.get(transfer, self.plan)
-        tune = self._tuning(transfer.device_pool)
-        runs: list[tuple[RunSide, RunSide]] = []
-        addrs: tuple[list[int], list[int], list[int]] = ([], [], [])
+        key = (threading.get_ident(), layer_id)  # steps hold this thread's gather buffers
+        kept = plan.steps.get(key)
+        bases = self._bases(transfer.device_pool, layer_id)
+        if kept is None or kept[0] != bases:
+            kept = (bases, load_steps(self, plan, transfer, layer_id))
+            plan.steps[key] = kept
+        for step in kept[1]:  # the primitive itself, called from here
+            rest = step.start_rest()
+            try:
+                step.fn(*step.parts[0])
+            finally:
+                finish(rest)
+
+    def _bases(self, device_pool: Any, layer_id: int) -> tuple[int, ...]:
+        """The addresses of the device tensors a load of ``layer_id`` writes."""
+        out = []
         for c, part in enumerate(self.parts):
             r = part.component.slot(layer_id)
-            if r is None:
-                continue
-            layer = self._device(transfer.device_pool, c)[r]
-            run_bytes, block_bytes = self._sizes(plan, c, transfer.count)
-            if block_bytes >= tune.by_address_min_block_bytes and self._addressable(c, (layer,)):
-                hosts, devs, sizes = self._addresses(plan, c, r, layer)
-                addrs[0].extend(devs)
-                addrs[1].extend(hosts)
-                addrs[2].extend(sizes)
-            elif run_bytes < tune.gather_below_run_bytes:
-                dev = self._device_rows(self._wide(layer))
-                rows = self._host_rows(c, r)
-                staged = self._staging(plan, c, rows, dev.device)
-                gather_rows(
-                    (dev,),
-                    (rows,),
-                    plan.device_idx,
-                    plan.host_idx,
-                    out=staged,
-                    threads=tune.copy_threads,
-                )
-            else:
-                runs.append(self._row_sides(c, r, layer))
-        if addrs[0]:
-            memmove_blocks(addrs[0], addrs[1], addrs[2], threads=tune.copy_threads)
-        if runs:
-            copy_runs(plan.runs, runs, into_first=False, **run_options(tune))
+            if r is not None:
+                out.append(self._device(device_pool, c)[r].data_ptr())
+        return tuple(out)
 
     # ------------------------------------------------------------- planning
-    def plan(self, transfer: Transfer[Any]) -> _Plan:
+    def plan(self, transfer: Transfer[Any]) -> Plan:
         """Runs and gather indices of a validated transfer."""
-        unit = self.unit
-        h_cpu = transfer.host_indices[::unit].to("cpu")
-        d_cpu = transfer.device_indices[::unit].to("cpu")
-        return _Plan(
-            runs=merge_runs(h_cpu, d_cpu, unit=unit),
-            host_idx=h_cpu // unit if self.paged else h_cpu,
-            device_idx=d_cpu // unit if self.paged else d_cpu,
-        )
+        return new_plan(transfer, self.unit, self.paged)
 
-    def _sizes(self, plan: _Plan, c: int, count: int) -> tuple[int, int]:
+    def _sizes(self, plan: Plan, c: int, count: int) -> tuple[int, int]:
         """Average bytes of one run of one row of part ``c``, and of one by-address block."""
         row = self.rows[c]
         run_bytes = row * count // max(len(plan.runs), 1)
@@ -181,7 +145,7 @@ class DirectMover:
         tensors: list[torch.Tensor] = getattr(device_pool, self.parts[c].component.device_name)
         return tensors
 
-    def _blocks(self, plan: _Plan, c: int) -> tuple[list[int], list[int], list[int], int]:
+    def _blocks(self, plan: Plan, c: int) -> tuple[list[int], list[int], list[int], int]:
         """Host and device byte offsets and sizes of one row's blocks of part ``c``, and the
         end of the last device byte they touch."""
         cached = plan.blocks.get(c)
@@ -221,7 +185,7 @@ class DirectMover:
         return all(t.device.type == "cpu" and t.is_contiguous() for t in layers)
 
     def _addresses(
-        self, plan: _Plan, c: int, r: int, layer: torch.Tensor
+        self, plan: Plan, c: int, r: int, layer: torch.Tensor
     ) -> tuple[list[int], list[int], list[int]]:
         """Host addresses, device addresses and sizes of row ``r``'s blocks of part ``c`` (kept)."""
         host_offsets, dev_offsets, sizes, dev_end = self._blocks(plan, c)
@@ -239,7 +203,7 @@ class DirectMover:
         return hosts, devs, sizes
 
     def _staging(
-        self, plan: _Plan, c: int, rows: torch.Tensor, device: torch.device
+        self, plan: Plan, c: int, rows: torch.Tensor, device: torch.device
     ) -> torch.Tensor:
         """This thread's gather buffer of part ``c`` for the plan (threads may share a plan)."""
         key = (threading.get_ident(), c, device)

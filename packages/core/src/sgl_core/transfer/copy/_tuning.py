@@ -16,7 +16,7 @@ import dataclasses
 
 import torch
 
-__all__ = ["AUTO", "AUTO_MIN_BYTES", "CopyTuning", "NEVER", "tuning_for"]
+__all__ = ["AUTO", "AUTO_MIN_BYTES", "CopyTuning", "NEVER", "load_gather_limit", "tuning_for"]
 
 #: A size no copy reaches: a limit set to it turns its path off.
 NEVER = 1 << 62
@@ -38,6 +38,10 @@ class CopyTuning:
       layer at least this big are copied by address (``memmove``).
     * ``gather_below_run_bytes``: runs of one layer shorter than this on
       average go through one gather and one scatter instead of slice copies.
+    * ``load_gather_below_run_bytes``: the same choice for a per-layer load
+      between two CPU buffers, whose slice copies are numpy slices (far
+      cheaper per run than torch views, so they pay off at shorter runs);
+      None: ``gather_below_run_bytes``.
     * ``gather_below_page_run_bytes``: the same choice for page-major copies
       (``page_first_kv_split``), where one run is a (pages x rows) block of
       every component and its bytes count over all the rows it moves; a
@@ -59,6 +63,7 @@ class CopyTuning:
     stacked_min_run_bytes: int = 8 << 10
     by_address_min_block_bytes: int = 32 << 10
     gather_below_run_bytes: int = 96 << 10
+    load_gather_below_run_bytes: int | None = None
     gather_below_page_run_bytes: int = 32 << 10
     batched_cross_device: bool = False
     copy_threads: int = AUTO
@@ -72,7 +77,7 @@ class CopyTuning:
 
 _PRESETS: dict[str, CopyTuning] = {
     # CPU device pools (the torch backend's default, and every backend's CPU fallback).
-    "cpu": CopyTuning(),
+    "cpu": CopyTuning(load_gather_below_run_bytes=4 << 10),
     # A GPU and pinned host memory: each block is a DMA launch, gathers pay off longer.
     "cuda": CopyTuning(
         by_address_min_block_bytes=NEVER,
@@ -87,6 +92,12 @@ _PRESETS: dict[str, CopyTuning] = {
         gather_below_page_run_bytes=256 << 10,
     ),
 }
+
+
+def load_gather_limit(tune: CopyTuning) -> int:
+    """``tune``'s gather limit for per-layer loads between CPU buffers."""
+    limit = tune.load_gather_below_run_bytes
+    return tune.gather_below_run_bytes if limit is None else limit
 
 
 def tuning_for(device: torch.device) -> CopyTuning:

@@ -1,0 +1,139 @@
+"""The ``direct`` mover's plan of a transfer and the copy steps of its per-layer loads.
+
+A transfer is planned once (runs, gather indices; ``new_plan``). A layer's
+load is built once per (plan, thread, layer) into :class:`Step`\\ s
+(``sgl_core.transfer.copy._steps``): per part, with the pool's
+``CopyTuning``, the same path choice as a backup's:
+
+* both sides in CPU memory and big contiguous blocks: one ``memmove`` per
+  (part, block), every part in one step;
+* short runs: one gather and one scatter per part (CPU: in chunks below
+  ATen's grain through the plan's buffer; across devices ``gather_rows``);
+* otherwise: one slice copy per (part, run): between CPU buffers numpy
+  slices of the widened rows (``copy_slices``), across devices ``copy_runs``.
+
+``DirectMover.load`` then calls each step's primitive itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import torch
+
+from sgl_core.transfer._transfer import Transfer
+from sgl_core.transfer.copy._copy import IndexRuns, merge_runs
+from sgl_core.transfer.copy._engine import copy_runs, gather_rows, run_options
+from sgl_core.transfer.copy._steps import (
+    Step,
+    gather_step,
+    memmove_step,
+    numpy_rows,
+    slices_step,
+)
+from sgl_core.transfer.copy._tuning import load_gather_limit
+
+__all__ = ["Plan", "load_steps", "new_plan"]
+
+
+@dataclasses.dataclass
+class Plan:
+    """One transfer's runs and what its per-layer loads reuse."""
+
+    runs: IndexRuns
+    host_idx: torch.Tensor  # gather indices into the host rows (tokens or pages), CPU
+    device_idx: torch.Tensor  # the same on the device side, CPU
+    # per part: by-address blocks of one row (host offset, device offset, size), made when needed
+    blocks: dict[int, tuple[list[int], list[int], list[int], int]] = dataclasses.field(
+        default_factory=dict
+    )
+    # per (part, row): (device base, host addresses, device addresses)
+    addresses: dict[tuple[int, int], tuple[int, list[int], list[int]]] = dataclasses.field(
+        default_factory=dict
+    )
+    staging: dict[tuple[int, int, torch.device], torch.Tensor] = dataclasses.field(
+        default_factory=dict
+    )
+    # per (thread, layer): (the device bases they were built for, the load's steps)
+    steps: dict[tuple[int, int], tuple[tuple[int, ...], list[Step]]] = dataclasses.field(
+        default_factory=dict
+    )
+    # the runs in units of the rows' axis 0 (pages where paged), and their ends (host, device)
+    unit_runs: list[tuple[int, int, int]] | None = None
+    extent: tuple[int, int] = (0, 0)
+
+
+def new_plan(transfer: Transfer[Any], unit: int, paged: bool) -> Plan:
+    """Runs and gather indices of a validated transfer."""
+    h_cpu = transfer.host_indices[::unit].to("cpu")
+    d_cpu = transfer.device_indices[::unit].to("cpu")
+    return Plan(
+        runs=merge_runs(h_cpu, d_cpu, unit=unit),
+        host_idx=h_cpu // unit if paged else h_cpu,
+        device_idx=d_cpu // unit if paged else d_cpu,
+    )
+
+
+def _unit_runs(plan: Plan, unit: int) -> list[tuple[int, int, int]]:
+    if plan.unit_runs is None:
+        runs = [(a // unit, b // unit, n // unit) for a, b, n in plan.runs]
+        plan.extent = (
+            max((a + n for a, _, n in runs), default=0),
+            max((b + n for _, b, n in runs), default=0),
+        )
+        plan.unit_runs = runs
+    return plan.unit_runs
+
+
+def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -> list[Step]:
+    """The copy steps of one layer's load (host -> device) of ``transfer``.
+
+    ``mover`` is the ``DirectMover`` (untyped here: the mover module imports this one,
+    and a typed import back would be an import cycle)."""
+    tune = mover._tuning(transfer.device_pool)
+    threads = tune.copy_threads
+    steps: list[Step] = []
+    addrs: tuple[list[int], list[int], list[int]] = ([], [], [])
+    for c, part in enumerate(mover.parts):
+        r = part.component.slot(layer_id)
+        if r is None:
+            continue
+        layer = mover._device(transfer.device_pool, c)[r]
+        run_bytes, block_bytes = mover._sizes(plan, c, transfer.count)
+        on_cpu = layer.device.type == "cpu" and part.buffer.device.type == "cpu"
+        if block_bytes >= tune.by_address_min_block_bytes and mover._addressable(c, (layer,)):
+            hosts, devs, sizes = mover._addresses(plan, c, r, layer)
+            addrs[0].extend(devs)
+            addrs[1].extend(hosts)
+            addrs[2].extend(sizes)
+        elif run_bytes < (load_gather_limit(tune) if on_cpu else tune.gather_below_run_bytes):
+            dev = mover._device_rows(mover._wide(layer))
+            rows = mover._host_rows(c, r)
+            staged = mover._staging(plan, c, rows, dev.device)
+            if on_cpu:
+                steps.append(
+                    gather_step(dev, rows, plan.device_idx, plan.host_idx, staged, threads)
+                )
+                continue
+            gather = functools.partial(
+                gather_rows, (dev,), (rows,), plan.device_idx, plan.host_idx, out=staged,
+                threads=threads,
+            )  # fmt: skip
+            steps.append(Step(gather, ((),)))
+        elif on_cpu:
+            host_np = mover.host_np.get((c, r))
+            if host_np is None:
+                host_np = mover.host_np[(c, r)] = numpy_rows(mover._host_rows(c, r))
+            dev_np = numpy_rows(mover._device_rows(mover._wide(layer)))
+            runs = _unit_runs(plan, mover.unit if mover.paged else 1)
+            steps.append(slices_step(dev_np, host_np, runs, plan.extent, threads))
+        else:
+            sides = [mover._row_sides(c, r, layer)]
+            opts = run_options(tune)
+            run = functools.partial(copy_runs, plan.runs, sides, into_first=False, **opts)
+            steps.append(Step(run, ((),)))
+    if addrs[0]:
+        steps.append(memmove_step(addrs[0], addrs[1], addrs[2], threads))
+    return steps

@@ -1,0 +1,217 @@
+"""Per-layer loads as bound copy steps: the primitive and its arguments, built once per layer.
+
+A per-layer load between CPU buffers is a few calls of one copy primitive
+with arguments that depend only on the transfer and the layer. A mover
+builds them as :class:`Step`\\ s (the primitive, and its arguments per
+thread) and runs them itself, so a load is the public method, the mover and
+the primitive: no chooser, no dispatch helper, no re-planning per call.
+
+Primitives (each a plain loop, the copy itself):
+
+* :func:`memmove_each` (``_copy._memmove_all``): by-address blocks;
+* :func:`copy_slices`: run copies between two numpy views of the widened
+  rows (a numpy slice costs a fraction of a torch view, and numpy copies
+  never start an OpenMP team);
+* :func:`gather_chunks`: gather/scatter in chunks below ATen's grain.
+
+The thread count is resolved when a step is built: an explicit
+``copy_threads`` wins; ``AUTO`` takes one thread below ``AUTO_MIN_BYTES``
+and otherwise asks the process's calibrator for the step's *shape* key
+(primitive, bytes of the whole call, block size), measured on the whole step
+itself (re-running a load copies the same bytes again), so a choice is
+always measured on what a call really moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import torch
+
+from sgl_core.transfer.copy import _copy
+from sgl_core.transfer.copy._calibrate import default_calibrator
+from sgl_core.transfer.copy._copy import _memmove_all, _pool
+from sgl_core.transfer.copy._pieces import index_chunk, split_parts
+from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
+
+__all__ = [
+    "Step",
+    "copy_slices",
+    "gather_chunks",
+    "gather_step",
+    "memmove_each",
+    "memmove_step",
+    "numpy_rows",
+    "slices_step",
+]
+
+#: ``memmove(dst[i], src[i], sizes[i])`` for every i (raw CPU addresses; unchecked).
+memmove_each = _memmove_all
+
+_INTERNAL = "internal error: validated runs out of range in the copy step"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+    """``fn(*parts[i])`` for every i: ``parts[0]`` on the calling thread, the rest on the
+    copy threads (each part touches other destination bytes)."""
+
+    fn: Callable[..., None]
+    parts: tuple[tuple[Any, ...], ...]
+
+    def start_rest(self) -> list[Future[None]]:
+        """Submit ``parts[1:]`` to the copy threads (none for a one-thread step)."""
+        if len(self.parts) < 2:
+            return []
+        pool = _pool()
+        return [pool.submit(self.fn, *p) for p in self.parts[1:]]
+
+    def run(self) -> None:
+        """Every part (what a mover's load does inline, without this frame)."""
+        rest = self.start_rest()
+        try:
+            self.fn(*self.parts[0])
+        finally:
+            finish(rest)
+
+
+def finish(futures: Sequence[Future[None]]) -> None:
+    """Wait for every part handed to the copy threads (re-raising the first error)."""
+    for future in futures:
+        future.result()
+
+
+def _bucket(nbytes: int) -> str:
+    size = 1 << max(nbytes, 1).bit_length() - 1
+    return f"{size >> 10}KiB" if size >= 1024 else f"{size}B"
+
+
+def _resolve(
+    threads: int, key: str, nbytes: int, build: Callable[[int], Step], aten_parts: int
+) -> Step:
+    """The step with ``threads`` resolved: explicit, 1 for small calls, else measured."""
+    if threads == 0:  # no team in these primitives: the old split of big calls
+        return build(aten_parts)
+    if threads != AUTO:
+        return build(threads)
+    if nbytes < AUTO_MIN_BYTES:
+        return build(1)
+    cal = default_calibrator()
+    chosen = cal.current(key)
+    if chosen is None:
+        many = _copy._workers + 1
+        counts = [1, *([many] if many > 1 else [])]
+        cands = {str(t): functools.partial(lambda t: build(t).run(), t) for t in counts}
+        chosen = cal.choose(key, cands, nbytes)
+    return build(int(chosen))
+
+
+def _split(items: Sequence[Sequence[Any]], threads: int) -> tuple[tuple[Any, ...], ...]:
+    """Parallel lists cut into ``threads`` ranges, one argument tuple per range."""
+    ranges = split_parts(len(items[0]), threads)
+    return tuple(tuple(seq[a:b] for seq in items) for a, b in ranges) or (
+        tuple(seq[:0] for seq in items),
+    )
+
+
+def memmove_step(
+    dst: list[int], src: list[int], sizes: list[int], threads: int, what: str = "load"
+) -> Step:
+    """``memmove_each(dst, src, sizes)`` as a step (blocks spread over the resolved threads)."""
+    total = sum(sizes)
+    avg = total // max(len(sizes), 1)
+    key = f"memmove cpu->cpu {_bucket(avg)} blocks, {_bucket(total)} per {what}"
+    parts = 1 if len(sizes) < 2 or total < _copy._THREADED_MIN_BYTES else _copy._workers + 1
+
+    def build(t: int) -> Step:
+        return Step(memmove_each, _split((dst, src, sizes), t))
+
+    return _resolve(threads, key, total, build, parts)
+
+
+def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A numpy view of a CPU tensor of integer items (the widened rows): same memory."""
+    return t.detach().numpy()
+
+
+def copy_slices(
+    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], runs: Sequence[tuple[int, int, int]]
+) -> None:
+    """``dst[b:b+n] = src[a:a+n]`` for every run ``(a, b, n)`` (units of axis 0)."""
+    for a, b, n in runs:
+        dst[b : b + n] = src[a : a + n]
+
+
+def slices_step(
+    dst: np.ndarray[Any, Any],
+    src: np.ndarray[Any, Any],
+    runs: list[tuple[int, int, int]],
+    extent: tuple[int, int],
+    threads: int,
+) -> Step:
+    """``copy_slices(dst, src, runs)`` as a step. ``extent``: the end of the runs on the
+    source and destination axis 0, checked here (a numpy slice would clamp, not raise)."""
+    if extent[0] > src.shape[0] or extent[1] > dst.shape[0]:
+        raise RuntimeError(_INTERNAL)
+    row = dst[0].nbytes if dst.shape[0] else 0
+    total = row * sum(n for _, _, n in runs)
+    per_run = _bucket(total // max(len(runs), 1))
+    key = f"slices cpu->cpu {per_run} runs, {_bucket(total)} per load"
+
+    def build(t: int) -> Step:
+        return Step(copy_slices, tuple((dst, src, runs[a:b]) for a, b in split_parts(len(runs), t)))
+
+    return _resolve(threads, key, total, build, 1)
+
+
+def gather_chunks(
+    dst: torch.Tensor,
+    src: torch.Tensor,
+    d_idx: Sequence[torch.Tensor],
+    s_idx: Sequence[torch.Tensor],
+    bufs: Sequence[torch.Tensor],
+) -> None:
+    """``dst[d_idx[i]] = src[s_idx[i]]`` along dim 0 through ``bufs[i]``, chunk by chunk."""
+    for d, s, buf in zip(d_idx, s_idx, bufs, strict=True):
+        torch.index_select(src, 0, s, out=buf)
+        dst.index_copy_(0, d, buf)
+
+
+def gather_step(
+    dst: torch.Tensor,
+    src: torch.Tensor,
+    d_idx: torch.Tensor,
+    s_idx: torch.Tensor,
+    staging: torch.Tensor,
+    threads: int,
+) -> Step:
+    """A CPU gather/scatter along dim 0 as a step: chunks below ATen's grain (no OpenMP
+    team), each through its own rows of ``staging`` (so threads never share rows);
+    ``threads`` 0: one whole ``index_select`` and ``index_copy_`` (ATen's threads)."""
+    count = int(d_idx.numel())
+    if threads == 0:
+        return Step(gather_chunks, ((dst, src, (d_idx,), (s_idx,), (staging[:count],)),))
+    step = index_chunk(src[0].numel() if src.dim() > 1 else 1)
+    cuts = [(a, min(a + step, count)) for a in range(0, count, step)]
+    d_parts = [d_idx[a:b] for a, b in cuts]
+    s_parts = [s_idx[a:b] for a, b in cuts]
+    buf_parts = [staging[a:b] for a, b in cuts]
+    total = count * (src[0].numel() * src.element_size() if src.dim() else 1)
+    key = f"gather cpu->cpu {_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"
+
+    def build(t: int) -> Step:
+        return Step(
+            gather_chunks,
+            tuple(
+                (dst, src, d_parts[a:b], s_parts[a:b], buf_parts[a:b])
+                for a, b in split_parts(len(cuts), t)
+            )
+            or ((dst, src, (), (), ()),),
+        )
+
+    return _resolve(threads, key, total, build, 1)

@@ -1,0 +1,131 @@
+"""Per-layer loads as bound copy steps: bounds, rebuilt steps, whole-call calibration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import sgl_core
+from sgl_core.backend import CopyTuning, IOBackend, Transfer, copy_calibration
+from sgl_core.testing import device_rows, fill_device_random, page_indices
+from sgl_core.transfer.copy import _calibrate
+from sgl_core.transfer.copy._calibrate import Calibrator
+from sgl_core.transfer.copy._steps import gather_step, memmove_step, slices_step
+
+
+def test_slices_step_copies_its_runs_and_refuses_runs_past_either_end() -> None:
+    src = np.arange(40, dtype=np.int64).reshape(10, 4)
+    dst = np.zeros((6, 4), dtype=np.int64)
+    runs = [(7, 0, 2), (1, 4, 2)]
+    slices_step(dst, src, runs, (9, 6), threads=1).run()
+    assert (dst[0:2] == src[7:9]).all() and (dst[4:6] == src[1:3]).all()
+    assert (dst[2:4] == 0).all()
+    for extent in ((11, 6), (9, 7)):  # a slice would clamp: the step refuses instead
+        with pytest.raises(RuntimeError, match="internal error"):
+            slices_step(dst, src, runs, extent, threads=1)
+
+
+@pytest.mark.parametrize("threads", [0, 1, 2])
+def test_gather_and_memmove_steps_are_bit_exact(threads: int) -> None:
+    gen = torch.Generator().manual_seed(3)
+    src = torch.randint(-(1 << 40), 1 << 40, (500, 9), generator=gen)
+    dst = torch.zeros(300, 9, dtype=torch.int64)
+    s_idx = torch.randperm(500, generator=gen)[:257]
+    d_idx = torch.randperm(300, generator=gen)[:257]
+    gather_step(dst, src, d_idx, s_idx, torch.empty(257, 9, dtype=torch.int64), threads).run()
+    assert torch.equal(dst[d_idx], src[s_idx])
+    out = torch.zeros(64, dtype=torch.uint8)
+    data = torch.arange(64, dtype=torch.uint8)
+    base_d, base_s = out.data_ptr(), data.data_ptr()
+    memmove_step([base_d + 32, base_d], [base_s, base_s + 40], [8, 16], threads).run()
+    assert torch.equal(out[32:40], data[0:8]) and torch.equal(out[0:16], data[40:56])
+    assert int(out[16:32].sum()) == 0
+
+
+def test_load_steps_follow_a_replaced_device_layer() -> None:
+    """Kept steps hold addresses: a layer tensor replaced under the same transfer gets
+    new steps (the copy lands in the new tensor, not in the old one's memory)."""
+    tuning = CopyTuning(by_address_min_block_bytes=0, copy_threads=1)
+    backend = sgl_core.TorchBackend(tuning=tuning)
+    kw = dict(size=64, page_size=4, dtype=torch.bfloat16, kv_lora_rank=8, qk_rope_head_dim=4)
+    dev = backend.create_device_pool(layer_num=2, **kw)  # type: ignore[arg-type]
+    back = backend.create_device_pool(layer_num=2, **kw)  # type: ignore[arg-type]
+    fill_device_random(dev, 2)
+    host = backend.create_host_pool(dev, layout="layer_first")
+    h_idx, d_idx = page_indices([5, 0, 2], 4), page_indices([1, 3, 2], 4)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    mover = host._movers[IOBackend.DIRECT]
+    transfer = Transfer(back, h_idx, d_idx, IOBackend.DIRECT)
+    mover.load(transfer, 1)
+    old = back.kv_buffer[1]
+    assert torch.equal(device_rows(back, 1, d_idx), device_rows(dev, 1, d_idx))
+    back.kv_buffer[1] = torch.zeros_like(old)
+    old.zero_()
+    mover.load(transfer, 1)  # the same transfer object: its plan is kept
+    assert torch.equal(device_rows(back, 1, d_idx), device_rows(dev, 1, d_idx))
+    assert int(old.view(torch.int16).abs().sum()) == 0
+
+
+def test_a_load_is_calibrated_on_its_whole_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AUTO measures a load's thread count on the whole call (not a ~1 MiB sample of it),
+    under a key naming the call's bytes, once: the next loads reuse the choice."""
+    now = [0.0]
+
+    def tick() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=tick, budget_s=1e9))
+    backend = sgl_core.TorchBackend(tuning=CopyTuning(by_address_min_block_bytes=0))
+    kw = dict(size=2048, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512)
+    dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
+    back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
+    fill_device_random(dev, 4)
+    host = backend.create_host_pool(dev, layout="layer_first")
+    h_idx = page_indices([3, 1, 7, 0, 5, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29], 64)
+    d_idx = page_indices(list(range(2, 18)), 64)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    for layer in range(2):
+        host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
+        assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))
+    whole = 1024 * 1152  # bytes of one layer's load: 16 pages of 64 tokens x 1152 B
+    loads = [c for c in copy_calibration() if c.key.endswith("per load")]
+    assert [c.key for c in loads] == ["memmove cpu->cpu 64KiB blocks, 1024KiB per load"]
+    assert loads[0].nbytes == whole and loads[0].source == "measured"
+
+
+@pytest.mark.parametrize(
+    ("tuning", "path"),
+    [
+        (None, "copy_slices"),  # the cpu preset: CPU loads gather only below 4 KiB runs
+        (CopyTuning(), "gather_chunks"),  # no load limit: gather_below_run_bytes (96 KiB)
+        (CopyTuning(load_gather_below_run_bytes=1 << 20), "gather_chunks"),
+    ],
+)
+def test_cpu_loads_take_the_load_gather_limit(
+    monkeypatch: pytest.MonkeyPatch, tuning: CopyTuning | None, path: str
+) -> None:
+    from sgl_core.transfer.copy import _steps
+
+    seen: list[str] = []
+    for name in ("gather_chunks", "copy_slices"):
+        real = getattr(_steps, name)
+
+        def spy(*args: object, _real: object = real, _name: str = name) -> None:
+            seen.append(_name)
+            _real(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(_steps, name, spy)
+    backend = sgl_core.TorchBackend(tuning=tuning)
+    kw = dict(size=256, page_size=16, dtype=torch.bfloat16, kv_lora_rank=512)
+    dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
+    back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
+    fill_device_random(dev, 6)
+    host = backend.create_host_pool(dev, layout="page_first")
+    h_idx, d_idx = page_indices([9, 2, 5], 16), page_indices([1, 7, 3], 16)  # 18 KiB runs
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    seen.clear()
+    host.load_to_device_per_layer(back, h_idx, d_idx, 1, "direct")
+    assert seen == [path]
+    assert torch.equal(device_rows(back, 1, d_idx), device_rows(dev, 1, d_idx))
