@@ -32,6 +32,7 @@ from sgl_core.backend import (
     HostSide,
     PlanCache,
     Transfer,
+    finish,
     merge_runs,
     tuning_for,
 )
@@ -101,7 +102,14 @@ class CudaDirectMover(DirectMover):
         if mode == "auto" and self.tuning is None:
             self._auto(transfer, layer_id)
         elif mode == "auto" or not self._batched(transfer, layer_id, mode):
-            super().load(transfer, layer_id)
+            # The core load's steps run here (not through super().load): the
+            # copy primitive stays one frame below this method.
+            for step in self.bound_steps(transfer, layer_id):
+                rest = step.start_rest()
+                try:
+                    step.fn(*step.parts[0])
+                finally:
+                    finish(rest)
         self.fence.record(transfer.device_pool.device)
 
     # ----------------------------------------------------------- batched

@@ -35,7 +35,7 @@ from sgl_core.transfer._direct_load import Plan, load_steps, new_plan
 from sgl_core.transfer._transfer import HostPart, HostSide, PlanCache, Transfer
 from sgl_core.transfer.copy._copy import memmove_blocks, widen_rows
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows, run_options
-from sgl_core.transfer.copy._steps import finish
+from sgl_core.transfer.copy._steps import Step, finish
 from sgl_core.transfer.copy._tuning import CopyTuning, tuning_for
 
 __all__ = ["DirectMover"]
@@ -106,19 +106,29 @@ class DirectMover:
             copy_runs(plan.runs, runs, into_first=True, **run_options(tune))
 
     def load(self, transfer: Transfer[Any], layer_id: int) -> None:
-        plan = self._plans.get(transfer, self.plan)
-        key = (threading.get_ident(), layer_id)  # steps hold this thread's gather buffers
-        kept = plan.steps.get(key)
-        bases = self._bases(transfer.device_pool, layer_id)
-        if kept is None or kept[0] != bases:
-            kept = (bases, load_steps(self, plan, transfer, layer_id))
-            plan.steps[key] = kept
-        for step in kept[1]:  # the primitive itself, called from here
+        for step in self.bound_steps(transfer, layer_id):  # the primitive, called from here
             rest = step.start_rest()
             try:
                 step.fn(*step.parts[0])
             finally:
                 finish(rest)
+
+    def bound_steps(self, transfer: Transfer[Any], layer_id: int) -> Sequence[Step]:
+        """The bound copy steps of a validated transfer's load of ``layer_id``.
+
+        Built on the layer's first load (per thread: steps hold this thread's
+        gather buffers) and again when a device layer's address changed; a
+        subclass that wraps ``load`` runs them itself, so the primitive stays
+        one frame below its ``load``.
+        """
+        plan = self._plans.get(transfer, self.plan)
+        key = (threading.get_ident(), layer_id)
+        kept = plan.steps.get(key)
+        bases = self._bases(transfer.device_pool, layer_id)
+        if kept is None or kept[0] != bases:
+            kept = (bases, load_steps(self, plan, transfer, layer_id))
+            plan.steps[key] = kept
+        return kept[1]
 
     def _bases(self, device_pool: Any, layer_id: int) -> tuple[int, ...]:
         """The addresses of the device tensors a load of ``layer_id`` writes."""
