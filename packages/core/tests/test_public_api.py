@@ -105,7 +105,8 @@ def test_dir_shows_only_the_api() -> None:
 # Names of sgl_core.backend kept for backend authors though no shipped device
 # package or the suite uses them: the tuning and calibration knobs, the
 # entry-point groups a device package names in its pyproject, and protocols
-# and facts that type what the exported bases return.
+# and facts that type what the exported bases return, and the KV model's MLA
+# preset (device pools read theirs through ``mla_pool_spec``).
 _AUTHOR_ONLY = {
     "AUTO",
     "Calibrator",
@@ -120,6 +121,7 @@ _AUTHOR_ONLY = {
     "NEVER",
     "check_value_tensor",
     "copy_calibration",
+    "mla_spec",
     "shutdown_copy_threads",
 }
 

@@ -1,4 +1,4 @@
-"""The Ascend device pools' kinds: constructor arguments and engine accessors only.
+"""The Ascend device pools' kinds: their components and engine accessors only.
 
 Storage, component views and index checks are ``AscendDevicePool``'s
 (``sgl_ascend._device_pool``); a kind names its components::
@@ -19,30 +19,26 @@ the number of KV heads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
-from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec, kv_split_spec
 from sgl_core.backend import (
     Component,
     IndexerConfig,
-    MHAPoolGeometry,
-    MLAPoolGeometry,
+    MHADevicePoolBase,
+    MLADevicePoolBase,
     byte_view,
-    check_indexer,
     check_layer_id,
     check_raw_rows,
     mha_spec,
-    mla_spec,
+    mla_pool_spec,
 )
 from sgl_core.errors import LayerIndexError, PoolMismatchError
 
 __all__ = ["AscendMHADevicePool", "AscendMLADevicePool"]
 
 
-class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
+class AscendMLADevicePool(AscendDevicePool, MLADevicePoolBase):
     """Layer-major contiguous MLA KV cache, optionally with a DSA/NSA indexer cache.
 
     Pass ``index_head_dim`` to add ``index_k_buffer`` for the layers in
@@ -56,45 +52,12 @@ class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
     index_k_buffer: torch.Tensor | None
     index_k_scale_buffer: torch.Tensor | None
 
-    def __init__(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        kv_cache_dim: int | None = None,
-        index_head_dim: int | None = None,
-        indexer_layer_ids: Iterable[int] | None = None,
-        with_index_k_scale: bool = False,
-    ) -> None:
-        super().__init__(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            kv_lora_rank=kv_lora_rank,
-            qk_rope_head_dim=qk_rope_head_dim,
-            layer_num=layer_num,
-            device=_npu.resolve_device(device),
-            kv_cache_dim=kv_cache_dim,
-        )
-        cfg = check_indexer(index_head_dim, indexer_layer_ids, with_index_k_scale, layer_num)
-        self._build(self._kv_split(cfg))
+    def _allocate(self, indexer: IndexerConfig | None) -> None:
+        self._build(self._kv_split(indexer))
 
     def _kv_split(self, indexer: IndexerConfig | None = None) -> KvSplitSpec:
         """This pool's kv-split spec: ``k`` and ``v`` (or packed ``k``) plus indexer rows."""
-        s = self.shape
-        if indexer is None:
-            spec = mla_spec(s.layer_num, s.kv_lora_rank, s.qk_rope_head_dim, s.dtype, s.row_dim)
-        else:
-            spec = mla_spec(
-                s.layer_num, s.kv_lora_rank, s.qk_rope_head_dim, s.dtype, s.row_dim,
-                index_head_dim=indexer.index_head_dim, indexer_layer_ids=indexer.layer_ids,
-                with_index_k_scale=indexer.with_scale,
-            )  # fmt: skip
+        s, spec = self.shape, mla_pool_spec(self.shape, indexer)
         if s.packed:
             return kv_split_spec(spec, (Component("k", s.kv_cache_dim, s.dtype),))
         nope = Component("k", s.kv_lora_rank, s.dtype)
@@ -220,33 +183,12 @@ class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
         return keys, scales
 
 
-class AscendMHADevicePool(AscendDevicePool, MHAPoolGeometry):
+class AscendMHADevicePool(AscendDevicePool, MHADevicePoolBase):
     """Layer-major contiguous MHA / GQA KV cache: one K and one V 5-D tensor."""
 
     v_buffer: torch.Tensor
 
-    def __init__(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        head_num: int,
-        head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        v_head_dim: int | None = None,
-    ) -> None:
-        super().__init__(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            head_num=head_num,
-            head_dim=head_dim,
-            layer_num=layer_num,
-            device=_npu.resolve_device(device),
-            v_head_dim=v_head_dim,
-        )
+    def _allocate(self) -> None:
         self._build(self._kv_split())
 
     def _kv_split(self) -> KvSplitSpec:

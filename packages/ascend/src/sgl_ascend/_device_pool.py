@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from sgl_ascend import _npu
 from sgl_core.backend import (
     Component,
     KVSpec,
@@ -94,6 +95,10 @@ class AscendDevicePool(abc.ABC):
         def slot_count(self) -> int: ...
         @property
         def dtype(self) -> torch.dtype: ...
+
+    def _pool_device(self, device: str | torch.device | None) -> torch.device:
+        """``None``: the NPU when one is usable, else CPU (``sgl_ascend._npu``)."""
+        return _npu.resolve_device(device)
 
     @abc.abstractmethod
     def _kv_split(self) -> KvSplitSpec:

@@ -22,10 +22,12 @@ from collections.abc import Iterable
 import torch
 
 from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
+from sgl_core.kv._shapes import MLAShape
+from sgl_core.kv._spec import KVSpec, mla_spec
 from sgl_core.kv._validation import check_layer_id, check_value_rows
 from sgl_core.transfer.copy._copy import byte_view
 
-__all__ = ["IndexerConfig", "IndexerRows", "check_indexer", "indexer_of"]
+__all__ = ["IndexerConfig", "IndexerRows", "check_indexer", "indexer_of", "mla_pool_spec"]
 
 #: Bytes of one index_k scale (float32).
 SCALE_BYTES = 4
@@ -95,6 +97,22 @@ def indexer_of(pool: object) -> IndexerConfig | None:
     if not isinstance(head_dim, int) or not isinstance(ids, tuple) or not ids:
         return None
     return IndexerConfig(head_dim, ids, bool(getattr(pool, "has_index_k_scale", False)))
+
+
+def mla_pool_spec(shape: MLAShape, indexer: IndexerConfig | None) -> KVSpec:
+    """An MLA pool's spec: ``shape``'s rows, plus the indexer's rows when it has one."""
+    if indexer is None:
+        return shape.spec
+    return mla_spec(
+        shape.layer_num,
+        shape.kv_lora_rank,
+        shape.qk_rope_head_dim,
+        shape.dtype,
+        shape.row_dim,
+        index_head_dim=indexer.index_head_dim,
+        indexer_layer_ids=indexer.layer_ids,
+        with_index_k_scale=indexer.with_scale,
+    )
 
 
 class IndexerRows:

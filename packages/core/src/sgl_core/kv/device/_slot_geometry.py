@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from sgl_core.errors import PoolSizeError
-from sgl_core.kv.device._devices import check_fits
+from sgl_core.kv.device._devices import check_fits, usable_device
 from sgl_core.kv.protocols._kv_protocols import PoolShape
 
 __all__ = ["SlotGeometry", "check_pool_geometry"]
@@ -36,6 +36,10 @@ class SlotGeometry:
     """
 
     shape: PoolShape
+
+    def _pool_device(self, device: str | torch.device | None) -> torch.device:
+        """The device ``device`` names for this backend's pools (None: its default)."""
+        return usable_device(device)
 
     def _set_slots(self, size: int, page_size: int, device: torch.device) -> None:
         self._size = size
