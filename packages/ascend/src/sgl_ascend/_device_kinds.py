@@ -25,6 +25,7 @@ from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec, kv_split_spec
 from sgl_core.backend import (
     Component,
     IndexerConfig,
+    IndexerRows,
     MHADevicePoolBase,
     MLADevicePoolBase,
     byte_view,
@@ -33,18 +34,19 @@ from sgl_core.backend import (
     mha_spec,
     mla_pool_spec,
 )
-from sgl_core.errors import LayerIndexError, PoolMismatchError
+from sgl_core.errors import PoolMismatchError
 
 __all__ = ["AscendMHADevicePool", "AscendMLADevicePool"]
 
 
-class AscendMLADevicePool(AscendDevicePool, MLADevicePoolBase):
+class AscendMLADevicePool(AscendDevicePool, MLADevicePoolBase, IndexerRows):
     """Layer-major contiguous MLA KV cache, optionally with a DSA/NSA indexer cache.
 
     Pass ``index_head_dim`` to add ``index_k_buffer`` for the layers in
     ``indexer_layer_ids`` (default: every layer), and ``with_index_k_scale``
     to add its fp32 per-token scale. ``indexer_slot(layer_id)`` maps a model
-    layer to its row in the indexer buffers.
+    layer to its row in the indexer buffers; the indexer accessors are core's
+    ``IndexerRows`` over this pool's ``_rows``.
     """
 
     optional_buffers = ("v_buffer", "index_k_buffer", "index_k_scale_buffer")
@@ -62,20 +64,6 @@ class AscendMLADevicePool(AscendDevicePool, MLADevicePoolBase):
             return kv_split_spec(spec, (Component("k", s.kv_cache_dim, s.dtype),))
         nope = Component("k", s.kv_lora_rank, s.dtype)
         return kv_split_spec(spec, (nope, Component("v", s.qk_rope_head_dim, s.dtype)))
-
-    # ------------------------------------------------------------ properties
-    @property
-    def index_head_dim(self) -> int | None:
-        return self.spec.component("index_k").dim if self.spec.has("index_k") else None
-
-    @property
-    def indexer_layer_ids(self) -> tuple[int, ...]:
-        """Model layers that have an indexer cache, ascending (empty: no indexer)."""
-        return self.spec.indexer_layers
-
-    @property
-    def has_index_k_scale(self) -> bool:
-        return self.index_k_scale_buffer is not None
 
     # ------------------------------------------------------------ token rows
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
@@ -138,49 +126,6 @@ class AscendMLADevicePool(AscendDevicePool, MLADevicePoolBase):
             for b in self.components[: self.kv_components]
         ]
         return torch.cat(parts, dim=-1).view(self.dtype)
-
-    # --------------------------------------------------------------- indexer
-    def _indexer_row(self, layer_id: int) -> tuple[int, torch.Tensor]:
-        slot = self.indexer_slot(layer_id)
-        if slot is None or self.index_k_buffer is None:
-            raise LayerIndexError(
-                f"layer_id={layer_id} has no indexer cache "
-                f"(indexer_layer_ids={list(self.indexer_layer_ids)})"
-            )
-        return slot, self.index_k_buffer
-
-    def set_index_k_buffer(
-        self,
-        layer_id: int,
-        loc: torch.Tensor,
-        index_k: torch.Tensor,
-        index_k_scale: torch.Tensor | None = None,
-    ) -> None:
-        """Write ``(n, 1, index_head_dim)`` indexer keys (and ``(n, 1, 1)`` fp32 scales)."""
-        loc = self._check_loc(layer_id, loc)
-        slot, keys_buf = self._indexer_row(layer_id)
-        n = loc.numel()
-        keys = self._values("index_k", index_k, (n, 1, int(keys_buf.shape[-1])))
-        scale_buf = self.index_k_scale_buffer
-        if (index_k_scale is None) != (scale_buf is None):
-            raise PoolMismatchError(
-                "index_k_scale must be given exactly when the pool has index_k_scale_buffer"
-            )
-        if index_k_scale is not None and scale_buf is not None:
-            scales = self._values("index_k_scale", index_k_scale, (n, 1, 1), torch.float32)
-            self._rows(scale_buf, slot).index_copy_(0, loc, scales)
-        self._rows(keys_buf, slot).index_copy_(0, loc, keys)
-
-    def get_index_k_buffer(
-        self, layer_id: int, loc: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Copies of the indexer keys (and scales, or None) at token ``loc``."""
-        loc = self._check_loc(layer_id, loc)
-        slot, keys_buf = self._indexer_row(layer_id)
-        keys = self._rows(keys_buf, slot).index_select(0, loc).view(self.dtype)
-        scale_buf = self.index_k_scale_buffer
-        scales = None if scale_buf is None else self._rows(scale_buf, slot).index_select(0, loc)
-        return keys, scales
 
 
 class AscendMHADevicePool(AscendDevicePool, MHADevicePoolBase):

@@ -93,7 +93,7 @@ from sgl_core.kv.device._device_kinds import (
 from sgl_core.kv.device._device_pool import PerLayerMHADevicePool, PerLayerMLADevicePool
 from sgl_core.kv.device._device_rows import check_raw_rows
 from sgl_core.kv.device._devices import parse_device, usable_device
-from sgl_core.kv.device._indexer import IndexerConfig, mla_pool_spec
+from sgl_core.kv.device._indexer import IndexerConfig, IndexerRows, mla_pool_spec
 from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core.kv.host._host_pages import TokenPages
 from sgl_core.kv.host._host_pool import HostPoolBase
@@ -151,6 +151,7 @@ __all__ = [
     "IndexRuns",
     "IndexerCache",
     "IndexerConfig",
+    "IndexerRows",
     "KVKind",
     "KVRows",
     "KVSpec",

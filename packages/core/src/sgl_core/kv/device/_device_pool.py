@@ -43,7 +43,6 @@ class PerLayerMLADevicePool(MLADevicePoolBase, PerLayerRows, IndexerRows):
     kv_buffer: list[torch.Tensor]
 
     def _allocate(self, indexer: IndexerConfig | None) -> None:
-        self.indexer = indexer
         self.spec = mla_pool_spec(self.shape, indexer)
         self.index_k_buffer = None
         self.index_k_scale_buffer = None
