@@ -34,7 +34,6 @@ from sgl_core.backend import (
     mha_spec,
     mla_pool_spec,
 )
-from sgl_core.errors import PoolMismatchError
 
 __all__ = ["AscendMHADevicePool", "AscendMLADevicePool"]
 
@@ -71,12 +70,8 @@ class AscendMLADevicePool(AscendDevicePool, MLADevicePoolBase, IndexerRows):
         return self._split_v("get_value_buffer")[check_layer_id(layer_id, self.layer_num)]
 
     def _split_v(self, what: str) -> torch.Tensor:
-        if self.v_buffer is None:
-            raise PoolMismatchError(
-                f"{what}: this pool's rows are {self.kv_cache_dim} packed {self.dtype} elements "
-                f"(kv_cache_dim given), not kv_lora_rank={self.kv_lora_rank} + "
-                f"qk_rope_head_dim={self.qk_rope_head_dim} values; use set_kv_rows / get_kv_rows"
-            )
+        if self.v_buffer is None:  # packed rows: k_buffer holds them whole
+            raise self._split_rows_error(what)
         return self.v_buffer
 
     def set_mla_kv_buffer(

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
+from sgl_core.errors import PoolMismatchError
 from sgl_core.kv._shapes import MHAShape, MLAShape
 from sgl_core.kv.device._indexer import IndexerConfig, check_indexer
 from sgl_core.kv.device._slot_geometry import SlotGeometry, check_pool_geometry
@@ -93,6 +94,14 @@ class MLADevicePoolBase(MLAPoolGeometry):
     def _allocate(self, indexer: IndexerConfig | None) -> None:
         """Set the pool's spec and buffers (``indexer``: the checked indexer arguments)."""
         raise NotImplementedError
+
+    def _split_rows_error(self, what: str) -> PoolMismatchError:
+        """The refusal of a split accessor (``what``) on a pool of packed rows."""
+        return PoolMismatchError(
+            f"{what}: this pool's rows are {self.kv_cache_dim} packed {self.dtype} elements "
+            f"(kv_cache_dim given), not kv_lora_rank={self.kv_lora_rank} + "
+            f"qk_rope_head_dim={self.qk_rope_head_dim} values; use set_kv_rows / get_kv_rows"
+        )
 
 
 class MHAPoolGeometry(SlotGeometry):

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_core.errors import PoolMismatchError
 from sgl_core.kv._spec import mha_spec
 from sgl_core.kv._validation import check_layer_id, check_value_rows
 from sgl_core.kv.device._device_kinds import MHADevicePoolBase, MLADevicePoolBase
@@ -59,7 +58,8 @@ class PerLayerMLADevicePool(MLADevicePoolBase, PerLayerRows, IndexerRows):
         cache_k_rope: torch.Tensor,
     ) -> None:
         loc = self._check_loc(layer_id, loc)
-        self._check_split_rows("set_mla_kv_buffer")
+        if self.shape.packed:
+            raise self._split_rows_error("set_mla_kv_buffer")
         n = loc.numel()
         for name, tensor, dim in (
             ("cache_k_nope", cache_k_nope, self.kv_lora_rank),
@@ -74,17 +74,10 @@ class PerLayerMLADevicePool(MLADevicePoolBase, PerLayerRows, IndexerRows):
         self, layer_id: int, loc: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         loc = self._check_loc(layer_id, loc)
-        self._check_split_rows("get_mla_kv_buffer")
+        if self.shape.packed:
+            raise self._split_rows_error("get_mla_kv_buffer")
         rows = byte_view(self.kv_buffer[layer_id]).index_select(0, loc).view(self.dtype)
         return rows[..., : self.kv_lora_rank], rows[..., self.kv_lora_rank :]
-
-    def _check_split_rows(self, what: str) -> None:
-        if self.shape.packed:
-            raise PoolMismatchError(
-                f"{what}: this pool's rows are {self.kv_cache_dim} packed {self.dtype} elements "
-                f"(kv_cache_dim given), not kv_lora_rank={self.kv_lora_rank} + "
-                f"qk_rope_head_dim={self.qk_rope_head_dim} values; use set_kv_rows / get_kv_rows"
-            )
 
     # ------------------------------------------------------------- raw rows
     def set_kv_rows(self, layer_id: int, loc: torch.Tensor, rows: torch.Tensor) -> None:
