@@ -13,6 +13,12 @@ from typing import Any
 import torch
 
 from sgl_core.errors import PoolSizeError
+from sgl_core.kv._validation import (
+    check_index_bounds,
+    check_index_device,
+    check_index_tensor,
+    check_layer_id,
+)
 from sgl_core.kv.device._devices import check_fits, usable_device
 from sgl_core.kv.protocols._kv_protocols import PoolShape
 
@@ -79,6 +85,14 @@ class SlotGeometry:
     @property
     def device(self) -> torch.device:
         return self._device
+
+    def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        """``loc`` on the pool's device once ``layer_id`` and ``loc`` check out (slots in range)."""
+        check_layer_id(layer_id, self.layer_num)
+        check_index_tensor(loc, "loc")
+        check_index_device(loc, "loc", self.device)
+        check_index_bounds(loc, self.slot_count, "loc")
+        return loc.to(self.device)
 
 
 def pool_repr(pool: Any, extra: dict[str, object]) -> str:
