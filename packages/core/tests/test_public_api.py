@@ -105,7 +105,10 @@ def test_dir_shows_only_the_api() -> None:
 # Names of sgl_core.backend kept for backend authors though no shipped device
 # package or the suite uses them: the tuning and calibration knobs, the
 # entry-point groups a device package names in its pyproject, and protocols
-# and facts that type what the exported bases return.
+# and facts that type what the exported bases return, the KV model's MLA
+# preset (device pools read theirs through ``mla_pool_spec``), and the index
+# checks a backend's own accessors need (the shipped pools inherit
+# ``SlotGeometry._check_loc``, which runs them).
 _AUTHOR_ONLY = {
     "AUTO",
     "Calibrator",
@@ -118,8 +121,12 @@ _AUTHOR_ONLY = {
     "MOE_BENCH_GROUP",
     "MoEBenchFactory",
     "NEVER",
+    "check_index_bounds",
+    "check_index_device",
+    "check_index_tensor",
     "check_value_tensor",
     "copy_calibration",
+    "mla_spec",
     "shutdown_copy_threads",
 }
 

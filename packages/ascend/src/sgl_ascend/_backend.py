@@ -56,37 +56,6 @@ class AscendBackend(PoolBackend[AscendMLADevicePool, AscendMLAHostPool]):
         """True only when ``torch_npu`` imports and an NPU is visible."""
         return _npu.npu_available()
 
-    def create_mha_device_pool(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        head_num: int,
-        head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        v_head_dim: int | None = None,
-    ) -> AscendMHADevicePool:
-        """An MHA / GQA pool: 5-D layer-major K and V tensors (the Ascend engine's layout).
-
-        ``size`` tokens (whole ``page_size`` pages) per layer plus the padding
-        page, page 0: slots ``[0, size + page_size)``; K rows ``(head_num,
-        head_dim)``, V rows ``(head_num, v_head_dim)`` (None: ``head_dim``).
-        Raises ``PoolSizeError``, ``DeviceError`` or ``BackendUnavailableError``
-        as ``create_device_pool`` does, before allocating.
-        """
-        return AscendMHADevicePool(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            head_num=head_num,
-            head_dim=head_dim,
-            layer_num=layer_num,
-            device=device,
-            v_head_dim=v_head_dim,
-        )
-
 
 backend = AscendBackend()
 

@@ -1,4 +1,4 @@
-"""The Ascend device pools' kinds: constructor arguments and engine accessors only.
+"""The Ascend device pools' kinds: their components and engine accessors only.
 
 Storage, component views and index checks are ``AscendDevicePool``'s
 (``sgl_ascend._device_pool``); a kind names its components::
@@ -19,36 +19,33 @@ the number of KV heads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
-from sgl_ascend import _npu
 from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec, kv_split_spec
 from sgl_core.backend import (
     Component,
     IndexerConfig,
-    MHAPoolGeometry,
-    MLAPoolGeometry,
+    IndexerRows,
+    MHADevicePoolBase,
+    MLADevicePoolBase,
     byte_view,
-    check_indexer,
     check_layer_id,
     check_raw_rows,
     mha_spec,
-    mla_spec,
+    mla_pool_spec,
 )
-from sgl_core.errors import LayerIndexError, PoolMismatchError
 
 __all__ = ["AscendMHADevicePool", "AscendMLADevicePool"]
 
 
-class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
+class AscendMLADevicePool(AscendDevicePool, MLADevicePoolBase, IndexerRows):
     """Layer-major contiguous MLA KV cache, optionally with a DSA/NSA indexer cache.
 
     Pass ``index_head_dim`` to add ``index_k_buffer`` for the layers in
     ``indexer_layer_ids`` (default: every layer), and ``with_index_k_scale``
     to add its fp32 per-token scale. ``indexer_slot(layer_id)`` maps a model
-    layer to its row in the indexer buffers.
+    layer to its row in the indexer buffers; the indexer accessors are core's
+    ``IndexerRows`` over this pool's ``_rows``.
     """
 
     optional_buffers = ("v_buffer", "index_k_buffer", "index_k_scale_buffer")
@@ -56,63 +53,16 @@ class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
     index_k_buffer: torch.Tensor | None
     index_k_scale_buffer: torch.Tensor | None
 
-    def __init__(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        kv_cache_dim: int | None = None,
-        index_head_dim: int | None = None,
-        indexer_layer_ids: Iterable[int] | None = None,
-        with_index_k_scale: bool = False,
-    ) -> None:
-        super().__init__(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            kv_lora_rank=kv_lora_rank,
-            qk_rope_head_dim=qk_rope_head_dim,
-            layer_num=layer_num,
-            device=_npu.resolve_device(device),
-            kv_cache_dim=kv_cache_dim,
-        )
-        cfg = check_indexer(index_head_dim, indexer_layer_ids, with_index_k_scale, layer_num)
-        self._build(self._kv_split(cfg))
+    def _allocate(self, indexer: IndexerConfig | None) -> None:
+        self._build(self._kv_split(indexer))
 
     def _kv_split(self, indexer: IndexerConfig | None = None) -> KvSplitSpec:
         """This pool's kv-split spec: ``k`` and ``v`` (or packed ``k``) plus indexer rows."""
-        s = self.shape
-        if indexer is None:
-            spec = mla_spec(s.layer_num, s.kv_lora_rank, s.qk_rope_head_dim, s.dtype, s.row_dim)
-        else:
-            spec = mla_spec(
-                s.layer_num, s.kv_lora_rank, s.qk_rope_head_dim, s.dtype, s.row_dim,
-                index_head_dim=indexer.index_head_dim, indexer_layer_ids=indexer.layer_ids,
-                with_index_k_scale=indexer.with_scale,
-            )  # fmt: skip
+        s, spec = self.shape, mla_pool_spec(self.shape, indexer)
         if s.packed:
             return kv_split_spec(spec, (Component("k", s.kv_cache_dim, s.dtype),))
         nope = Component("k", s.kv_lora_rank, s.dtype)
         return kv_split_spec(spec, (nope, Component("v", s.qk_rope_head_dim, s.dtype)))
-
-    # ------------------------------------------------------------ properties
-    @property
-    def index_head_dim(self) -> int | None:
-        return self.spec.component("index_k").dim if self.spec.has("index_k") else None
-
-    @property
-    def indexer_layer_ids(self) -> tuple[int, ...]:
-        """Model layers that have an indexer cache, ascending (empty: no indexer)."""
-        return self.spec.indexer_layers
-
-    @property
-    def has_index_k_scale(self) -> bool:
-        return self.index_k_scale_buffer is not None
 
     # ------------------------------------------------------------ token rows
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
@@ -120,12 +70,8 @@ class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
         return self._split_v("get_value_buffer")[check_layer_id(layer_id, self.layer_num)]
 
     def _split_v(self, what: str) -> torch.Tensor:
-        if self.v_buffer is None:
-            raise PoolMismatchError(
-                f"{what}: this pool's rows are {self.kv_cache_dim} packed {self.dtype} elements "
-                f"(kv_cache_dim given), not kv_lora_rank={self.kv_lora_rank} + "
-                f"qk_rope_head_dim={self.qk_rope_head_dim} values; use set_kv_rows / get_kv_rows"
-            )
+        if self.v_buffer is None:  # packed rows: k_buffer holds them whole
+            raise self._split_rows_error(what)
         return self.v_buffer
 
     def set_mla_kv_buffer(
@@ -176,77 +122,13 @@ class AscendMLADevicePool(AscendDevicePool, MLAPoolGeometry):
         ]
         return torch.cat(parts, dim=-1).view(self.dtype)
 
-    # --------------------------------------------------------------- indexer
-    def _indexer_row(self, layer_id: int) -> tuple[int, torch.Tensor]:
-        slot = self.indexer_slot(layer_id)
-        if slot is None or self.index_k_buffer is None:
-            raise LayerIndexError(
-                f"layer_id={layer_id} has no indexer cache "
-                f"(indexer_layer_ids={list(self.indexer_layer_ids)})"
-            )
-        return slot, self.index_k_buffer
 
-    def set_index_k_buffer(
-        self,
-        layer_id: int,
-        loc: torch.Tensor,
-        index_k: torch.Tensor,
-        index_k_scale: torch.Tensor | None = None,
-    ) -> None:
-        """Write ``(n, 1, index_head_dim)`` indexer keys (and ``(n, 1, 1)`` fp32 scales)."""
-        loc = self._check_loc(layer_id, loc)
-        slot, keys_buf = self._indexer_row(layer_id)
-        n = loc.numel()
-        keys = self._values("index_k", index_k, (n, 1, int(keys_buf.shape[-1])))
-        scale_buf = self.index_k_scale_buffer
-        if (index_k_scale is None) != (scale_buf is None):
-            raise PoolMismatchError(
-                "index_k_scale must be given exactly when the pool has index_k_scale_buffer"
-            )
-        if index_k_scale is not None and scale_buf is not None:
-            scales = self._values("index_k_scale", index_k_scale, (n, 1, 1), torch.float32)
-            self._rows(scale_buf, slot).index_copy_(0, loc, scales)
-        self._rows(keys_buf, slot).index_copy_(0, loc, keys)
-
-    def get_index_k_buffer(
-        self, layer_id: int, loc: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Copies of the indexer keys (and scales, or None) at token ``loc``."""
-        loc = self._check_loc(layer_id, loc)
-        slot, keys_buf = self._indexer_row(layer_id)
-        keys = self._rows(keys_buf, slot).index_select(0, loc).view(self.dtype)
-        scale_buf = self.index_k_scale_buffer
-        scales = None if scale_buf is None else self._rows(scale_buf, slot).index_select(0, loc)
-        return keys, scales
-
-
-class AscendMHADevicePool(AscendDevicePool, MHAPoolGeometry):
+class AscendMHADevicePool(AscendDevicePool, MHADevicePoolBase):
     """Layer-major contiguous MHA / GQA KV cache: one K and one V 5-D tensor."""
 
     v_buffer: torch.Tensor
 
-    def __init__(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        head_num: int,
-        head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        v_head_dim: int | None = None,
-    ) -> None:
-        super().__init__(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            head_num=head_num,
-            head_dim=head_dim,
-            layer_num=layer_num,
-            device=_npu.resolve_device(device),
-            v_head_dim=v_head_dim,
-        )
+    def _allocate(self) -> None:
         self._build(self._kv_split())
 
     def _kv_split(self) -> KvSplitSpec:

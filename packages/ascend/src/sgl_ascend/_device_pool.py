@@ -29,13 +29,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from sgl_ascend import _npu
 from sgl_core.backend import (
     Component,
     KVSpec,
     byte_view,
-    check_index_bounds,
-    check_index_device,
-    check_index_tensor,
     check_layer_id,
     check_value_rows,
 )
@@ -95,6 +93,10 @@ class AscendDevicePool(abc.ABC):
         @property
         def dtype(self) -> torch.dtype: ...
 
+    def _pool_device(self, device: str | torch.device | None) -> torch.device:
+        """``None``: the NPU when one is usable, else CPU (``sgl_ascend._npu``)."""
+        return _npu.resolve_device(device)
+
     @abc.abstractmethod
     def _kv_split(self) -> KvSplitSpec:
         """This pool's kv-split spec, from its geometry (and the kind's own arguments)."""
@@ -152,13 +154,6 @@ class AscendDevicePool(abc.ABC):
         fp8 caches move as bytes (no fp8 index kernels); values are never converted.
         """
         return byte_view(buffer[row].view(self.slot_count, buffer.shape[-2], buffer.shape[-1]))
-
-    def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
-        check_layer_id(layer_id, self.layer_num)
-        check_index_tensor(loc, "loc")
-        check_index_device(loc, "loc", self.device)
-        check_index_bounds(loc, self.slot_count, "loc")
-        return loc.to(self.device)
 
     def _values(
         self, name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype | None = None

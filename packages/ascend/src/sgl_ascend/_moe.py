@@ -141,10 +141,17 @@ def _grouped(
     x: torch.Tensor,
     weight: torch.Tensor,
     groups: _Groups,
+    out_dtype: torch.dtype,
     row_scale: torch.Tensor | None = None,
     weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x_rows @ weight[e].T`` per expert group (torch path), scales applied if given."""
+    """``x_rows @ weight[e].T`` per expert group, scales applied if given.
+
+    On an NPU one ``grouped_matmul`` in ``out_dtype``; elsewhere (the torch
+    path) a float32 loop over the groups.
+    """
+    if x.device.type == "npu":
+        return _npu_grouped(x, weight, groups, out_dtype, row_scale, weight_scale)
     out = torch.empty((x.shape[0], weight.shape[1]), dtype=torch.float32, device=x.device)
     for expert, start, end in groups.bounds():
         acc = x[start:end].float() @ weight[expert].float().t()
@@ -159,9 +166,8 @@ def _npu_grouped(
     weight: torch.Tensor,
     groups: _Groups,
     out_dtype: torch.dtype,
-    *,
-    row_scale: torch.Tensor | None = None,
-    weight_scale: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None,
+    weight_scale: torch.Tensor | None,
 ) -> torch.Tensor:
     scale_dtype = torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32
     return _npu.grouped_matmul(
@@ -191,13 +197,8 @@ class AscendMoEMethod:
             return x.new_zeros((0, layer.hidden_size))
         groups = _Groups.of(topk_ids, layer.num_experts)
         rows = x[groups.order // groups.top_k]
-        if x.device.type == "npu":
-            gate_up = _npu_grouped(rows, layer.w13_weight, groups, x.dtype)
-            inter = silu_and_mul(gate_up)
-            down = _npu_grouped(inter, layer.w2_weight, groups, x.dtype)
-        else:
-            inter = silu_and_mul(_grouped(rows, layer.w13_weight, groups))
-            down = _grouped(inter, layer.w2_weight, groups)
+        inter = silu_and_mul(_grouped(rows, layer.w13_weight, groups, x.dtype))
+        down = _grouped(inter, layer.w2_weight, groups, x.dtype)
         return groups.combine(down, topk_weights, x.dtype)
 
 
@@ -219,30 +220,10 @@ class AscendW8A8DynamicMoEMethod:
         groups = _Groups.of(topk_ids, layer.num_experts)
         qx, sx = quantize_per_token(x)
         rows, row_scale = qx[groups.order // groups.top_k], sx[groups.order // groups.top_k]
-        npu = x.device.type == "npu"
-        if npu:
-            gate_up = _npu_grouped(
-                rows,
-                layer.w13_weight,
-                groups,
-                x.dtype,
-                row_scale=row_scale,
-                weight_scale=layer.w13_weight_scale,
-            )
-        else:
-            gate_up = _grouped(rows, layer.w13_weight, groups, row_scale, layer.w13_weight_scale)
+        w13, w2 = layer.w13_weight, layer.w2_weight
+        gate_up = _grouped(rows, w13, groups, x.dtype, row_scale, layer.w13_weight_scale)
         q_inter, inter_scale = quantize_per_token(silu_and_mul(gate_up))
-        if npu:
-            down = _npu_grouped(
-                q_inter,
-                layer.w2_weight,
-                groups,
-                x.dtype,
-                row_scale=inter_scale,
-                weight_scale=layer.w2_weight_scale,
-            )
-        else:
-            down = _grouped(q_inter, layer.w2_weight, groups, inter_scale, layer.w2_weight_scale)
+        down = _grouped(q_inter, w2, groups, x.dtype, inter_scale, layer.w2_weight_scale)
         return groups.combine(down, topk_weights, x.dtype)
 
 

@@ -30,7 +30,10 @@ Groups:
   ``TokenPages`` (the L3 page helpers of a pool whose ``_parts`` lie in a
   layout of the facts table, ``layout_facts`` / ``LayoutFacts``);
   ``PerLayerMLADevicePool``, ``MLAPoolGeometry``, ``MLAShape``,
-  ``PerLayerMHADevicePool``, ``MHAPoolGeometry``, ``MHAShape``,
+  ``PerLayerMHADevicePool``, ``MHAPoolGeometry``, ``MHAShape``; every
+  backend's device pools take their kind's engine constructor from
+  ``MLADevicePoolBase`` / ``MHADevicePoolBase`` (``mla_pool_spec``: an MLA
+  pool's spec with its indexer rows);
   ``is_mha_device_pool`` (how a device pool's kind is told, by attributes);
   ``DevicePoolGeometry`` and ``PoolShape`` are what ``HostPoolBase`` needs of
   either kind;
@@ -82,15 +85,16 @@ from sgl_core.kv._validation import (
     check_value_rows,
     check_value_tensor,
 )
-from sgl_core.kv.device._device_pool import (
+from sgl_core.kv.device._device_kinds import (
+    MHADevicePoolBase,
     MHAPoolGeometry,
+    MLADevicePoolBase,
     MLAPoolGeometry,
-    PerLayerMHADevicePool,
-    PerLayerMLADevicePool,
 )
+from sgl_core.kv.device._device_pool import PerLayerMHADevicePool, PerLayerMLADevicePool
 from sgl_core.kv.device._device_rows import check_raw_rows
 from sgl_core.kv.device._devices import parse_device, usable_device
-from sgl_core.kv.device._indexer import IndexerConfig, check_indexer
+from sgl_core.kv.device._indexer import IndexerConfig, IndexerRows, mla_pool_spec
 from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core.kv.host._host_pages import TokenPages
 from sgl_core.kv.host._host_pool import HostPoolBase
@@ -160,18 +164,21 @@ __all__ = [
     "IndexRuns",
     "IndexerCache",
     "IndexerConfig",
+    "IndexerRows",
     "KVKind",
     "KVRows",
     "KVSpec",
     "LayerViews",
     "LayoutFacts",
     "MHADevicePool",
+    "MHADevicePoolBase",
     "MHAHostPool",
     "MHAHostPoolBase",
     "MHAPoolGeometry",
     "MHAShape",
     "MHATokenHostPool",
     "MLADevicePool",
+    "MLADevicePoolBase",
     "MLAHostPool",
     "MLAHostPoolBase",
     "MLAPoolGeometry",
@@ -198,7 +205,6 @@ __all__ = [
     "check_index_bounds",
     "check_index_device",
     "check_index_tensor",
-    "check_indexer",
     "check_layer_id",
     "check_raw_rows",
     "check_routing",
@@ -215,6 +221,7 @@ __all__ = [
     "memmove_step",
     "merge_runs",
     "mha_spec",
+    "mla_pool_spec",
     "mla_spec",
     "numpy_rows",
     "page_aligned_zeros",

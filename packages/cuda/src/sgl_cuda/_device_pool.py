@@ -176,38 +176,12 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
     """
 
     layers_in_one_allocation = False
+    _layers: _LayerBuffers | None = None
 
-    def __init__(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        kv_cache_dim: int | None = None,
-        index_head_dim: int | None = None,
-        indexer_layer_ids: Iterable[int] | None = None,
-        with_index_k_scale: bool = False,
-    ) -> None:
-        self._layers: _LayerBuffers | None = None
-        super().__init__(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            kv_lora_rank=kv_lora_rank,
-            qk_rope_head_dim=qk_rope_head_dim,
-            layer_num=layer_num,
-            device=resolve_device(device),
-            kv_cache_dim=kv_cache_dim,
-            index_head_dim=index_head_dim,
-            indexer_layer_ids=indexer_layer_ids,
-            with_index_k_scale=with_index_k_scale,
-        )
+    def _pool_device(self, device: str | torch.device | None) -> torch.device:
+        return resolve_device(device)
 
-    # ``PerLayerMLADevicePool.__init__`` assigns ``self.kv_buffer = [...]``.
+    # ``PerLayerMLADevicePool._allocate`` assigns ``self.kv_buffer = [...]``.
     @property
     def kv_buffer(self) -> list[torch.Tensor]:
         assert self._layers is not None

@@ -126,19 +126,23 @@ def prepare_rows(
 
 
 def _kv(
-    src: tuple[torch.Tensor, torch.Tensor],
-    dst: tuple[torch.Tensor, torch.Tensor],
-    indices: tuple[torch.Tensor, torch.Tensor],
-    item_size: int,
     forms: tuple[RowForm, RowForm],
+    tensors: tuple[torch.Tensor, ...],
+    item_size: int,
     layer_offset: int = 0,
     num_layers: int = 1,
 ) -> None:
-    """K and V in one checked launch (the upstream-named functions below)."""
+    """K and V in one checked launch (the upstream-named functions below).
+
+    ``tensors`` is their first six arguments: ``src_k, dst_k, src_v, dst_v,
+    src_indices, dst_indices``.
+    """
+    src_k, dst_k, src_v, dst_v, src_indices, dst_indices = tensors
     prepare_rows(
-        src,
-        dst,
-        *indices,
+        (src_k, src_v),
+        (dst_k, dst_v),
+        src_indices,
+        dst_indices,
         item_size=item_size,
         src_form=forms[0],
         dst_form=forms[1],
@@ -168,7 +172,7 @@ def transfer_kv_per_layer(
 ) -> None:
     """One layer, layer-first to layer-first, K and V: ``src_indices[i]`` -> ``dst_indices[i]``."""
     forms = RowForm("layer_first", "src"), RowForm("layer_first", "dst")
-    _kv((src_k, src_v), (dst_k, dst_v), (src_indices, dst_indices), item_size, forms)
+    _kv(forms, (src_k, dst_k, src_v, dst_v, src_indices, dst_indices), item_size)
 
 
 def transfer_kv_per_layer_pf_lf(
@@ -184,14 +188,8 @@ def transfer_kv_per_layer_pf_lf(
 ) -> None:
     """Layer ``layer_id`` of page-first ``src_k``/``src_v`` into layer-first ``dst_k``/``dst_v``."""
     forms = RowForm("page_first", "src", src_layout_dim), RowForm("layer_first", "dst")
-    _kv(
-        (src_k, src_v),
-        (dst_k, dst_v),
-        (src_indices, dst_indices),
-        item_size,
-        forms,
-        check_layer_id(layer_id),
-    )
+    kv = src_k, dst_k, src_v, dst_v, src_indices, dst_indices
+    _kv(forms, kv, item_size, check_layer_id(layer_id))
 
 
 def transfer_kv_per_layer_ph_lf(
@@ -212,14 +210,8 @@ def transfer_kv_per_layer_ph_lf(
         RowForm("page_head", "src", src_layout_dim, page_size, head_num),
         RowForm("layer_first", "dst"),
     )
-    _kv(
-        (src_k, src_v),
-        (dst_k, dst_v),
-        (src_indices, dst_indices),
-        item_size,
-        forms,
-        check_layer_id(layer_id),
-    )
+    kv = src_k, dst_k, src_v, dst_v, src_indices, dst_indices
+    _kv(forms, kv, item_size, check_layer_id(layer_id))
 
 
 def transfer_kv_all_layer(
@@ -234,15 +226,8 @@ def transfer_kv_all_layer(
 ) -> None:
     """Every layer, K and V, pointer tables to pointer tables (``torch.uint64``), one launch."""
     forms = RowForm("table", "src"), RowForm("table", "dst")
-    _kv(
-        (src_k_layers, src_v_layers),
-        (dst_k_layers, dst_v_layers),
-        (src_indices, dst_indices),
-        item_size,
-        forms,
-        0,
-        num_layers,
-    )
+    kv = src_k_layers, dst_k_layers, src_v_layers, dst_v_layers, src_indices, dst_indices
+    _kv(forms, kv, item_size, 0, num_layers)
 
 
 def transfer_kv_all_layer_lf_pf(
@@ -258,15 +243,8 @@ def transfer_kv_all_layer_lf_pf(
 ) -> None:
     """Every layer, K and V, pointer tables to page-first ``dst_k``/``dst_v``, one launch."""
     forms = RowForm("table", "src"), RowForm("page_first", "dst", dst_layout_dim)
-    _kv(
-        (src_k_layers, src_v_layers),
-        (dst_k, dst_v),
-        (src_indices, dst_indices),
-        item_size,
-        forms,
-        0,
-        num_layers,
-    )
+    kv = src_k_layers, dst_k, src_v_layers, dst_v, src_indices, dst_indices
+    _kv(forms, kv, item_size, 0, num_layers)
 
 
 def transfer_kv_all_layer_lf_ph(
@@ -287,12 +265,5 @@ def transfer_kv_all_layer_lf_ph(
         RowForm("table", "src"),
         RowForm("page_head", "dst", dst_layout_dim, page_size, head_num),
     )
-    _kv(
-        (src_k_layers, src_v_layers),
-        (dst_k, dst_v),
-        (src_indices, dst_indices),
-        item_size,
-        forms,
-        0,
-        num_layers,
-    )
+    kv = src_k_layers, dst_k, src_v_layers, dst_v, src_indices, dst_indices
+    _kv(forms, kv, item_size, 0, num_layers)

@@ -23,30 +23,13 @@ class CudaMHADevicePool(PerLayerMHADevicePool):
 
     layers_in_one_allocation = False
 
-    def __init__(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        head_num: int,
-        head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        v_head_dim: int | None = None,
-    ) -> None:
-        super().__init__(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            head_num=head_num,
-            head_dim=head_dim,
-            layer_num=layer_num,
-            device=resolve_device(device),
-            v_head_dim=v_head_dim,
-        )
-        shapes = {"k_buffer": (self.slot_count, head_num, head_dim)}
-        shapes["v_buffer"] = (self.slot_count, head_num, self.v_head_dim)
+    def _pool_device(self, device: str | torch.device | None) -> torch.device:
+        return resolve_device(device)
+
+    def _allocate(self) -> None:
+        super()._allocate()
+        shapes = {"k_buffer": (self.slot_count, self.head_num, self.head_dim)}
+        shapes["v_buffer"] = (self.slot_count, self.head_num, self.v_head_dim)
         self._tables = LayerTables(self, shapes, self.device)
 
     @property

@@ -20,13 +20,7 @@ import torch
 
 from sgl_core.errors import PoolSizeError
 from sgl_core.kv._spec import KVSpec
-from sgl_core.kv._validation import (
-    check_index_bounds,
-    check_index_device,
-    check_index_tensor,
-    check_layer_id,
-    check_value_rows,
-)
+from sgl_core.kv._validation import check_value_rows
 from sgl_core.kv.device._slot_geometry import SlotGeometry
 
 __all__ = [
@@ -64,13 +58,6 @@ class PerLayerRows(SlotGeometry):
     def device(self) -> torch.device:
         first: list[torch.Tensor] = getattr(self, self.spec.components[0].device_name)
         return first[0].device
-
-    def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
-        layer_id = check_layer_id(layer_id, self.layer_num)
-        check_index_tensor(loc, "loc")
-        check_index_device(loc, "loc", self.device)
-        check_index_bounds(loc, self.slot_count, "loc")
-        return loc.to(self.device)
 
 
 def check_raw_rows(rows: object, n: int, dim: int, dtype: torch.dtype) -> None:

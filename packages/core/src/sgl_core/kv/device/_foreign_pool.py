@@ -90,6 +90,14 @@ class EngineView:
     def device(self) -> torch.device:
         return self._device
 
+    def _layer(self, layer_id: int) -> int:
+        """``layer_id`` when it is an int in ``[0, layer_num)``, else ``PoolMismatchError``."""
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+            raise PoolMismatchError(f"layer_id must be an int, got {type(layer_id).__name__}")
+        if not 0 <= layer_id < self.layer_num:
+            raise PoolMismatchError(f"layer_id={layer_id} is outside [0, {self.layer_num})")
+        return layer_id
+
 
 class ForeignMLADevicePool(EngineView):
     """An engine's per-layer MLA device pool seen through ``MLADevicePool``."""
@@ -121,11 +129,7 @@ class ForeignMLADevicePool(EngineView):
         return engine_dtype(self._pool, self._pool.kv_buffer)
 
     def _rows(self, layer_id: int) -> torch.Tensor:
-        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
-            raise PoolMismatchError(f"layer_id must be an int, got {type(layer_id).__name__}")
-        if not 0 <= layer_id < self.layer_num:
-            raise PoolMismatchError(f"layer_id={layer_id} is outside [0, {self.layer_num})")
-        return self.kv_buffer[layer_id]
+        return self.kv_buffer[self._layer(layer_id)]
 
     def set_mla_kv_buffer(
         self,

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
+from sgl_core.kv._shapes import MLAShape
+from sgl_core.kv._spec import KVSpec, mla_spec
 from sgl_core.kv._validation import check_layer_id, check_value_rows
 from sgl_core.transfer.copy._copy import byte_view
 
-__all__ = ["IndexerConfig", "IndexerRows", "check_indexer", "indexer_of"]
+__all__ = ["IndexerConfig", "IndexerRows", "check_indexer", "indexer_of", "mla_pool_spec"]
 
 #: Bytes of one index_k scale (float32).
 SCALE_BYTES = 4
@@ -97,12 +100,37 @@ def indexer_of(pool: object) -> IndexerConfig | None:
     return IndexerConfig(head_dim, ids, bool(getattr(pool, "has_index_k_scale", False)))
 
 
-class IndexerRows:
-    """The indexer cache of a per-layer device pool (a base of ``PerLayerMLADevicePool``)."""
+def mla_pool_spec(shape: MLAShape, indexer: IndexerConfig | None) -> KVSpec:
+    """An MLA pool's spec: ``shape``'s rows, plus the indexer's rows when it has one."""
+    if indexer is None:
+        return shape.spec
+    return mla_spec(
+        shape.layer_num,
+        shape.kv_lora_rank,
+        shape.qk_rope_head_dim,
+        shape.dtype,
+        shape.row_dim,
+        index_head_dim=indexer.index_head_dim,
+        indexer_layer_ids=indexer.layer_ids,
+        with_index_k_scale=indexer.with_scale,
+    )
 
-    indexer: IndexerConfig | None
-    index_k_buffer: list[torch.Tensor] | None
-    index_k_scale_buffer: list[torch.Tensor] | None
+
+class IndexerRows:
+    """The DSA indexer accessors of an MLA device pool, read off its spec's ``index_k`` rows.
+
+    A base of ``PerLayerMLADevicePool`` (buffers: a list of per-slot tensors)
+    and of the Ascend MLA pool (one tensor per component, slots first), which
+    overrides :meth:`_rows`, the ``(slots, 1, dim)`` view of one slot's rows.
+    """
+
+    index_k_buffer: Any
+    index_k_scale_buffer: Any
+
+    if TYPE_CHECKING:  # the pool's (an attribute; read-only here, so a narrower spec fits)
+
+        @property
+        def spec(self) -> KVSpec: ...
 
     @property
     def layer_num(self) -> int:
@@ -119,38 +147,37 @@ class IndexerRows:
     def device(self) -> torch.device:
         raise NotImplementedError
 
+    def _rows(self, buffer: Any, row: int) -> torch.Tensor:
+        """Row ``row`` (an indexer slot) of ``buffer``, fp8 as bytes."""
+        return byte_view(buffer[row])
+
     @property
     def index_head_dim(self) -> int | None:
-        return None if self.indexer is None else self.indexer.index_head_dim
+        return self.spec.component("index_k").dim if self.spec.has("index_k") else None
 
     @property
     def indexer_layer_ids(self) -> tuple[int, ...]:
         """Model layers that have an indexer cache, ascending (empty: no indexer)."""
-        return () if self.indexer is None else self.indexer.layer_ids
+        keys = self.spec.component("index_k").layers if self.spec.has("index_k") else None
+        return () if keys is None else keys
 
     @property
     def has_index_k_scale(self) -> bool:
-        return self.indexer is not None and self.indexer.with_scale
+        return self.spec.has("index_k_scale")
 
     def indexer_slot(self, layer_id: int) -> int | None:
         """Row of ``layer_id`` in the indexer buffers, or None if it has no indexer."""
         layer_id = check_layer_id(layer_id, self.layer_num)
-        return None if self.indexer is None else self.indexer.slot(layer_id)
+        return self.spec.component("index_k").slot(layer_id) if self.spec.has("index_k") else None
 
     def _indexer_row(self, layer_id: int) -> int:
         slot = self.indexer_slot(layer_id)
-        if slot is None:
+        if slot is None or self.index_k_buffer is None:
             raise LayerIndexError(
                 f"layer_id={layer_id} has no indexer cache "
                 f"(indexer_layer_ids={list(self.indexer_layer_ids)})"
             )
         return slot
-
-    @staticmethod
-    def _check_rows(
-        name: str, tensor: object, n: int, dim: int, dtype: torch.dtype
-    ) -> torch.Tensor:
-        return check_value_rows(tensor, name, (n, 1, dim), dtype)
 
     def set_index_k_buffer(
         self,
@@ -161,23 +188,22 @@ class IndexerRows:
     ) -> None:
         """Write ``(n, 1, index_head_dim)`` indexer keys (and ``(n, 1, 1)`` fp32 scales).
 
-        Everything is checked before a byte is written.
+        Everything is checked before a byte is written; values are never converted.
         """
         loc = self._check_loc(layer_id, loc)
         slot = self._indexer_row(layer_id)
-        cfg, keys = self.indexer, self.index_k_buffer
-        assert cfg is not None and keys is not None
-        n = loc.numel()
-        self._check_rows("index_k", index_k, n, cfg.index_head_dim, self.dtype)
-        scales = self.index_k_scale_buffer
-        if (index_k_scale is None) != (scales is None):
+        n, dim = loc.numel(), self.spec.component("index_k").dim
+        keys = check_value_rows(index_k, "index_k", (n, 1, dim), self.dtype)
+        scale_buf = self.index_k_scale_buffer
+        if (index_k_scale is None) != (scale_buf is None):
             raise PoolMismatchError(
                 "index_k_scale must be given exactly when the pool has index_k_scale_buffer"
             )
-        if index_k_scale is not None and scales is not None:
-            self._check_rows("index_k_scale", index_k_scale, n, 1, torch.float32)
-            scales[slot].index_copy_(0, loc, index_k_scale.to(self.device))
-        byte_view(keys[slot]).index_copy_(0, loc, byte_view(index_k.to(self.device)))
+        if index_k_scale is not None and scale_buf is not None:
+            scales = check_value_rows(index_k_scale, "index_k_scale", (n, 1, 1), torch.float32)
+            self._rows(scale_buf, slot).index_copy_(0, loc, scales.to(self.device).contiguous())
+        rows = byte_view(keys.to(self.device).contiguous())
+        self._rows(self.index_k_buffer, slot).index_copy_(0, loc, rows)
 
     def get_index_k_buffer(
         self, layer_id: int, loc: torch.Tensor
@@ -185,8 +211,6 @@ class IndexerRows:
         """Copies of the indexer keys (and scales, or None) at token ``loc``."""
         loc = self._check_loc(layer_id, loc)
         slot = self._indexer_row(layer_id)
-        keys = self.index_k_buffer
-        assert keys is not None
-        got = byte_view(keys[slot]).index_select(0, loc).view(self.dtype)
-        scales = self.index_k_scale_buffer
-        return got, None if scales is None else scales[slot].index_select(0, loc)
+        keys = self._rows(self.index_k_buffer, slot).index_select(0, loc).view(self.dtype)
+        scale_buf = self.index_k_scale_buffer
+        return keys, None if scale_buf is None else self._rows(scale_buf, slot).index_select(0, loc)

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_core.errors import PoolMismatchError
 from sgl_core.kv._validation import check_index_tensor, check_value_rows
 from sgl_core.kv.device._foreign_pool import EngineView, engine_dtype, meant_layers
 from sgl_core.kv.protocols._kv_protocols import MHADevicePool
@@ -61,13 +60,6 @@ class ForeignMHADevicePool(EngineView):
     @property
     def dtype(self) -> torch.dtype:
         return engine_dtype(self._pool, self._pool.k_buffer)
-
-    def _layer(self, layer_id: int) -> int:
-        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
-            raise PoolMismatchError(f"layer_id must be an int, got {type(layer_id).__name__}")
-        if not 0 <= layer_id < self.layer_num:
-            raise PoolMismatchError(f"layer_id={layer_id} is outside [0, {self.layer_num})")
-        return layer_id
 
     def set_kv_buffer(
         self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor

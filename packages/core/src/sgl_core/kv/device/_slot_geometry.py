@@ -13,7 +13,13 @@ from typing import Any
 import torch
 
 from sgl_core.errors import PoolSizeError
-from sgl_core.kv.device._devices import check_fits
+from sgl_core.kv._validation import (
+    check_index_bounds,
+    check_index_device,
+    check_index_tensor,
+    check_layer_id,
+)
+from sgl_core.kv.device._devices import check_fits, usable_device
 from sgl_core.kv.protocols._kv_protocols import PoolShape
 
 __all__ = ["SlotGeometry", "check_pool_geometry"]
@@ -36,6 +42,10 @@ class SlotGeometry:
     """
 
     shape: PoolShape
+
+    def _pool_device(self, device: str | torch.device | None) -> torch.device:
+        """The device ``device`` names for this backend's pools (None: its default)."""
+        return usable_device(device)
 
     def _set_slots(self, size: int, page_size: int, device: torch.device) -> None:
         self._size = size
@@ -75,6 +85,14 @@ class SlotGeometry:
     @property
     def device(self) -> torch.device:
         return self._device
+
+    def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        """``loc`` on the pool's device once ``layer_id`` and ``loc`` check out (slots in range)."""
+        check_layer_id(layer_id, self.layer_num)
+        check_index_tensor(loc, "loc")
+        check_index_device(loc, "loc", self.device)
+        check_index_bounds(loc, self.slot_count, "loc")
+        return loc.to(self.device)
 
 
 def pool_repr(pool: Any, extra: dict[str, object]) -> str:

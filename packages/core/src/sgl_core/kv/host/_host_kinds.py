@@ -16,9 +16,9 @@ from typing import ClassVar
 from sgl_core.errors import PoolMismatchError
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._shapes import MHAShape, MLAShape
-from sgl_core.kv._spec import KVSpec, mha_spec, mla_spec
+from sgl_core.kv._spec import KVSpec, mha_spec
 from sgl_core.kv.device._engine_views import as_device_pool, as_mha_device_pool
-from sgl_core.kv.device._indexer import indexer_of
+from sgl_core.kv.device._indexer import indexer_of, mla_pool_spec
 from sgl_core.kv.host._host_pool import HostPoolBase
 from sgl_core.kv.protocols._kv_protocols import MHADevicePool, MLADevicePool
 from sgl_core.transfer._transfer import MoverFactory
@@ -49,20 +49,7 @@ class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
             raise PoolMismatchError(f"device_pool is not an MLA device pool: {exc}") from None
 
     def _read_spec(self, device_pool: MLADevicePool) -> KVSpec:
-        s = self.shape
-        cfg = indexer_of(device_pool)
-        if cfg is None:
-            return mla_spec(s.layer_num, s.kv_lora_rank, s.qk_rope_head_dim, s.dtype, s.row_dim)
-        return mla_spec(
-            s.layer_num,
-            s.kv_lora_rank,
-            s.qk_rope_head_dim,
-            s.dtype,
-            s.row_dim,
-            index_head_dim=cfg.index_head_dim,
-            indexer_layer_ids=cfg.layer_ids,
-            with_index_k_scale=cfg.with_scale,
-        )
+        return mla_pool_spec(self.shape, indexer_of(device_pool))
 
     @property
     def kv_cache_dim(self) -> int:

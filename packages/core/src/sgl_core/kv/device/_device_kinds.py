@@ -1,0 +1,175 @@
+"""The two kinds' device-pool geometry and the engine constructor every backend's pools share.
+
+``MLAPoolGeometry`` / ``MHAPoolGeometry`` are the geometry every device pool
+of a kind reports (backend authors subclass them). ``MLADevicePoolBase`` /
+``MHADevicePoolBase`` add the constructor an engine calls, one signature per
+kind for the torch, cuda and Ascend pools alike: it resolves ``device`` with
+the backend's ``_pool_device``, checks the geometry (and the DSA indexer
+arguments), then calls the backend's ``_allocate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from sgl_core.errors import PoolMismatchError
+from sgl_core.kv._shapes import MHAShape, MLAShape
+from sgl_core.kv.device._indexer import IndexerConfig, check_indexer
+from sgl_core.kv.device._slot_geometry import SlotGeometry, check_pool_geometry
+
+__all__ = ["MHADevicePoolBase", "MHAPoolGeometry", "MLADevicePoolBase", "MLAPoolGeometry"]
+
+
+class MLAPoolGeometry(SlotGeometry):
+    """Geometry every MLA device pool reports (the ``MLADevicePool`` properties).
+
+    Backend authors subclass it, call ``__init__`` first, then allocate their
+    buffers; override ``device`` to report the buffers' own device.
+    """
+
+    shape: MLAShape
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: torch.device,
+        kv_cache_dim: int | None = None,
+    ) -> None:
+        check_pool_geometry(size, page_size)
+        self.shape = MLAShape(layer_num, kv_lora_rank, qk_rope_head_dim, dtype, kv_cache_dim)
+        self._set_slots(size, page_size, device)
+
+    @property
+    def kv_lora_rank(self) -> int:
+        return self.shape.kv_lora_rank
+
+    @property
+    def qk_rope_head_dim(self) -> int:
+        return self.shape.qk_rope_head_dim
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return self.shape.kv_cache_dim
+
+
+class MLADevicePoolBase(MLAPoolGeometry):
+    """The engine constructor of an MLA (or DSA) device pool; storage is ``_allocate``'s."""
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+        kv_cache_dim: int | None = None,
+        index_head_dim: int | None = None,
+        indexer_layer_ids: Iterable[int] | None = None,
+        with_index_k_scale: bool = False,
+    ) -> None:
+        super().__init__(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=qk_rope_head_dim,
+            layer_num=layer_num,
+            device=self._pool_device(device),
+            kv_cache_dim=kv_cache_dim,
+        )
+        cfg = check_indexer(index_head_dim, indexer_layer_ids, with_index_k_scale, layer_num)
+        self._allocate(cfg)
+
+    def _allocate(self, indexer: IndexerConfig | None) -> None:
+        """Set the pool's spec and buffers (``indexer``: the checked indexer arguments)."""
+        raise NotImplementedError
+
+    def _split_rows_error(self, what: str) -> PoolMismatchError:
+        """The refusal of a split accessor (``what``) on a pool of packed rows."""
+        return PoolMismatchError(
+            f"{what}: this pool's rows are {self.kv_cache_dim} packed {self.dtype} elements "
+            f"(kv_cache_dim given), not kv_lora_rank={self.kv_lora_rank} + "
+            f"qk_rope_head_dim={self.qk_rope_head_dim} values; use set_kv_rows / get_kv_rows"
+        )
+
+
+class MHAPoolGeometry(SlotGeometry):
+    """Geometry every MHA device pool reports (the ``MHADevicePool`` properties).
+
+    Backend authors subclass it, call ``__init__`` first, then allocate their
+    buffers; override ``device`` to report the buffers' own device.
+    """
+
+    shape: MHAShape
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: torch.device,
+        v_head_dim: int | None = None,
+    ) -> None:
+        check_pool_geometry(size, page_size)
+        v_dim = head_dim if v_head_dim is None else v_head_dim
+        self.shape = MHAShape(layer_num, head_num, head_dim, v_dim, dtype)
+        self._set_slots(size, page_size, device)
+
+    @property
+    def head_num(self) -> int:
+        return self.shape.head_num
+
+    @property
+    def head_dim(self) -> int:
+        return self.shape.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.shape.v_head_dim
+
+
+class MHADevicePoolBase(MHAPoolGeometry):
+    """The engine constructor of an MHA/GQA device pool; storage is ``_allocate``'s."""
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+        v_head_dim: int | None = None,
+    ) -> None:
+        super().__init__(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            head_num=head_num,
+            head_dim=head_dim,
+            layer_num=layer_num,
+            device=self._pool_device(device),
+            v_head_dim=v_head_dim,
+        )
+        self._allocate()
+
+    def _allocate(self) -> None:
+        """Set the pool's spec and buffers."""
+        raise NotImplementedError
