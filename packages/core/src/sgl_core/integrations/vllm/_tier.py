@@ -17,9 +17,11 @@ gives the row's bytes their meaning (model, KV dtype, tokens per block and per
 chunk, layers, worker bytes per block, parallel sizes, replicated and
 canonical layouts, the row size), so a chunk of another model, dtype or block
 layout is filed elsewhere: a miss, never a hit. A read is checked (format
-digest, key digest, length, CRC-32) in a staging buffer before a byte reaches
-the primary row; a bad record is a failed promotion, which vLLM turns into a
-miss (``complete_write(..., False)``).
+digest, key digest, length, CRC-32): the file store checks it in a staging
+buffer before a byte reaches the primary row; Mooncake reads zero-copy into
+the row and, on a failed check, puts the row's old bytes back
+(``restore_on_failed_get``, on by default). A bad record is a failed
+promotion, which vLLM turns into a miss (``complete_write(..., False)``).
 """
 
 from __future__ import annotations
