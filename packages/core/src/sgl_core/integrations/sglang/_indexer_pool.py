@@ -16,18 +16,11 @@ device pool of one slot per page), so its buffer is SGLang's
 SGLang's token indices (page-aligned runs, indices shared with the KV entry)
 are checked in full, then turned into page indices, before any byte moves.
 
-:func:`indexer_host_pool_builder` replaces SGLang's builder. SGLang has no
-option for it (as for ``build_kv_host_pool``); ``make_dsa_indexer_pool_decl``
-calls ``DSAIndexerHostPoolBuilder()`` when the stack is built, so a deployment
-replaces that name with our builder (calling it returns itself)::
-
-    from sglang.srt.mem_cache.pool_host import dsa
-    dsa.DSAIndexerHostPoolBuilder = indexer_host_pool_builder(backend)
+Its builder, :func:`indexer_host_pool_builder`, is in ``_indexer_builder``.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,8 +28,6 @@ import torch
 
 from sgl_core.errors import (
     ArgumentTypeError,
-    IndexDTypeError,
-    IndexShapeError,
     LayerIndexError,
     PageAlignmentError,
     PoolMismatchError,
@@ -44,48 +35,14 @@ from sgl_core.errors import (
 )
 from sgl_core.integrations.sglang._host import SGLangHostPool, sglang_io
 from sgl_core.integrations.sglang._host_pages import page_index
-from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.integrations.sglang._indexer_pages import indexer_pages, page_runs
+from sgl_core.kv._enums import HostLayout
 from sgl_core.kv._memory import HOST_PAGE_BYTES
 from sgl_core.kv.device._indexer import SCALE_BYTES
-from sgl_core.kv.device._paged_indexer import IndexerPagesView, has_paged_indexer
+from sgl_core.kv.device._paged_indexer import IndexerPagesView
 from sgl_core.kv.host._host_kinds import MLAHostPoolBase
-from sgl_core.kv.protocols._protocols import Backend
 
-__all__ = ["IndexerHostPoolBuilder", "SGLangIndexerHostPool", "indexer_host_pool_builder"]
-
-_views: weakref.WeakKeyDictionary[Any, IndexerPagesView] = weakref.WeakKeyDictionary()
-
-
-def indexer_pages(pool: Any) -> IndexerPagesView:
-    """The engine pool's cached ``IndexerPagesView`` (one per pool, so load memos match)."""
-    view = _views.get(pool)
-    if view is None or view.wrapped is not pool:
-        view = IndexerPagesView(pool)
-        _views[pool] = view
-    return view
-
-
-def _runs(indices: object, page_size: int, name: str) -> torch.Tensor:
-    """The pages of ``indices``: whole, aligned runs of ``page_size`` token indices."""
-    if not isinstance(indices, torch.Tensor):
-        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(indices).__name__}")
-    if indices.dtype not in (torch.int32, torch.int64):
-        raise IndexDTypeError(f"{name} must be int32 or int64, got {indices.dtype}")
-    if indices.dim() != 1:
-        raise IndexShapeError(f"{name} must be 1-D, got shape {tuple(indices.shape)}")
-    if indices.numel() % page_size:
-        raise PageAlignmentError(
-            f"{name}: {indices.numel()} indices are not whole pages of {page_size} tokens "
-            "(the indexer moves whole pages)"
-        )
-    runs = indices.to("cpu", torch.int64).view(-1, page_size)
-    starts = runs[:, 0]
-    expected = starts[:, None] + torch.arange(page_size)
-    if bool((starts % page_size).any()) or not torch.equal(runs, expected):
-        raise PageAlignmentError(
-            f"{name} must be runs of whole, aligned pages of {page_size} tokens"
-        )
-    return starts // page_size
+__all__ = ["SGLangIndexerHostPool"]
 
 
 class SGLangIndexerHostPool:
@@ -196,7 +153,7 @@ class SGLangIndexerHostPool:
     # ---------------------------------------------------------- indices
     def l3_indices(self, host_indices: torch.Tensor) -> torch.Tensor:
         """The inner pool's slots (pages) of SGLang's page-aligned token indices."""
-        return _runs(host_indices, self.page_size, "host_indices")
+        return page_runs(host_indices, self.page_size, "host_indices")
 
     def _pages(
         self, device_pool: Any, host_indices: torch.Tensor, device_indices: torch.Tensor
@@ -207,8 +164,8 @@ class SGLangIndexerHostPool:
                 "entry mirrors"
             )
         # Our pool checks the pages themselves (counts, range, duplicates).
-        h = _runs(host_indices, self.page_size, "host_indices")
-        d = _runs(device_indices, self.page_size, "device_indices")
+        h = page_runs(host_indices, self.page_size, "host_indices")
+        d = page_runs(device_indices, self.page_size, "device_indices")
         return indexer_pages(device_pool), h, d
 
     def prepare_transfer_indices(
@@ -325,113 +282,3 @@ class SGLangIndexerHostPool:
             return True
         second, _ = self._base.get_page_buffer_meta([1])
         return all((b - a) % page_size_bytes == 0 for a, b in zip(first, second, strict=True))
-
-
-class IndexerHostPoolBuilder:
-    """SGLang's ``HostPoolBuilder`` for the ``INDEXER`` declaration, building ours.
-
-    ``validate`` and ``build`` take SGLang's keywords. Refused
-    (``PoolMismatchError``, before any allocation): a KV anchor that is not
-    ours (install ``kv_host_pool_builder`` too), packed MTP draft pools, and a
-    declaration whose device pool, owned layers or per-token bytes are not
-    the paged indexer we mirror (``index_head_dim`` bytes of keys, then
-    one float32 scale, per token).
-    """
-
-    def __init__(
-        self,
-        backend: Backend,
-        *,
-        pin_memory: bool | None = None,
-        io_backend: IOBackend | str | None = None,
-    ) -> None:
-        if not callable(getattr(backend, "create_host_pool", None)):
-            raise ArgumentTypeError(f"backend must be an sgl Backend, got {type(backend).__name__}")
-        self.backend = backend
-        self.pin_memory = pin_memory
-        self.io_backend = io_backend
-
-    def __call__(self) -> IndexerHostPoolBuilder:
-        """SGLang constructs its builder with no arguments: this one is already made."""
-        return self
-
-    def validate(
-        self,
-        *,
-        decl: Any,
-        transfer_page_size: int,
-        packed_draft_device_pools: tuple[Any, ...],
-    ) -> None:
-        if packed_draft_device_pools:
-            raise PoolMismatchError(
-                "packed MTP draft pools: our host pools hold target layers only"
-            )
-        device_pool = getattr(decl, "device_pool", None)
-        if not has_paged_indexer(device_pool):
-            raise PoolMismatchError(
-                f"{type(device_pool).__name__} has no paged indexer for an INDEXER entry"
-            )
-        view = indexer_pages(device_pool)
-        fmt = view.paged_format
-        if transfer_page_size != fmt.page_size:
-            raise PoolMismatchError(
-                f"transfer page size {transfer_page_size} is not the indexer's {fmt.page_size}"
-            )
-        owned = getattr(decl, "owned_device_layers", None)
-        if owned is not None and tuple(owned) != fmt.layer_ids:
-            raise PoolMismatchError(
-                f"declared indexer layers {tuple(owned)} are not the pool's {fmt.layer_ids}"
-            )
-        info = getattr(decl, "storage_info", None)
-        per_token = getattr(info, "bytes_per_token_per_layer", None)
-        if per_token != fmt.index_head_dim + SCALE_BYTES or getattr(info, "dtype", None) != (
-            torch.uint8
-        ):
-            raise PoolMismatchError(
-                f"declared {per_token} bytes per token and layer "
-                f"({getattr(info, 'dtype', None)}); we mirror "
-                f"{fmt.index_head_dim + SCALE_BYTES} uint8 (keys, then one float32 scale)"
-            )
-
-    def build(
-        self,
-        *,
-        decl: Any,
-        anchor_host: Any,
-        allocator_type: str = "default",
-        packed_draft_device_pools: tuple[Any, ...] = (),
-    ) -> SGLangIndexerHostPool:
-        if not isinstance(anchor_host, SGLangHostPool):
-            raise PoolMismatchError(
-                f"the KV anchor is {type(anchor_host).__name__}, not ours: replace "
-                "build_kv_host_pool with kv_host_pool_builder as well"
-            )
-        page_size = getattr(getattr(decl, "device_pool", None), "page_size", None)
-        self.validate(
-            decl=decl,
-            transfer_page_size=page_size if isinstance(page_size, int) else -1,
-            packed_draft_device_pools=packed_draft_device_pools,
-        )
-        view = indexer_pages(decl.device_pool)
-        pages = anchor_host.size // view.token_page_size
-        host = self.backend.create_host_pool(
-            view,
-            layout=anchor_host.layout,
-            # Half a page more than exact, so float rounding cannot lose one.
-            host_to_device_ratio=(pages + 0.5) / view.size,
-            pin_memory=self.pin_memory,
-            io_backend=self.io_backend,
-        )
-        if not isinstance(host, MLAHostPoolBase):
-            raise PoolMismatchError(f"backend built a {type(host).__name__}, not an MLA host pool")
-        return SGLangIndexerHostPool(host, decl.device_pool, anchor=anchor_host)
-
-
-def indexer_host_pool_builder(
-    backend: Backend,
-    *,
-    pin_memory: bool | None = None,
-    io_backend: IOBackend | str | None = None,
-) -> IndexerHostPoolBuilder:
-    """A drop-in for SGLang's ``DSAIndexerHostPoolBuilder`` that builds our INDEXER entry."""
-    return IndexerHostPoolBuilder(backend, pin_memory=pin_memory, io_backend=io_backend)

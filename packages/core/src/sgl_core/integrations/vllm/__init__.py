@@ -10,13 +10,14 @@ in ``secondary_tiers``. Nothing here imports vLLM at import time.
 
 from sgl_core.backends._public import publish_names as _publish_names
 from sgl_core.integrations.vllm._blocks import BlockDeviceView, BlockHost, BlockRows, kv_dtype
+from sgl_core.integrations.vllm._chunk_rows import ChunkRows, chunk_format_fields
 from sgl_core.integrations.vllm._l3 import BlockStore
 from sgl_core.integrations.vllm._spec import (
     SglOffloadingSpec,
     SglOffloadingWorker,
     register_with_vllm,
 )
-from sgl_core.integrations.vllm._tier import ChunkRows, SglPageStoreTier, chunk_format_fields
+from sgl_core.integrations.vllm._tier import SglPageStoreTier
 
 __all__ = [
     "BlockDeviceView",

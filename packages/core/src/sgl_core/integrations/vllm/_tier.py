@@ -31,30 +31,26 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from sgl_core.errors import ArgumentTypeError, IndexOutOfRangeError, PoolMismatchError
 from sgl_core.integrations.vllm._blocks import kv_dtype
-from sgl_core.kv.protocols._kv_protocols import KVHostPool
+from sgl_core.integrations.vllm._chunk_rows import ChunkRows, chunk_format_fields, positive_int
 from sgl_core.l3 import FilePageStore, MooncakeConfig, MooncakePageStore, PageStore
 
-__all__ = ["ChunkRows", "SglPageStoreTier", "chunk_format_fields", "register_tier_with_vllm"]
+__all__ = ["SglPageStoreTier", "register_tier_with_vllm"]
 
 logger = logging.getLogger(__name__)
 
 _BASE = "vllm.v1.kv_offload.base"
 _TIER_BASE = "vllm.v1.kv_offload.tiering.base"
 _HIT_SOURCE = "vllm.v1.metrics.cache_hit_source"
-
-#: The ``layout`` of a chunk row (its byte order is vLLM's CPU worker's).
-CHUNK_LAYOUT = "vllm_chunk_row"
 
 
 def _vllm(module: str) -> Any:
@@ -64,117 +60,6 @@ def _vllm(module: str) -> Any:
 def register_tier_with_vllm() -> None:
     """Make :class:`SglPageStoreTier` a virtual subclass of vLLM's ``SecondaryTierManager``."""
     _vllm(_TIER_BASE).SecondaryTierManager.register(SglPageStoreTier)
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ArgumentTypeError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-class ChunkRows:
-    """vLLM's primary-tier chunk rows as the host pool of a page store.
-
-    ``view`` is the memoryview vLLM hands a secondary tier: ``(num_chunks,
-    row_bytes)``, row ``c`` = chunk ``c`` (every worker's slot, then padding).
-    One page is one row (``page_size`` tokens, one memory object); token
-    ``t`` belongs to chunk ``t // page_size``. The rows are not copied: page
-    stores write into and read from vLLM's mmap. Only the L3 helpers of a host
-    pool are here (``get_page_buffer_meta``, ``get_contiguous_buf_infos`` and
-    the format attributes): that is all a page store uses.
-    """
-
-    layout: str = CHUNK_LAYOUT
-
-    def __init__(
-        self,
-        view: memoryview,
-        *,
-        tokens_per_chunk: int,
-        layer_num: int,
-        dtype: torch.dtype,
-        fields: Mapping[str, object],
-    ) -> None:
-        if not isinstance(view, memoryview):
-            raise ArgumentTypeError(f"primary_kv_view must be a memoryview, got {type(view)}")
-        if view.readonly or view.ndim != 2 or view.strides is None or view.shape is None:
-            raise PoolMismatchError("primary_kv_view must be a writable 2-D memoryview")
-        rows, width = view.shape
-        if rows <= 0 or view.strides != (width * view.itemsize, view.itemsize):
-            raise PoolMismatchError(
-                f"primary_kv_view must hold >= 1 contiguous rows, got shape {view.shape} "
-                f"strides {view.strides}"
-            )
-        self.page_size = _positive("tokens_per_chunk", tokens_per_chunk)
-        self.layer_num = _positive("layer_num", layer_num)
-        self.dtype = dtype
-        self.num_chunks = int(rows)
-        self.row_bytes = int(width * view.itemsize)
-        self.size = self.num_chunks * self.page_size
-        array = np.asarray(view)  # shares the mmap; released right away (no held export)
-        self._base = int(array.ctypes.data)
-        del array
-        self._fields = dict(fields)
-
-    def page_format_fields(self) -> dict[str, object]:
-        """What gives a row's bytes their meaning beyond layout, dtype and sizes."""
-        return dict(self._fields)
-
-    def get_page_buffer_meta(
-        self, indices: torch.Tensor | Sequence[int]
-    ) -> tuple[list[int], list[int]]:
-        """Address and size of each row of the whole pages ``indices`` (checked by the store)."""
-        idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
-        chunks = (idx[:: self.page_size] // self.page_size).tolist()
-        return [self._base + c * self.row_bytes for c in chunks], [self.row_bytes] * len(chunks)
-
-    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
-        """The one buffer (every row), for a transfer engine to register."""
-        return [self._base], [self.num_chunks * self.row_bytes], [self.row_bytes]
-
-    def tokens(self, chunk_ids: Iterable[int]) -> torch.Tensor:
-        """Token indices of the pages of ``chunk_ids`` (checked: ints in range)."""
-        chunks = np.asarray(list(chunk_ids))
-        if chunks.size and not np.issubdtype(chunks.dtype, np.integer):
-            raise ArgumentTypeError(f"chunk ids must be ints, got {chunks.dtype}")
-        chunks = chunks.astype(np.int64).reshape(-1)
-        if chunks.size and (chunks.min() < 0 or chunks.max() >= self.num_chunks):
-            raise IndexOutOfRangeError(f"chunk ids must lie in [0, {self.num_chunks})")
-        ps = self.page_size
-        return torch.from_numpy((chunks[:, None] * ps + np.arange(ps, dtype=np.int64)).ravel())
-
-    def as_host_pool(self) -> KVHostPool:
-        # Page stores use only the L3 helpers above (their module docstring);
-        # the transfer half of the host-pool protocol has no meaning here.
-        return cast(KVHostPool, self)
-
-
-def chunk_format_fields(spec: Any) -> dict[str, object]:
-    """The fields of a chunk row's page format, from vLLM's spec (``TieringOffloadingSpec``)."""
-    config = spec.config
-    parallel = config.parallel
-    return {
-        "engine": "vllm",
-        "model": str(config.model.name),
-        "groups": [
-            [int(g.tokens_per_block), [str(n) for n in g.layer_names], int(g.group_id)]
-            for g in config.groups
-        ],
-        "tokens_per_hash": int(config.cache.tokens_per_hash),
-        "blocks_per_chunk": int(spec.blocks_per_chunk),
-        "worker_kv_bytes_per_block": int(config.worker_kv_bytes_per_block),
-        "cpu_page_size_per_worker": int(getattr(spec, "cpu_page_size_per_worker", 0)),
-        "parallel": [
-            int(parallel.world_size),
-            int(parallel.tp_size),
-            int(parallel.pp_size),
-            int(parallel.pcp_size),
-            int(parallel.dcp_size),
-        ],
-        "replicated_layout": bool(getattr(spec, "replicated_layout", False)),
-        "canonical_layout": bool(config.canonical_layout),
-        "kv_cache_layout": None if config.kv_cache_layout is None else str(config.kv_cache_layout),
-    }
 
 
 def _make_store(
@@ -191,7 +76,7 @@ def _make_store(
         if not isinstance(root_dir, str) or not root_dir:
             raise ArgumentTypeError(f"store 'file' needs root_dir (a path), got {root_dir!r}")
         if capacity_bytes is not None:
-            capacity_bytes = _positive("capacity_bytes", capacity_bytes)
+            capacity_bytes = positive_int("capacity_bytes", capacity_bytes)
         if not isinstance(fsync, bool):
             raise ArgumentTypeError(f"fsync must be a bool, got {fsync!r}")
         return FilePageStore(root_dir, capacity_bytes, fsync=fsync), True
@@ -260,7 +145,7 @@ class SglPageStoreTier:
         self.medium: Any = base.Medium.STORAGE
         self.cache_hit_source: Any = _vllm(_HIT_SOURCE).CacheHitSource.DISK
         self.locality: Any = None if locality is None else base.Locality(locality)
-        n_threads = _positive("threads", threads)
+        n_threads = positive_int("threads", threads)
         config = offloading_spec.config
         row = int(getattr(offloading_spec, "kv_bytes_per_chunk", 0))
         if primary_kv_view.strides is None or primary_kv_view.strides[0] != row:

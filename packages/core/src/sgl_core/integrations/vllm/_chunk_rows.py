@@ -1,0 +1,135 @@
+"""vLLM's CPU chunk rows as pages of our L3 stores (``SglPageStoreTier``'s side).
+
+vLLM's tiering spec hands a secondary tier a memoryview of its CPU tier's
+chunk rows. :class:`ChunkRows` is that view as a host pool of one-page slots
+for our page stores, and :func:`chunk_format_fields` is what gives a row's
+bytes their meaning (model, KV groups, chunking, parallel sizes, layouts),
+the page format's identity: a chunk of another format is a miss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from sgl_core.errors import ArgumentTypeError, IndexOutOfRangeError, PoolMismatchError
+from sgl_core.kv.protocols._kv_protocols import KVHostPool
+
+__all__ = ["CHUNK_LAYOUT", "ChunkRows", "chunk_format_fields", "positive_int"]
+
+#: The ``layout`` of a chunk row (its byte order is vLLM's CPU worker's).
+CHUNK_LAYOUT = "vllm_chunk_row"
+
+
+def positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ArgumentTypeError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+class ChunkRows:
+    """vLLM's primary-tier chunk rows as the host pool of a page store.
+
+    ``view`` is the memoryview vLLM hands a secondary tier: ``(num_chunks,
+    row_bytes)``, row ``c`` = chunk ``c`` (every worker's slot, then padding).
+    One page is one row (``page_size`` tokens, one memory object); token
+    ``t`` belongs to chunk ``t // page_size``. The rows are not copied: page
+    stores write into and read from vLLM's mmap. Only the L3 helpers of a host
+    pool are here (``get_page_buffer_meta``, ``get_contiguous_buf_infos`` and
+    the format attributes): that is all a page store uses.
+    """
+
+    layout: str = CHUNK_LAYOUT
+
+    def __init__(
+        self,
+        view: memoryview,
+        *,
+        tokens_per_chunk: int,
+        layer_num: int,
+        dtype: torch.dtype,
+        fields: Mapping[str, object],
+    ) -> None:
+        if not isinstance(view, memoryview):
+            raise ArgumentTypeError(f"primary_kv_view must be a memoryview, got {type(view)}")
+        if view.readonly or view.ndim != 2 or view.strides is None or view.shape is None:
+            raise PoolMismatchError("primary_kv_view must be a writable 2-D memoryview")
+        rows, width = view.shape
+        if rows <= 0 or view.strides != (width * view.itemsize, view.itemsize):
+            raise PoolMismatchError(
+                f"primary_kv_view must hold >= 1 contiguous rows, got shape {view.shape} "
+                f"strides {view.strides}"
+            )
+        self.page_size = positive_int("tokens_per_chunk", tokens_per_chunk)
+        self.layer_num = positive_int("layer_num", layer_num)
+        self.dtype = dtype
+        self.num_chunks = int(rows)
+        self.row_bytes = int(width * view.itemsize)
+        self.size = self.num_chunks * self.page_size
+        array = np.asarray(view)  # shares the mmap; released right away (no held export)
+        self._base = int(array.ctypes.data)
+        del array
+        self._fields = dict(fields)
+
+    def page_format_fields(self) -> dict[str, object]:
+        """What gives a row's bytes their meaning beyond layout, dtype and sizes."""
+        return dict(self._fields)
+
+    def get_page_buffer_meta(
+        self, indices: torch.Tensor | Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        """Address and size of each row of the whole pages ``indices`` (checked by the store)."""
+        idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
+        chunks = (idx[:: self.page_size] // self.page_size).tolist()
+        return [self._base + c * self.row_bytes for c in chunks], [self.row_bytes] * len(chunks)
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """The one buffer (every row), for a transfer engine to register."""
+        return [self._base], [self.num_chunks * self.row_bytes], [self.row_bytes]
+
+    def tokens(self, chunk_ids: Iterable[int]) -> torch.Tensor:
+        """Token indices of the pages of ``chunk_ids`` (checked: ints in range)."""
+        chunks = np.asarray(list(chunk_ids))
+        if chunks.size and not np.issubdtype(chunks.dtype, np.integer):
+            raise ArgumentTypeError(f"chunk ids must be ints, got {chunks.dtype}")
+        chunks = chunks.astype(np.int64).reshape(-1)
+        if chunks.size and (chunks.min() < 0 or chunks.max() >= self.num_chunks):
+            raise IndexOutOfRangeError(f"chunk ids must lie in [0, {self.num_chunks})")
+        ps = self.page_size
+        return torch.from_numpy((chunks[:, None] * ps + np.arange(ps, dtype=np.int64)).ravel())
+
+    def as_host_pool(self) -> KVHostPool:
+        # Page stores use only the L3 helpers above (their module docstring);
+        # the transfer half of the host-pool protocol has no meaning here.
+        return cast(KVHostPool, self)
+
+
+def chunk_format_fields(spec: Any) -> dict[str, object]:
+    """The fields of a chunk row's page format, from vLLM's spec (``TieringOffloadingSpec``)."""
+    config = spec.config
+    parallel = config.parallel
+    return {
+        "engine": "vllm",
+        "model": str(config.model.name),
+        "groups": [
+            [int(g.tokens_per_block), [str(n) for n in g.layer_names], int(g.group_id)]
+            for g in config.groups
+        ],
+        "tokens_per_hash": int(config.cache.tokens_per_hash),
+        "blocks_per_chunk": int(spec.blocks_per_chunk),
+        "worker_kv_bytes_per_block": int(config.worker_kv_bytes_per_block),
+        "cpu_page_size_per_worker": int(getattr(spec, "cpu_page_size_per_worker", 0)),
+        "parallel": [
+            int(parallel.world_size),
+            int(parallel.tp_size),
+            int(parallel.pp_size),
+            int(parallel.pcp_size),
+            int(parallel.dcp_size),
+        ],
+        "replicated_layout": bool(getattr(spec, "replicated_layout", False)),
+        "canonical_layout": bool(config.canonical_layout),
+        "kv_cache_layout": None if config.kv_cache_layout is None else str(config.kv_cache_layout),
+    }
