@@ -23,7 +23,7 @@ from typing import Any, cast
 import torch
 
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
-from sgl_core.integrations.sglang._host_pages import SGLangPageMembers
+from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, SGLangPageMembers
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
 from sgl_core.kv.device._paged_indexer import ForeignPagedIndexerPool, IndexerPagesView
@@ -66,7 +66,7 @@ def sglang_io(
     return io
 
 
-class SGLangHostPool(SGLangPageMembers):
+class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
     """One of our host pools, seen as an SGLang ``HostKVCache`` (MLA or MHA/GQA).
 
     Attributes SGLang reads as plain values are plain values here; the
@@ -170,17 +170,6 @@ class SGLangHostPool(SGLangPageMembers):
         return self._mha
 
     # ------------------------------------------------------------- sizes
-    @property
-    def logical_size(self) -> int:
-        return self.size
-
-    @property
-    def logical_page_size(self) -> int:
-        return self.page_size
-
-    def get_size_per_token(self) -> int:
-        return self.size_per_token
-
     def get_ksize_per_token(self) -> int:
         """K bytes of a token over every layer (MLA: all of it, there is no V)."""
         return self._k_bytes
@@ -214,17 +203,6 @@ class SGLangHostPool(SGLangPageMembers):
         """The wrapped pool's slots of SGLang's host indices (the same token slots)."""
         return host_indices
 
-    def prepare_transfer_indices(
-        self, host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As SGLang's plain host pools: the controller already placed the indices.
-
-        Our pools take indices on the CPU or on the device pool's device, which
-        covers both of SGLang's placements (``kernel``: host indices moved to
-        the device; ``direct``: device indices moved to the CPU).
-        """
-        return host_indices, device_indices
-
     def backup_from_device_all_layer(
         self,
         device_pool: Any,
@@ -236,15 +214,6 @@ class SGLangHostPool(SGLangPageMembers):
         self._base.backup_from_device_all_layer(
             self._device(device_pool), host_indices, device_indices, self._io(io_backend)
         )
-
-    def backup_from_device_all_layer_physical(
-        self,
-        device_pool: Any,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        io_backend: str,
-    ) -> None:
-        self.backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
 
     def load_to_device_per_layer(
         self,
@@ -266,20 +235,6 @@ class SGLangHostPool(SGLangPageMembers):
         io = self._io(io_backend)
         self._base.load_to_device_per_layer(
             self._device(device_pool), host_indices, device_indices, layer_id, io
-        )
-
-    def load_to_device_per_layer_physical(
-        self,
-        device_pool: Any,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        layer_id: int,
-        io_backend: str,
-        *,
-        is_draft: bool = False,
-    ) -> None:
-        self.load_to_device_per_layer(
-            device_pool, host_indices, device_indices, layer_id, io_backend, is_draft=is_draft
         )
 
 

@@ -18,7 +18,7 @@ from sgl_core.errors import ArgumentTypeError, UnsupportedLayoutError
 from sgl_core.kv._enums import HostLayout
 from sgl_core.kv._memory import HOST_PAGE_BYTES
 
-__all__ = ["SGLangPageMembers", "page_index"]
+__all__ = ["SGLangEntryMembers", "SGLangPageMembers", "page_index"]
 
 
 def page_index(index: object) -> int:
@@ -110,3 +110,81 @@ class SGLangPageMembers:
             return True
         second, _ = self.pool.get_page_buffer_meta(list(range(ps, 2 * ps)))
         return all((b - a) % page_size_bytes == 0 for a, b in zip(first, second, strict=True))
+
+
+class SGLangEntryMembers:
+    """Mixin: the members every ``HostPoolGroup`` entry of ours spells alike.
+
+    SGLang's controller and L2 engine read token sizes (``logical_*``) and
+    call the ``*_physical`` transfers, which for our pools are the plain ones
+    (our pools keep no separate physical index space).
+    """
+
+    if TYPE_CHECKING:
+        size: int
+        page_size: int
+        size_per_token: int
+
+        def backup_from_device_all_layer(
+            self,
+            device_pool: Any,
+            host_indices: torch.Tensor,
+            device_indices: torch.Tensor,
+            io_backend: str,
+        ) -> None: ...
+
+        def load_to_device_per_layer(
+            self,
+            device_pool: Any,
+            host_indices: torch.Tensor,
+            device_indices: torch.Tensor,
+            layer_id: int,
+            io_backend: str,
+            *,
+            is_draft: bool = False,
+        ) -> None: ...
+
+    @property
+    def logical_size(self) -> int:
+        return self.size
+
+    @property
+    def logical_page_size(self) -> int:
+        return self.page_size
+
+    def get_size_per_token(self) -> int:
+        return self.size_per_token
+
+    def prepare_transfer_indices(
+        self, host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As SGLang's plain host pools: the controller already placed the indices.
+
+        Our pools take indices on the CPU or on the device pool's device, which
+        covers both of SGLang's placements (``kernel``: host indices moved to
+        the device; ``direct``: device indices moved to the CPU).
+        """
+        return host_indices, device_indices
+
+    def backup_from_device_all_layer_physical(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: str,
+    ) -> None:
+        self.backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
+
+    def load_to_device_per_layer_physical(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: str,
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        self.load_to_device_per_layer(
+            device_pool, host_indices, device_indices, layer_id, io_backend, is_draft=is_draft
+        )

@@ -34,7 +34,7 @@ from sgl_core.errors import (
     UnsupportedLayoutError,
 )
 from sgl_core.integrations.sglang._host import SGLangHostPool, sglang_io
-from sgl_core.integrations.sglang._host_pages import page_index
+from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, page_index
 from sgl_core.integrations.sglang._indexer_pages import indexer_pages, page_runs
 from sgl_core.kv._enums import HostLayout
 from sgl_core.kv._memory import HOST_PAGE_BYTES
@@ -45,7 +45,7 @@ from sgl_core.kv.host._host_kinds import MLAHostPoolBase
 __all__ = ["SGLangIndexerHostPool"]
 
 
-class SGLangIndexerHostPool:
+class SGLangIndexerHostPool(SGLangEntryMembers):
     """One of our host pools of ``IndexerPagesView`` as SGLang's ``DSAIndexerPoolHost``.
 
     Sizes and buffers as SGLang's (``page_size`` and ``size`` in tokens, as
@@ -127,17 +127,6 @@ class SGLangIndexerHostPool:
         """The inner host pool (one slot per page)."""
         return self._base
 
-    @property
-    def logical_size(self) -> int:
-        return self.size
-
-    @property
-    def logical_page_size(self) -> int:
-        return self.page_size
-
-    def get_size_per_token(self) -> int:
-        return self.size_per_token
-
     def get_ksize_per_token(self) -> int:
         return self.size_per_token
 
@@ -168,11 +157,6 @@ class SGLangIndexerHostPool:
         d = page_runs(device_indices, self.page_size, "device_indices")
         return indexer_pages(device_pool), h, d
 
-    def prepare_transfer_indices(
-        self, host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return host_indices, device_indices
-
     # -------------------------------------------------------- transfers
     def backup_from_device_all_layer(
         self,
@@ -184,15 +168,6 @@ class SGLangIndexerHostPool:
         io = sglang_io(io_backend, self._pairs, self._layout)
         view, h, d = self._pages(device_pool, host_indices, device_indices)
         self._base.backup_from_device_all_layer(view, h, d, io)
-
-    def backup_from_device_all_layer_physical(
-        self,
-        device_pool: Any,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        io_backend: str,
-    ) -> None:
-        self.backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
 
     def load_to_device_per_layer(
         self,
@@ -216,20 +191,6 @@ class SGLangIndexerHostPool:
         if layer_id not in self.indexer_layer_ids:
             return  # as SGLang: the layer reuses another's top-k and has no index pages
         self._base.load_to_device_per_layer(view, h, d, self.indexer_layer_ids.index(layer_id), io)
-
-    def load_to_device_per_layer_physical(
-        self,
-        device_pool: Any,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        layer_id: int,
-        io_backend: str,
-        *,
-        is_draft: bool = False,
-    ) -> None:
-        self.load_to_device_per_layer(
-            device_pool, host_indices, device_indices, layer_id, io_backend, is_draft=is_draft
-        )
 
     # ------------------------------------------------------------ pages
     def _page(self, index: object) -> int:
