@@ -1,8 +1,8 @@
 """vLLM 0.33's own CPU offloading worker beside ours, on the same blocks, interleaved.
 
-Run in the vllm env (``hatch run vllm:python scripts/vllm_worker_ab.py``; the
+Run in the core env (``hatch run core:python scripts/vllm_worker_ab.py``; the
 vLLM pins of ``tests/with_vllm/requirements-nodeps.txt`` must be installed,
-which ``hatch run vllm:test`` does).
+which ``hatch run core:vllm`` does).
 
 * vLLM's: ``CPUOffloadingSpec`` from vLLM's ``OffloadingSpecFactory``,
   ``create_worker`` -> its ``CPUOffloadingWorker`` and two
