@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import torch
 
-from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
+from sgl_core.errors import ArgumentTypeError, UnsupportedLayoutError
 from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, SGLangPageMembers
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
@@ -73,14 +73,6 @@ class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
     transfer, allocation and L3 calls forward to :attr:`pool` after adapting
     SGLang's arguments (device pool, io backend name, index forms).
     """
-
-    # SGLang HostKVCache class attributes: no decode-context parallelism, no
-    # shared compacting layout, no page envelope, no staged write-back kernel.
-    dcp_size = 1
-    dcp_rank = 0
-    shared_allocation_domain = None
-    stores_page_envelope = False
-    can_use_write_back_jit = False
 
     def __init__(
         self,
@@ -187,9 +179,6 @@ class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
     def clear(self) -> None:
         self.pool.clear()
 
-    def destroy(self) -> None:
-        """SGLang unregisters pinned buffers here; ours are torch-owned and freed with the pool."""
-
     # --------------------------------------------------------- transfers
     def _io(self, io_backend: object) -> IOBackend:
         return sglang_io(io_backend, self._pairs, self._layout)
@@ -225,13 +214,7 @@ class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
         *,
         is_draft: bool = False,
     ) -> None:
-        if is_draft:
-            # SGLang packs speculative-draft layers after the target layers of
-            # its own host pools; ours hold target layers only.
-            raise PoolMismatchError(
-                "is_draft=True: this host pool holds no packed draft layers "
-                "(give the draft model its own host pool)"
-            )
+        self._check_not_draft(is_draft)
         io = self._io(io_backend)
         self._base.load_to_device_per_layer(
             self._device(device_pool), host_indices, device_indices, layer_id, io

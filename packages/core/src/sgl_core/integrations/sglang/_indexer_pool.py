@@ -31,13 +31,11 @@ from sgl_core.errors import (
     LayerIndexError,
     PageAlignmentError,
     PoolMismatchError,
-    UnsupportedLayoutError,
 )
 from sgl_core.integrations.sglang._host import SGLangHostPool, sglang_io
 from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, page_index
 from sgl_core.integrations.sglang._indexer_pages import indexer_pages, page_runs
 from sgl_core.kv._enums import HostLayout
-from sgl_core.kv._memory import HOST_PAGE_BYTES
 from sgl_core.kv.device._indexer import SCALE_BYTES
 from sgl_core.kv.device._paged_indexer import IndexerPagesView
 from sgl_core.kv.host._host_kinds import MLAHostPoolBase
@@ -54,12 +52,6 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
     page, so ``indexer_page_num`` is the anchor's pages (SGLang's has two more).
     """
 
-    # SGLang HostKVCache class attributes (as SGLangHostPool's).
-    dcp_size = 1
-    dcp_rank = 0
-    shared_allocation_domain = None
-    stores_page_envelope = False
-    can_use_write_back_jit = False
     storage_format_tag = None
 
     def __init__(
@@ -136,9 +128,6 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
     def clear(self) -> None:
         """SGLang resets its allocator here; the slots are the KV anchor's, nothing to do."""
 
-    def destroy(self) -> None:
-        """SGLang unregisters pinned buffers here; ours are torch-owned."""
-
     # ---------------------------------------------------------- indices
     def l3_indices(self, host_indices: torch.Tensor) -> torch.Tensor:
         """The inner pool's slots (pages) of SGLang's page-aligned token indices."""
@@ -180,8 +169,7 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
         is_draft: bool = False,
     ) -> None:
         """Device layer ``layer_id``'s index pages (none for a layer with shared top-k)."""
-        if is_draft:
-            raise PoolMismatchError("is_draft=True: this host pool holds no packed draft layers")
+        self._check_not_draft(is_draft)
         io = sglang_io(io_backend, self._pairs, self._layout)
         if isinstance(layer_id, bool) or not isinstance(layer_id, int):
             raise ArgumentTypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
@@ -221,25 +209,3 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
         idx = indices if isinstance(indices, torch.Tensor) else torch.tensor(list(indices))
         ptrs, sizes = self._base.get_page_buffer_meta(self.l3_indices(idx))
         return list(ptrs), list(sizes)
-
-    def get_page_buffer_element_size(self, split_factor: int = 1) -> int:
-        if split_factor != 1:
-            raise UnsupportedLayoutError(
-                f"split_factor={split_factor}: index pages are not split across storage objects"
-            )
-        _, sizes = self.get_page_buffer_meta(list(range(self.page_size)))
-        return int(sizes[0])
-
-    def is_stride_page_aligned(self, page_size_bytes: int = HOST_PAGE_BYTES) -> bool:
-        """True when every page's storage objects start ``page_size_bytes``-aligned."""
-        if isinstance(page_size_bytes, bool) or not isinstance(page_size_bytes, int):
-            raise ArgumentTypeError("page_size_bytes must be an int")
-        if page_size_bytes <= 0:
-            raise ArgumentTypeError(f"page_size_bytes must be positive, got {page_size_bytes}")
-        first, _ = self._base.get_page_buffer_meta([0])
-        if any(p % page_size_bytes for p in first):
-            return False
-        if self._base.size < 2:
-            return True
-        second, _ = self._base.get_page_buffer_meta([1])
-        return all((b - a) % page_size_bytes == 0 for a, b in zip(first, second, strict=True))
