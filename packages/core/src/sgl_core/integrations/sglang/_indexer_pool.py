@@ -1,22 +1,11 @@
 """Our host pool as the ``INDEXER`` entry of SGLang 0.5.23's DeepSeek-V3.2 stack.
 
-SGLang's ``_DsaStrategy`` builds a ``HostPoolGroup`` from the declarations of
-its ``DSATokenToKVPool``: the KV root (``build_kv_host_pool``) and an
-``INDEXER`` entry that ``make_dsa_indexer_pool_decl``'s ``host_pool_builder``
-(SGLang's ``DSAIndexerHostPoolBuilder``) builds anchored on the KV host pool.
-That entry copies whole index pages: per page and indexer layer one ``uint8``
-row of ``page_size`` keys then ``page_size`` float32 scales.
-
-:class:`SGLangIndexerHostPool` is that entry on one of our host pools: the
-pool is built over ``IndexerPagesView`` (the engine's index pages as an MLA
-device pool of one slot per page), so its buffer is SGLang's
-``index_k_with_scale_buffer`` byte for byte (``(pages, layers, 1, row)`` for
-``page_first``/``page_first_direct``, ``(layers, pages, row)`` for
-``layer_first``) and its moves are our movers (torch, cuda kernel or direct).
-SGLang's token indices (page-aligned runs, indices shared with the KV entry)
-are checked in full, then turned into page indices, before any byte moves.
-
-Its builder, :func:`indexer_host_pool_builder`, is in ``_indexer_builder``.
+SGLang's ``_DsaStrategy`` builds a ``HostPoolGroup`` whose ``INDEXER`` entry
+(``DSAIndexerHostPoolBuilder``, anchored on the KV host pool) copies whole
+index pages: per page and indexer layer one ``uint8`` row of ``page_size``
+keys then ``page_size`` float32 scales. :class:`SGLangIndexerHostPool` is
+that entry on one of our host pools built over ``IndexerPagesView``; its
+builder, :func:`indexer_host_pool_builder`, is in ``_indexer_builder``.
 """
 
 from __future__ import annotations
