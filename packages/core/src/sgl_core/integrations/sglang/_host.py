@@ -1,18 +1,11 @@
 """Our host pools (MLA and MHA/GQA) as SGLang 0.5.23's ``HostKVCache``.
 
-:class:`SGLangHostPool` carries the members that SGLang's ``HiCacheController``,
-``HybridCacheController`` (through a ``HostPoolGroup`` entry),
-``L2TransferEngine``, storage-backend factory and storage backends read from
-a host pool, with SGLang's meaning, on any of our host pools (torch, cuda,
-ascend backends). The L3 page members live in :mod:`._host_pages`.
-
-* SGLang passes its own device pool (``device`` a ``str``) to every transfer;
-  our pools normalize it with their cached views (``as_device_pool`` /
-  ``as_mha_device_pool``).
-* io ``"kernel"`` on a pool whose layout runs only ``direct`` (the torch
-  backend) runs ``direct``: the same rows move, with torch copies.
-* Every transfer is still validated in full by our pool (SGLang does not):
-  a bad index raises an ``sgl_core.errors`` exception and changes nothing.
+:class:`SGLangHostPool` carries the members that SGLang's controllers, L2
+engine and storage backends read from a host pool, with SGLang's meaning, on
+any of our host pools (docs/sglang.md lists them). The L3 page members live
+in :mod:`._host_pages`. Every transfer is still validated in full by our pool
+(SGLang does not): a bad index raises an ``sgl_core.errors`` exception and
+changes nothing.
 """
 
 from __future__ import annotations
