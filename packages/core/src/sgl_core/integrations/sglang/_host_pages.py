@@ -9,13 +9,13 @@ its V object, where our MHA pools list all K layers, then all V layers).
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
-from sgl_core.kv._enums import HostLayout
+from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._memory import HOST_PAGE_BYTES
 
 __all__ = ["SGLangEntryMembers", "SGLangPageMembers", "page_index"]
@@ -135,6 +135,30 @@ class SGLangEntryMembers:
 
     def get_size_per_token(self) -> int:
         return self.size_per_token
+
+    def _bind(self, pool: Any, pool_label: str) -> None:
+        """The members both entries read off the wrapped pool in the same way."""
+        self._base = pool
+        self._layout = HostLayout.parse(pool.layout, argument="layout")
+        self._pairs: Mapping[HostLayout, frozenset[IOBackend]] = type(pool).supported_pairs
+        #: SGLang's label for the pool in logs and shared-domain requests.
+        self.pool_label = pool_label
+        self.layout: str = self._layout.value
+        self.device = "cpu"  # SGLang's host pools name their own (host) device
+        self.pin_memory: bool = bool(getattr(pool, "pin_memory", False))
+        self.start_layer = 0
+
+    def _io(self, io_backend: object) -> IOBackend:
+        """SGLang's io backend name for this pool; ``"kernel"`` on a layout that runs
+        only ``direct`` (the torch backend) runs ``direct``: the same rows move."""
+        try:
+            io = IOBackend.parse(io_backend, argument="io_backend")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(str(exc)) from None
+        ios = self._pairs.get(self._layout, frozenset())
+        if io is IOBackend.KERNEL and io not in ios and IOBackend.DIRECT in ios:
+            return IOBackend.DIRECT
+        return io
 
     def destroy(self) -> None:
         """SGLang unregisters pinned buffers here; ours are torch-owned and freed with the pool."""

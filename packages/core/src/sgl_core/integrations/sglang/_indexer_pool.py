@@ -21,7 +21,7 @@ from sgl_core.errors import (
     PageAlignmentError,
     PoolMismatchError,
 )
-from sgl_core.integrations.sglang._host import SGLangHostPool, sglang_io
+from sgl_core.integrations.sglang._host import SGLangHostPool
 from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, page_index
 from sgl_core.integrations.sglang._indexer_pages import indexer_pages, page_runs
 from sgl_core.kv._enums import HostLayout
@@ -66,22 +66,16 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
                 f"indexer host pool of {pool.size} pages ({pool.layout}) does not follow the KV "
                 f"anchor's {anchor.size} tokens ({anchor.layout})"
             )
-        self._base = pool
+        self._bind(pool, pool_label)
+        self._base: MLAHostPoolBase = pool
         self._device_pool = device_pool
-        self._layout = HostLayout.parse(pool.layout, argument="layout")
-        self._pairs = type(pool).supported_pairs
         fmt = view.paged_format
-        self.pool_label = pool_label
         self.device_pool = device_pool
-        self.layout: str = self._layout.value
         self.page_size: int = fmt.page_size
         self.size: int = anchor.size
         self.page_num: int = anchor.page_num
-        self.device = "cpu"
-        self.pin_memory: bool = bool(getattr(pool, "pin_memory", False))
         self.dtype = torch.uint8
         self.indexer_dtype = torch.uint8
-        self.start_layer = 0
         self.end_layer = int(getattr(device_pool, "layer_num", 0)) - 1
         #: The device layers with index pages, in host-layer order.
         self.indexer_layer_ids: tuple[int, ...] = fmt.layer_ids
@@ -143,7 +137,7 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
         device_indices: torch.Tensor,
         io_backend: str,
     ) -> None:
-        io = sglang_io(io_backend, self._pairs, self._layout)
+        io = self._io(io_backend)
         view, h, d = self._pages(device_pool, host_indices, device_indices)
         self._base.backup_from_device_all_layer(view, h, d, io)
 
@@ -159,7 +153,7 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
     ) -> None:
         """Device layer ``layer_id``'s index pages (none for a layer with shared top-k)."""
         self._check_not_draft(is_draft)
-        io = sglang_io(io_backend, self._pairs, self._layout)
+        io = self._io(io_backend)
         if isinstance(layer_id, bool) or not isinstance(layer_id, int):
             raise ArgumentTypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
         if not 0 <= layer_id <= self.end_layer:
