@@ -91,13 +91,8 @@ class _Job:
 class SglPageStoreTier:
     """A vLLM ``SecondaryTierManager`` over one of our page stores (see the module docstring).
 
-    Tier config (``kv_connector_extra_config.secondary_tiers[i]``): ``"type":
-    "SglPageStoreTier"``, ``"module_path": "sgl_core.integrations.vllm"``,
-    ``"store"``: ``"file"`` (with ``root_dir``, optional ``capacity_bytes``,
-    ``fsync``) or ``"mooncake"`` (with ``mooncake``: the
-    :class:`~sgl_core.l3.MooncakeConfig` fields); ``threads`` (I/O threads,
-    default 2); ``locality`` (``"LOCAL"``/``"REMOTE"``).
-
+    Its tier config keys (``store``, ``root_dir``, ``capacity_bytes``,
+    ``fsync``, ``mooncake``, ``threads``, ``locality``) are listed in docs/vllm.md.
     ``submit_store`` / ``submit_load`` check the job and return at once; the
     copies run on the tier's threads and are reported by
     ``get_finished_jobs``. A job's chunk rows stay pinned by vLLM until then.
