@@ -65,10 +65,9 @@ def _describe(spec: KVSpec) -> str:
 class AscendHostPool(TokenPages[DevT, ShapeT]):
     """``page_first_kv_split`` host pool over an Ascend device pool's components (any kind)."""
 
-    #: The device-pool class this kind mirrors (checked by ``isinstance``).
+    #: The device-pool class this kind mirrors (checked by ``isinstance``); its
+    #: ``optional_buffers`` are this pool's too (None when the spec lacks them).
     device_pool_class: ClassVar[type[AscendDevicePool]]
-    #: Buffer attributes the kind always has, None when the spec lacks them.
-    optional_buffers: ClassVar[tuple[str, ...]] = ()
 
     #: The device pool's components (its kv-split spec).
     spec: KvSplitSpec
@@ -127,7 +126,7 @@ class AscendHostPool(TokenPages[DevT, ShapeT]):
 
     def _allocate_buffers(self, device_pool: DevT) -> None:
         self._facts = facts = layout_facts(self.layout)
-        for name in self.optional_buffers:
+        for name in self.device_pool_class.optional_buffers:
             setattr(self, name, None)
         parts = []
         for c in self.spec.components:
@@ -221,7 +220,6 @@ class AscendMLAHostPool(AscendHostPool[MLADevicePool, MLAShape], MLAHostPoolBase
         HostLayout.PAGE_FIRST_KV_SPLIT: _KERNEL
     }
     device_pool_class = AscendMLADevicePool
-    optional_buffers = ("v_buffer", "index_k_buffer", "index_k_scale_buffer")
 
     v_buffer: torch.Tensor | None
     index_k_buffer: torch.Tensor | None
