@@ -3,20 +3,7 @@
 Installed, it registers ``ascend = "sgl_ascend:backend"`` in entry-point
 group ``sgl.backends``; ``sgl_core.get_backend()`` selects it where an NPU is
 usable, and ``sgl_core.get_backend("ascend")`` returns it anywhere (pools then
-live on CPU tensors). What it provides:
-
-* :class:`AscendMLADevicePool`: contiguous 5-D layer-major ``k_buffer`` /
-  ``v_buffer`` (and optional indexer ``index_k_buffer`` / fp32
-  ``index_k_scale_buffer``); no ``data_ptrs``, no per-layer list.
-* :class:`AscendMLAHostPool`: layout ``page_first_kv_split`` with io backend
-  ``kernel_ascend``; all-layer backup, true per-layer load, L3 page helpers.
-* :class:`AscendMHADevicePool`: MHA / GQA models, contiguous 5-D layer-major
-  ``k_buffer (layer_num, page_num, page_size, head_num, head_dim)`` and
-  ``v_buffer`` (``v_head_dim``), the Ascend engine's own layout.
-* :class:`AscendMHAHostPool`: its host pool, also ``page_first_kv_split`` /
-  ``kernel_ascend`` (K and V page-major), true per-layer load, L3 helpers.
-* :class:`AscendMoEMethod` / :class:`AscendW8A8DynamicMoEMethod`: grouped
-  experts, unquantized or W8A8 dynamic.
+live on CPU tensors). Its pools and MoE methods are listed in docs/design.md.
 
 ``torch_npu`` is the optional ``sgl-ascend[npu]`` extra, imported lazily by
 ``sgl_ascend._npu`` only. No module here imports triton, sgl_cuda or
@@ -31,11 +18,6 @@ Example::
     host = backend.create_host_pool(dev, layout="page_first_kv_split")
     host.backup_from_device_all_layer(dev, host_idx, dev_idx, "kernel_ascend")
     host.load_to_device_per_layer(dev, host_idx, dev_idx, layer_id, "kernel_ascend")
-
-    # MHA / GQA models: the same calls on K and V pools
-    mha = backend.create_mha_device_pool(size=4096, page_size=128, dtype=torch.bfloat16,
-                                         head_num=8, head_dim=128, layer_num=32)
-    mha_host = backend.create_host_pool(mha, layout="page_first_kv_split")
 """
 
 from __future__ import annotations

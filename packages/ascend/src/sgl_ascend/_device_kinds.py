@@ -1,20 +1,12 @@
 """The Ascend device pools' kinds: their components and engine accessors only.
 
 Storage, component views and index checks are ``AscendDevicePool``'s
-(``sgl_ascend._device_pool``); a kind names its components::
-
-    AscendMLADevicePool  k_buffer (rows, page_num, page_size, 1, kv_lora_rank)
-                         v_buffer (rows, page_num, page_size, 1, qk_rope_head_dim)
-                         [index_k_buffer (slots, ..., 1, index_head_dim)
-                          [index_k_scale_buffer (slots, ..., 1, 1) float32]]
-    AscendMHADevicePool  k_buffer (rows, page_num, page_size, head_num, head_dim)
-                         v_buffer (rows, page_num, page_size, head_num, v_head_dim)
-
-With ``kv_cache_dim`` (packed MLA rows the engine quantizes itself, e.g. 656
-``uint8`` for DeepSeek-V3.2's FP8 MLA) ``k_buffer`` holds the whole row and
-``v_buffer`` is None. The MHA layout is the one the Ascend serving engine
-allocates for MHA models (page 0 is its padding page); for GQA ``head_num`` is
-the number of KV heads.
+(``sgl_ascend._device_pool``). :class:`AscendMLADevicePool` keeps ``k_buffer``
+(nope, or the whole engine-packed ``kv_cache_dim`` row, then ``v_buffer`` is
+None), ``v_buffer`` (rope) and the optional indexer buffers;
+:class:`AscendMHADevicePool` keeps K and V as the Ascend serving engine
+allocates them for MHA models (page 0 is its padding page; for GQA
+``head_num`` is the number of KV heads). Shapes: docs/design.md, device pools.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """The one device-pool implementation of the Ascend backend: a contiguous tensor per component.
 
-A pool's rows are the components of its KV spec (``sgl_core.backend.KVSpec``,
-built by :func:`kv_split_spec`): MLA ``k`` (the ``kv_lora_rank`` nope part, or
-the whole engine-packed row) and ``v`` (the rope part; absent when packed),
-MHA/GQA ``k`` and ``v``, and the DSA indexer's ``index_k`` / ``index_k_scale``
-on a subset of layers. Each component is one contiguous, row-major 5-D tensor,
-the attribute ``<name>_buffer``::
-
-    (rows, page_num, page_size, heads, dim)
-
-where ``rows`` are the model layers (``kv``) or the indexer slots (layers
-that keep an indexer row, ascending), ``heads`` is 1 for MLA and indexer
-rows and ``head_num`` for MHA. ``page_num = size // page_size + 1``: token
-slots ``[0, size + page_size)`` are valid and token ``t`` lives at page
-``t // page_size``, offset ``t % page_size``. There is no ``data_ptrs`` table
-and no per-layer list: code that needs one of those must not receive this pool.
-
-The kinds (``sgl_ascend._device_kinds``) add only their constructor
-arguments and engine accessors.
+A pool's rows are the components of its KV spec (:func:`kv_split_spec`), each
+one contiguous, row-major 5-D tensor ``<name>_buffer`` of shape
+``(rows, page_num, page_size, heads, dim)``, where ``rows`` are the model
+layers or the indexer slots (docs/design.md, device pools).
+``page_num = size // page_size + 1``: token slots ``[0, size + page_size)``
+are valid. There is no ``data_ptrs`` table and no per-layer list: code that
+needs one of those must not receive this pool. The kinds
+(``sgl_ascend._device_kinds``) add only their constructor arguments and
+engine accessors.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """The one host pool of the Ascend backend: layout ``page_first_kv_split``, io ``kernel_ascend``.
 
-Host tensors are page-major mirrors of the device pool's components (its
-kv-split spec, ``sgl_ascend._device_pool``), one ``<component>_buffer`` each::
-
-    (page_num, rows, page_size, heads, dim)
-
-(the ``page_first_direct`` facts of ``sgl_core.backend.layout_facts``, per
-component): MLA ``k_buffer`` [``v_buffer``] [``index_k_buffer``
-[``index_k_scale_buffer`` float32]], MHA ``k_buffer``, ``v_buffer``. One page
-of one component, ``buffer[p]``, is one contiguous ``(rows, page_size, heads,
-dim)`` block, so a page is one memory object per component.
-
-**Flat L3 page** (``sgl_core.backend.TokenPages``): the bytes of each
-component's ``buffer[p]`` in component order, of the KV dtype, or
-``torch.uint8`` bytes when the fp32 indexer scale exists
-(``flat_page_dtype``). ``get_page_buffer_meta`` lists, per page, the pointer
-and byte size of each object in that order. For MHA that is also the byte
-order of the Ascend serving engine's own host page, which it names
-``page_first_direct``: that name builds the same pool (the L3 page format
-records the name, so pages of the two names miss each other).
-
-Transfers move whole pages only: indices must be page-aligned contiguous
-runs, which the ``sgl_core`` base validates before any byte moves. Backup
-copies every row of every component; a load copies one layer's rows (plus
-its indexer row, if the layer has one) and leaves every other row of the
-device pool untouched. The kinds add only their ``movers`` and accessors.
+Host tensors are page-major mirrors of the device pool's components, one
+``<component>_buffer`` each, ``(page_num, rows, page_size, heads, dim)``; a
+page is one memory object per component, in component order (flat pages,
+page meta and byte offsets: docs/design.md, host layouts). For MHA that is
+also the Ascend serving engine's ``page_first_direct`` host page: that name
+builds the same pool (the L3 page format records the name, so pages of the
+two names miss each other). Transfers move whole pages only (page-aligned
+runs, validated by the ``sgl_core`` base before any byte moves); a load
+leaves every other row of the device pool untouched.
 """
 
 from __future__ import annotations
@@ -81,10 +65,9 @@ def _describe(spec: KVSpec) -> str:
 class AscendHostPool(TokenPages[DevT, ShapeT]):
     """``page_first_kv_split`` host pool over an Ascend device pool's components (any kind)."""
 
-    #: The device-pool class this kind mirrors (checked by ``isinstance``).
+    #: The device-pool class this kind mirrors (checked by ``isinstance``); its
+    #: ``optional_buffers`` are this pool's too (None when the spec lacks them).
     device_pool_class: ClassVar[type[AscendDevicePool]]
-    #: Buffer attributes the kind always has, None when the spec lacks them.
-    optional_buffers: ClassVar[tuple[str, ...]] = ()
 
     #: The device pool's components (its kv-split spec).
     spec: KvSplitSpec
@@ -143,7 +126,7 @@ class AscendHostPool(TokenPages[DevT, ShapeT]):
 
     def _allocate_buffers(self, device_pool: DevT) -> None:
         self._facts = facts = layout_facts(self.layout)
-        for name in self.optional_buffers:
+        for name in self.device_pool_class.optional_buffers:
             setattr(self, name, None)
         parts = []
         for c in self.spec.components:
@@ -237,7 +220,6 @@ class AscendMLAHostPool(AscendHostPool[MLADevicePool, MLAShape], MLAHostPoolBase
         HostLayout.PAGE_FIRST_KV_SPLIT: _KERNEL
     }
     device_pool_class = AscendMLADevicePool
-    optional_buffers = ("v_buffer", "index_k_buffer", "index_k_scale_buffer")
 
     v_buffer: torch.Tensor | None
     index_k_buffer: torch.Tensor | None

@@ -1,19 +1,14 @@
 """Ascend MoE methods: unquantized grouped experts and W8A8 dynamic.
 
-Both run the same pipeline, grouped by expert: sort the ``tokens * top_k``
-(token, expert) slots by expert, gate_up matmul per expert group,
-SiLU-and-mul, down matmul per group, then weight each slot by its top-k
-weight and sum over top_k. On an NPU the two grouped matmuls are
-``torch_npu.npu_grouped_matmul`` (through ``sgl_ascend._npu``); elsewhere
-they are torch matmuls in float32, one per expert that received tokens.
+Both sort the (token, expert) slots by expert and run gate_up, SiLU-and-mul
+and down as grouped matmuls: ``torch_npu.npu_grouped_matmul`` on an NPU
+(through ``sgl_ascend._npu``), elsewhere float32 torch matmuls, one per
+expert that received tokens. ``apply`` returns the *unscaled* routed sum
+(``fuses_routed_scale_and_shared_add = True``): core's
+``maybe_fuse_routed_scale_and_shared_add`` folds ``routed_scaling_factor``
+into the shared-expert add.
 
-``fuses_routed_scale_and_shared_add = True`` for both: ``apply`` returns the
-*unscaled* routed sum, and ``sgl_core.maybe_fuse_routed_scale_and_shared_add``
-folds ``routed_scaling_factor`` into the shared-expert add
-(``shared.add_(routed, alpha=s)``): one pass over the output instead of a
-``routed.mul_`` and an add, with the same result.
-
-W8A8 dynamic: weights are int8 with one float32 scale per output channel
+W8A8 dynamic: int8 weights with one float32 scale per output channel
 (:class:`W8A8MoEWeights`, build with :meth:`W8A8MoEWeights.quantize`);
 activations are quantized per token at run time, symmetric,
 ``scale = amax(|x_t|) / 127``, ``q = round(x_t / scale)``.

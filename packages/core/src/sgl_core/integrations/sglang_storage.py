@@ -1,20 +1,9 @@
 """An SGLang (0.5.23) HiCache storage backend over our L3 page stores.
 
-SGLang loads it with its ``dynamic`` storage backend::
-
-    --enable-hierarchical-cache --hicache-storage-backend dynamic
-    --hicache-storage-backend-extra-config '{
-        "backend_name": "sgl_l3",
-        "module_path": "sgl_core.integrations.sglang_storage",
-        "class_name": "SGLangPageStorage",
-        "interface_v1": 1,
-        "store": "file", "path": "/var/cache/sgl-l3", "capacity_bytes": 68719476736}'
-
-``"store": "mooncake"`` with ``"mooncake": {...}``
-(:class:`sgl_core.l3.MooncakeConfig` fields) uses the Mooncake store instead.
-With ``capacity_bytes`` every rank gets its own bounded directory under
-``path`` (:func:`rank_root_name`), so a TP/PP/CP server starts; the capacity
-is per rank. The host pools SGLang registers must be ours, wrapped by
+SGLang loads it with its ``dynamic`` storage backend (``module_path``
+``sgl_core.integrations.sglang_storage``, ``class_name`` ``SGLangPageStorage``;
+the extra config keys are in docs/sglang.md). The host pools SGLang
+registers must be ours, wrapped by
 :func:`sgl_core.integrations.sglang.wrap_host_pool`.
 
 SGLang's factory accepts only subclasses of its ``HiCacheStorage``. This

@@ -1,19 +1,11 @@
 """Our host pools and L3 stores as SGLang 0.5.23's HiCache pieces.
 
-* :func:`wrap_host_pool` — any of our host pools (MLA, MHA/GQA; torch, cuda,
-  ascend backends) as SGLang's ``mem_pool_host`` or as the host pool of a
-  ``HostPoolGroup`` entry (``HybridCacheController``).
-* :func:`kv_host_pool_builder` — a drop-in for SGLang's
-  ``hybrid_pool_assembler.build_kv_host_pool``, so the server's default stack
-  (``UnifiedRadixCache.init_hicache`` -> ``build_kv_only_stack``) builds our
-  pools.
-* :func:`indexer_host_pool_builder` — a drop-in for SGLang's
-  ``DSAIndexerHostPoolBuilder``, so its DeepSeek-V3.2 stack (``_DsaStrategy``)
-  builds our ``INDEXER`` entry (:class:`SGLangIndexerHostPool`) beside our KV root.
-* :mod:`sgl_core.integrations.sglang_storage` — the storage backend.
-
-This package imports nothing from ``sglang``. Semantics kept from SGLang, and
-the deliberate differences, are listed in ``docs/sglang.md``.
+:func:`wrap_host_pool` (any of our host pools as SGLang's ``mem_pool_host`` or
+a ``HostPoolGroup`` entry), the drop-in builders :func:`kv_host_pool_builder`
+and :func:`indexer_host_pool_builder`, and, in
+:mod:`sgl_core.integrations.sglang_storage`, the storage backend. This
+package imports nothing from ``sglang``. Semantics kept from SGLang, and the
+deliberate differences, are listed in ``docs/sglang.md``.
 """
 
 from __future__ import annotations

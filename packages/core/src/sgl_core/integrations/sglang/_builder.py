@@ -1,13 +1,9 @@
 """A drop-in for SGLang 0.5.23's ``hybrid_pool_assembler.build_kv_host_pool``.
 
-SGLang's default HiCache stack for a plain KV model
-(``UnifiedRadixCache.init_hicache`` -> ``_PlainKvStrategy`` ->
-``build_kv_only_stack`` -> ``build_kv_only_group``) builds its host pool with
-``build_kv_host_pool(kv_pool=..., page_size=..., ...)`` and puts it in a
-``HostPoolGroup`` entry (``PoolName.KV``, the anchor) that its
-``HybridCacheController`` drives. SGLang has no option to choose another host
-pool class, so a deployment replaces that one function before the scheduler
-builds its cache::
+SGLang's default HiCache stack for a plain KV model builds its host pool with
+``build_kv_host_pool(kv_pool=..., page_size=..., ...)`` and has no option to
+choose another host pool class, so a deployment replaces that one function
+before the scheduler builds its cache (docs/sglang.md)::
 
     from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as asm
     asm.build_kv_host_pool = kv_host_pool_builder(backend, layout="page_first")

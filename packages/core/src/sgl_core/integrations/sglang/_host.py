@@ -1,37 +1,28 @@
 """Our host pools (MLA and MHA/GQA) as SGLang 0.5.23's ``HostKVCache``.
 
-:class:`SGLangHostPool` carries the members that SGLang's ``HiCacheController``,
-``HybridCacheController`` (through a ``HostPoolGroup`` entry),
-``L2TransferEngine``, storage-backend factory and storage backends read from
-a host pool, with SGLang's meaning, on any of our host pools (torch, cuda,
-ascend backends). The L3 page members live in :mod:`._host_pages`.
-
-* SGLang passes its own device pool (``device`` a ``str``) to every transfer;
-  our pools normalize it with their cached views (``as_device_pool`` /
-  ``as_mha_device_pool``).
-* io ``"kernel"`` on a pool whose layout runs only ``direct`` (the torch
-  backend) runs ``direct``: the same rows move, with torch copies.
-* Every transfer is still validated in full by our pool (SGLang does not):
-  a bad index raises an ``sgl_core.errors`` exception and changes nothing.
+:class:`SGLangHostPool` carries the members that SGLang's controllers, L2
+engine and storage backends read from a host pool, with SGLang's meaning, on
+any of our host pools (docs/sglang.md lists them). The L3 page members live
+in :mod:`._host_pages`. Every transfer is still validated in full by our pool
+(SGLang does not): a bad index raises an ``sgl_core.errors`` exception and
+changes nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, cast
 
 import torch
 
-from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
+from sgl_core.errors import ArgumentTypeError
 from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, SGLangPageMembers
-from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.kv._enums import HostLayout
 from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
 from sgl_core.kv.device._paged_indexer import ForeignPagedIndexerPool, IndexerPagesView
 from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
-from sgl_core.kv.host._host_pool import HostPoolBase
 from sgl_core.kv.protocols._kv_protocols import MHAHostPool, MLAHostPool
 
-__all__ = ["SGLangHostPool", "sglang_io", "wrap_host_pool"]
+__all__ = ["SGLangHostPool", "wrap_host_pool"]
 
 # Layouts whose page bytes are SGLang's (same flat-page order and page meta):
 # their pages carry no format tag, so they are shared with an SGLang fleet.
@@ -46,26 +37,6 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def sglang_io(
-    io_backend: object, pairs: Mapping[HostLayout, frozenset[IOBackend]], layout: HostLayout
-) -> IOBackend:
-    """SGLang's io backend name for a pool of ``pairs`` in ``layout``.
-
-    ``"kernel"`` on a layout that runs only ``direct`` (the torch backend)
-    runs ``direct``: the same rows move, with torch copies.
-    """
-    try:
-        io = IOBackend.parse(io_backend, argument="io_backend")
-    except ValueError as exc:
-        raise UnsupportedLayoutError(str(exc)) from None
-    ios = pairs.get(layout, frozenset())
-    if io is IOBackend.KERNEL and io not in ios and IOBackend.DIRECT in ios:
-        # SGLang's "kernel" (and its index placement) on a pool that has only
-        # torch copies: the same rows move, so run them with "direct".
-        return IOBackend.DIRECT
-    return io
-
-
 class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
     """One of our host pools, seen as an SGLang ``HostKVCache`` (MLA or MHA/GQA).
 
@@ -73,14 +44,6 @@ class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
     transfer, allocation and L3 calls forward to :attr:`pool` after adapting
     SGLang's arguments (device pool, io backend name, index forms).
     """
-
-    # SGLang HostKVCache class attributes: no decode-context parallelism, no
-    # shared compacting layout, no page envelope, no staged write-back kernel.
-    dcp_size = 1
-    dcp_rank = 0
-    shared_allocation_domain = None
-    stores_page_envelope = False
-    can_use_write_back_jit = False
 
     def __init__(
         self,
@@ -112,24 +75,16 @@ class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
         #: SGLang's DSA stack: the engine pool whose KV rows alone this pool mirrors
         #: (its indexer is the INDEXER entry's), and the view that shows only them.
         self._kv_rows = kv_rows
-        self._base: HostPoolBase[Any, Any] = pool
+        self._bind(pool, pool_label)
         self._mha = isinstance(pool, MHAHostPoolBase)
-        layout = HostLayout.parse(pool.layout, argument="layout")
-        self._layout = layout
-        self._pairs = type(pool).supported_pairs
-        #: SGLang's label for the pool in logs and shared-domain requests.
-        self.pool_label = pool_label
-        self.layout: str = layout.value
+        layout = self._layout
         self.size: int = pool.size
         self.page_size: int = pool.page_size
         self.page_num: int = pool.size // pool.page_size
         self.layer_num: int = pool.layer_num
-        self.start_layer = 0
         self.end_layer = pool.layer_num - 1
         self.dtype: torch.dtype = pool.dtype
         itemsize = _itemsize(pool.dtype)
-        self.pin_memory: bool = bool(getattr(pool, "pin_memory", False))
-        self.device = "cpu"  # SGLang's host pools name their own (host) device
         self.kv_buffer: torch.Tensor | None = getattr(pool, "kv_buffer", None)
         if isinstance(pool, MHAHostPoolBase):
             self.head_num: int = pool.head_num
@@ -187,13 +142,7 @@ class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
     def clear(self) -> None:
         self.pool.clear()
 
-    def destroy(self) -> None:
-        """SGLang unregisters pinned buffers here; ours are torch-owned and freed with the pool."""
-
     # --------------------------------------------------------- transfers
-    def _io(self, io_backend: object) -> IOBackend:
-        return sglang_io(io_backend, self._pairs, self._layout)
-
     def _device(self, device_pool: Any) -> Any:
         """The KV-rows view for the DSA pool of an SGLang KV entry; any other pool as given."""
         rows = self._kv_rows
@@ -225,13 +174,7 @@ class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
         *,
         is_draft: bool = False,
     ) -> None:
-        if is_draft:
-            # SGLang packs speculative-draft layers after the target layers of
-            # its own host pools; ours hold target layers only.
-            raise PoolMismatchError(
-                "is_draft=True: this host pool holds no packed draft layers "
-                "(give the draft model its own host pool)"
-            )
+        self._check_not_draft(is_draft)
         io = self._io(io_backend)
         self._base.load_to_device_per_layer(
             self._device(device_pool), host_indices, device_indices, layer_id, io

@@ -9,13 +9,13 @@ its V object, where our MHA pools list all K layers, then all V layers).
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sgl_core.errors import ArgumentTypeError, UnsupportedLayoutError
-from sgl_core.kv._enums import HostLayout
+from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
+from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._memory import HOST_PAGE_BYTES
 
 __all__ = ["SGLangEntryMembers", "SGLangPageMembers", "page_index"]
@@ -79,38 +79,6 @@ class SGLangPageMembers:
         infos: tuple[list[int], list[int], list[int]] = self.pool.get_contiguous_buf_infos()
         return infos
 
-    def get_page_buffer_element_size(self, split_factor: int = 1) -> int:
-        """Bytes of the first storage object of a page (SGLang's storage element)."""
-        if split_factor != 1:
-            raise UnsupportedLayoutError(
-                f"split_factor={split_factor}: heads are not split across storage objects here"
-            )
-        _, sizes = self.pool.get_page_buffer_meta(list(range(self.page_size)))
-        return int(sizes[0])
-
-    def is_stride_page_aligned(self, page_size_bytes: int = HOST_PAGE_BYTES) -> bool:
-        """True when every storage object of every page starts ``page_size_bytes``-aligned.
-
-        Each object's address is ``base + page * stride`` (one base and stride
-        per object of a page, as every layout here lays pages out evenly), so
-        the first page's addresses and the step to the second page decide all
-        pages. Unlike SGLang (which answers False for ``layer_first``), this
-        holds for every layout: ``layer_first`` objects are aligned when the
-        buffer, a layer's slab and a page's rows all are.
-        """
-        if isinstance(page_size_bytes, bool) or not isinstance(page_size_bytes, int):
-            raise ArgumentTypeError("page_size_bytes must be an int")
-        if page_size_bytes <= 0:
-            raise ArgumentTypeError(f"page_size_bytes must be positive, got {page_size_bytes}")
-        ps = self.page_size
-        first, _ = self.pool.get_page_buffer_meta(list(range(ps)))
-        if any(ptr % page_size_bytes for ptr in first):
-            return False
-        if self.page_num < 2:
-            return True
-        second, _ = self.pool.get_page_buffer_meta(list(range(ps, 2 * ps)))
-        return all((b - a) % page_size_bytes == 0 for a, b in zip(first, second, strict=True))
-
 
 class SGLangEntryMembers:
     """Mixin: the members every ``HostPoolGroup`` entry of ours spells alike.
@@ -120,10 +88,23 @@ class SGLangEntryMembers:
     (our pools keep no separate physical index space).
     """
 
+    # SGLang HostKVCache class attributes: no decode-context parallelism, no
+    # shared compacting layout, no page envelope, no staged write-back kernel.
+    dcp_size = 1
+    dcp_rank = 0
+    shared_allocation_domain = None
+    stores_page_envelope = False
+    can_use_write_back_jit = False
+
     if TYPE_CHECKING:
         size: int
         page_size: int
+        page_num: int
         size_per_token: int
+
+        def get_page_buffer_meta(
+            self, indices: torch.Tensor | Sequence[int]
+        ) -> tuple[list[int], list[int]]: ...
 
         def backup_from_device_all_layer(
             self,
@@ -154,6 +135,78 @@ class SGLangEntryMembers:
 
     def get_size_per_token(self) -> int:
         return self.size_per_token
+
+    def _bind(self, pool: Any, pool_label: str) -> None:
+        """The members both entries read off the wrapped pool in the same way."""
+        self._base = pool
+        self._layout = HostLayout.parse(pool.layout, argument="layout")
+        self._pairs: Mapping[HostLayout, frozenset[IOBackend]] = type(pool).supported_pairs
+        #: SGLang's label for the pool in logs and shared-domain requests.
+        self.pool_label = pool_label
+        self.layout: str = self._layout.value
+        self.device = "cpu"  # SGLang's host pools name their own (host) device
+        self.pin_memory: bool = bool(getattr(pool, "pin_memory", False))
+        self.start_layer = 0
+
+    def _io(self, io_backend: object) -> IOBackend:
+        """SGLang's io backend name for this pool; ``"kernel"`` on a layout that runs
+        only ``direct`` (the torch backend) runs ``direct``: the same rows move."""
+        try:
+            io = IOBackend.parse(io_backend, argument="io_backend")
+        except ValueError as exc:
+            raise UnsupportedLayoutError(str(exc)) from None
+        ios = self._pairs.get(self._layout, frozenset())
+        if io is IOBackend.KERNEL and io not in ios and IOBackend.DIRECT in ios:
+            return IOBackend.DIRECT
+        return io
+
+    def destroy(self) -> None:
+        """SGLang unregisters pinned buffers here; ours are torch-owned and freed with the pool."""
+
+    @staticmethod
+    def _check_not_draft(is_draft: bool) -> None:
+        if is_draft:
+            # SGLang packs speculative-draft layers after the target layers of
+            # its own host pools; ours hold target layers only.
+            raise PoolMismatchError(
+                "is_draft=True: this host pool holds no packed draft layers "
+                "(give the draft model its own host pool)"
+            )
+
+    def _page_ptrs(self, page: int) -> list[int]:
+        ps = self.page_size
+        return self.get_page_buffer_meta(list(range(page * ps, (page + 1) * ps)))[0]
+
+    def get_page_buffer_element_size(self, split_factor: int = 1) -> int:
+        """Bytes of the first storage object of a page (SGLang's storage element)."""
+        if split_factor != 1:
+            raise UnsupportedLayoutError(
+                f"split_factor={split_factor}: heads are not split across storage objects here"
+            )
+        _, sizes = self.get_page_buffer_meta(list(range(self.page_size)))
+        return int(sizes[0])
+
+    def is_stride_page_aligned(self, page_size_bytes: int = HOST_PAGE_BYTES) -> bool:
+        """True when every storage object of every page starts ``page_size_bytes``-aligned.
+
+        Each object's address is ``base + page * stride`` (one base and stride
+        per object of a page, as every layout here lays pages out evenly), so
+        the first page's addresses and the step to the second page decide all
+        pages. Unlike SGLang (which answers False for ``layer_first``), this
+        holds for every layout: ``layer_first`` objects are aligned when the
+        buffer, a layer's slab and a page's rows all are.
+        """
+        if isinstance(page_size_bytes, bool) or not isinstance(page_size_bytes, int):
+            raise ArgumentTypeError("page_size_bytes must be an int")
+        if page_size_bytes <= 0:
+            raise ArgumentTypeError(f"page_size_bytes must be positive, got {page_size_bytes}")
+        first = self._page_ptrs(0)
+        if any(ptr % page_size_bytes for ptr in first):
+            return False
+        if self.page_num < 2:
+            return True
+        second = self._page_ptrs(1)
+        return all((b - a) % page_size_bytes == 0 for a, b in zip(first, second, strict=True))
 
     def prepare_transfer_indices(
         self, host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str

@@ -1,22 +1,11 @@
 """Our host pool as the ``INDEXER`` entry of SGLang 0.5.23's DeepSeek-V3.2 stack.
 
-SGLang's ``_DsaStrategy`` builds a ``HostPoolGroup`` from the declarations of
-its ``DSATokenToKVPool``: the KV root (``build_kv_host_pool``) and an
-``INDEXER`` entry that ``make_dsa_indexer_pool_decl``'s ``host_pool_builder``
-(SGLang's ``DSAIndexerHostPoolBuilder``) builds anchored on the KV host pool.
-That entry copies whole index pages: per page and indexer layer one ``uint8``
-row of ``page_size`` keys then ``page_size`` float32 scales.
-
-:class:`SGLangIndexerHostPool` is that entry on one of our host pools: the
-pool is built over ``IndexerPagesView`` (the engine's index pages as an MLA
-device pool of one slot per page), so its buffer is SGLang's
-``index_k_with_scale_buffer`` byte for byte (``(pages, layers, 1, row)`` for
-``page_first``/``page_first_direct``, ``(layers, pages, row)`` for
-``layer_first``) and its moves are our movers (torch, cuda kernel or direct).
-SGLang's token indices (page-aligned runs, indices shared with the KV entry)
-are checked in full, then turned into page indices, before any byte moves.
-
-Its builder, :func:`indexer_host_pool_builder`, is in ``_indexer_builder``.
+SGLang's ``_DsaStrategy`` builds a ``HostPoolGroup`` whose ``INDEXER`` entry
+(``DSAIndexerHostPoolBuilder``, anchored on the KV host pool) copies whole
+index pages: per page and indexer layer one ``uint8`` row of ``page_size``
+keys then ``page_size`` float32 scales. :class:`SGLangIndexerHostPool` is
+that entry on one of our host pools built over ``IndexerPagesView``; its
+builder, :func:`indexer_host_pool_builder`, is in ``_indexer_builder``.
 """
 
 from __future__ import annotations
@@ -31,13 +20,11 @@ from sgl_core.errors import (
     LayerIndexError,
     PageAlignmentError,
     PoolMismatchError,
-    UnsupportedLayoutError,
 )
-from sgl_core.integrations.sglang._host import SGLangHostPool, sglang_io
+from sgl_core.integrations.sglang._host import SGLangHostPool
 from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, page_index
 from sgl_core.integrations.sglang._indexer_pages import indexer_pages, page_runs
 from sgl_core.kv._enums import HostLayout
-from sgl_core.kv._memory import HOST_PAGE_BYTES
 from sgl_core.kv.device._indexer import SCALE_BYTES
 from sgl_core.kv.device._paged_indexer import IndexerPagesView
 from sgl_core.kv.host._host_kinds import MLAHostPoolBase
@@ -54,12 +41,6 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
     page, so ``indexer_page_num`` is the anchor's pages (SGLang's has two more).
     """
 
-    # SGLang HostKVCache class attributes (as SGLangHostPool's).
-    dcp_size = 1
-    dcp_rank = 0
-    shared_allocation_domain = None
-    stores_page_envelope = False
-    can_use_write_back_jit = False
     storage_format_tag = None
 
     def __init__(
@@ -85,22 +66,16 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
                 f"indexer host pool of {pool.size} pages ({pool.layout}) does not follow the KV "
                 f"anchor's {anchor.size} tokens ({anchor.layout})"
             )
-        self._base = pool
+        self._bind(pool, pool_label)
+        self._base: MLAHostPoolBase = pool
         self._device_pool = device_pool
-        self._layout = HostLayout.parse(pool.layout, argument="layout")
-        self._pairs = type(pool).supported_pairs
         fmt = view.paged_format
-        self.pool_label = pool_label
         self.device_pool = device_pool
-        self.layout: str = self._layout.value
         self.page_size: int = fmt.page_size
         self.size: int = anchor.size
         self.page_num: int = anchor.page_num
-        self.device = "cpu"
-        self.pin_memory: bool = bool(getattr(pool, "pin_memory", False))
         self.dtype = torch.uint8
         self.indexer_dtype = torch.uint8
-        self.start_layer = 0
         self.end_layer = int(getattr(device_pool, "layer_num", 0)) - 1
         #: The device layers with index pages, in host-layer order.
         self.indexer_layer_ids: tuple[int, ...] = fmt.layer_ids
@@ -136,9 +111,6 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
     def clear(self) -> None:
         """SGLang resets its allocator here; the slots are the KV anchor's, nothing to do."""
 
-    def destroy(self) -> None:
-        """SGLang unregisters pinned buffers here; ours are torch-owned."""
-
     # ---------------------------------------------------------- indices
     def l3_indices(self, host_indices: torch.Tensor) -> torch.Tensor:
         """The inner pool's slots (pages) of SGLang's page-aligned token indices."""
@@ -165,7 +137,7 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
         device_indices: torch.Tensor,
         io_backend: str,
     ) -> None:
-        io = sglang_io(io_backend, self._pairs, self._layout)
+        io = self._io(io_backend)
         view, h, d = self._pages(device_pool, host_indices, device_indices)
         self._base.backup_from_device_all_layer(view, h, d, io)
 
@@ -180,9 +152,8 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
         is_draft: bool = False,
     ) -> None:
         """Device layer ``layer_id``'s index pages (none for a layer with shared top-k)."""
-        if is_draft:
-            raise PoolMismatchError("is_draft=True: this host pool holds no packed draft layers")
-        io = sglang_io(io_backend, self._pairs, self._layout)
+        self._check_not_draft(is_draft)
+        io = self._io(io_backend)
         if isinstance(layer_id, bool) or not isinstance(layer_id, int):
             raise ArgumentTypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
         if not 0 <= layer_id <= self.end_layer:
@@ -221,25 +192,3 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
         idx = indices if isinstance(indices, torch.Tensor) else torch.tensor(list(indices))
         ptrs, sizes = self._base.get_page_buffer_meta(self.l3_indices(idx))
         return list(ptrs), list(sizes)
-
-    def get_page_buffer_element_size(self, split_factor: int = 1) -> int:
-        if split_factor != 1:
-            raise UnsupportedLayoutError(
-                f"split_factor={split_factor}: index pages are not split across storage objects"
-            )
-        _, sizes = self.get_page_buffer_meta(list(range(self.page_size)))
-        return int(sizes[0])
-
-    def is_stride_page_aligned(self, page_size_bytes: int = HOST_PAGE_BYTES) -> bool:
-        """True when every page's storage objects start ``page_size_bytes``-aligned."""
-        if isinstance(page_size_bytes, bool) or not isinstance(page_size_bytes, int):
-            raise ArgumentTypeError("page_size_bytes must be an int")
-        if page_size_bytes <= 0:
-            raise ArgumentTypeError(f"page_size_bytes must be positive, got {page_size_bytes}")
-        first, _ = self._base.get_page_buffer_meta([0])
-        if any(p % page_size_bytes for p in first):
-            return False
-        if self._base.size < 2:
-            return True
-        second, _ = self._base.get_page_buffer_meta([1])
-        return all((b - a) % page_size_bytes == 0 for a, b in zip(first, second, strict=True))

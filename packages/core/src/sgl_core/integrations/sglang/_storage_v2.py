@@ -1,19 +1,13 @@
 """SGLang 0.5.23's v2 (host pool group) storage calls of ``SGLangPageStorage``.
 
-SGLang's ``HybridCacheController`` registers every entry of its
-``HostPoolGroup`` with ``register_mem_host_pool_v2(host_pool, name)`` when it
-attaches a backend, and moves side pools (e.g. DeepSeek-V3.2's ``indexer``)
-with ``batch_exists_v2`` / ``batch_get_v2`` / ``batch_set_v2``, one
-``PoolTransfer`` per pool. Each registered pool has its own store (the anchor's
-store for the pool registered with ``register_mem_pool_host``) and its own key
-suffix, so pages of two pools never meet.
-
-Hit policies (``PoolTransfer.hit_policy``), as SGLang's own backends fold them:
-``all_pages`` - every page of the KV prefix must exist in the pool;
-``trailing_pages`` - only the last ``len(keys)`` pages of the prefix must;
-``block_groups`` - the pool reports its own verdict and never gates the KV hit.
-Every call is checked in full (pool names, keys, host indices) before any
-byte moves; a bad call raises ``PageStoreArgumentError`` and moves nothing.
+SGLang's ``HybridCacheController`` registers every ``HostPoolGroup`` entry
+with ``register_mem_host_pool_v2`` and moves side pools (e.g. DeepSeek-V3.2's
+``indexer``) with ``batch_exists_v2`` / ``batch_get_v2`` / ``batch_set_v2``,
+one ``PoolTransfer`` per pool; the hit policies are SGLang's (docs/sglang.md).
+Each registered pool has its own store and key suffix, so pages of two pools
+never meet. Every call is checked in full (pool names, keys, host indices)
+before any byte moves; a bad call raises ``PageStoreArgumentError`` and moves
+nothing.
 """
 
 from __future__ import annotations

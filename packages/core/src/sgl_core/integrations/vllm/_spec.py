@@ -16,7 +16,6 @@ backend that discovery selects (docs/vllm.md).
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from dataclasses import dataclass
@@ -24,15 +23,9 @@ from typing import Any
 
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
 from sgl_core.integrations.vllm._blocks import BlockDeviceView, BlockHost, BlockRows, kv_dtype
-from sgl_core.integrations.vllm._tier import register_tier_with_vllm
+from sgl_core.integrations.vllm._tier import _BASE, _vllm, register_tier_with_vllm
 
 __all__ = ["SglOffloadingSpec", "SglOffloadingWorker", "register_with_vllm"]
-
-_BASE = "vllm.v1.kv_offload.base"
-
-
-def _vllm(module: str) -> Any:
-    return importlib.import_module(module)
 
 
 def register_with_vllm() -> None:
@@ -119,11 +112,8 @@ class SglOffloadingWorker:
 class SglOffloadingSpec:
     """An out-of-tree vLLM ``OffloadingSpec`` (``spec_name: "SglOffloadingSpec"``).
 
-    ``kv_connector_extra_config`` keys: ``cpu_bytes_to_use`` (required, all
-    workers together, as for vLLM's CPU spec), ``eviction_policy``,
-    ``store_threshold``, ``max_tracker_size`` (vLLM's manager), and ours:
-    ``sgl_backend`` (``torch``/``cuda``/...; default: discovery),
-    ``sgl_host_layout``, ``sgl_io_backend``.
+    Its ``kv_connector_extra_config`` keys (``cpu_bytes_to_use`` required) are
+    listed in docs/vllm.md.
     """
 
     @classmethod

@@ -1,27 +1,19 @@
 """``SglPageStoreTier``: our L3 page stores as vLLM 0.33's secondary offloading tier.
 
-vLLM's ``TieringOffloadingSpec`` keeps a CPU primary tier (its shared mmap
-region, one *chunk row* per offloaded chunk) and hands each configured
-secondary tier a memoryview of those rows: tiers never see the GPU, every byte
-passes through the CPU tier. Its ``SecondaryTierFactory`` finds a tier by
-``type`` (our class name) in ``module_path`` and asserts ``issubclass(cls,
-SecondaryTierManager)``. This module imports nothing from vLLM at import time
-(an import-linter contract forbids it): the tier is registered as a *virtual*
-subclass of vLLM's ABC once vLLM's offloading base is loaded (always the case
-when vLLM's factory imports us), and vLLM's classes are reached with
+vLLM's ``TieringOffloadingSpec`` hands each secondary tier a memoryview of
+its CPU primary tier's chunk rows (docs/vllm.md). This module imports nothing
+from vLLM at import time (an import-linter contract forbids it): the tier is
+registered as a *virtual* subclass of vLLM's ``SecondaryTierManager`` once
+vLLM's offloading base is loaded, and vLLM's classes are reached with
 ``importlib`` inside the calls.
 
-Each chunk row is one page of our store under our page record: the
-:class:`~sgl_core.l3.PageFormat` of :class:`ChunkRows` names everything that
-gives the row's bytes their meaning (model, KV dtype, tokens per block and per
-chunk, layers, worker bytes per block, parallel sizes, replicated and
-canonical layouts, the row size), so a chunk of another model, dtype or block
-layout is filed elsewhere: a miss, never a hit. A read is checked (format
-digest, key digest, length, CRC-32): the file store checks it in a staging
-buffer before a byte reaches the primary row; Mooncake reads zero-copy into
-the row and, on a failed check, puts the row's old bytes back
-(``restore_on_failed_get``, on by default). A bad record is a failed
-promotion, which vLLM turns into a miss (``complete_write(..., False)``).
+Each chunk row is one page of our store under the
+:class:`~sgl_core.l3.PageFormat` of :class:`ChunkRows`, so a chunk of another
+model, dtype or block layout is a miss, never a hit. A read is checked
+(format digest, key digest, length, CRC-32) before a byte reaches the primary
+row, or, for Mooncake's zero-copy read, the row's old bytes are put back
+(``restore_on_failed_get``); a bad record is a failed promotion, which vLLM
+turns into a miss (``complete_write(..., False)``).
 """
 
 from __future__ import annotations
@@ -99,13 +91,8 @@ class _Job:
 class SglPageStoreTier:
     """A vLLM ``SecondaryTierManager`` over one of our page stores (see the module docstring).
 
-    Tier config (``kv_connector_extra_config.secondary_tiers[i]``): ``"type":
-    "SglPageStoreTier"``, ``"module_path": "sgl_core.integrations.vllm"``,
-    ``"store"``: ``"file"`` (with ``root_dir``, optional ``capacity_bytes``,
-    ``fsync``) or ``"mooncake"`` (with ``mooncake``: the
-    :class:`~sgl_core.l3.MooncakeConfig` fields); ``threads`` (I/O threads,
-    default 2); ``locality`` (``"LOCAL"``/``"REMOTE"``).
-
+    Its tier config keys (``store``, ``root_dir``, ``capacity_bytes``,
+    ``fsync``, ``mooncake``, ``threads``, ``locality``) are listed in docs/vllm.md.
     ``submit_store`` / ``submit_load`` check the job and return at once; the
     copies run on the tier's threads and are reported by
     ``get_finished_jobs``. A job's chunk rows stay pinned by vLLM until then.
