@@ -172,8 +172,7 @@ def test_engine_views_refuse_pools_without_their_layer_lists() -> None:
     import types
 
     from sgl_core import errors
-    from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
-    from sgl_core.kv.device._mha_foreign_pool import ForeignMHADevicePool
+    from sgl_core.kv.device._foreign_pool import ForeignMHADevicePool, ForeignMLADevicePool
 
     layer = torch.zeros(4, 1, 8)
     with pytest.raises(errors.PoolMismatchError, match="not a per-layer MLA device pool"):

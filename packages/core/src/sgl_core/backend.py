@@ -5,61 +5,10 @@ is the interface a *device package* builds on: everything ``sgl_cuda`` and
 ``sgl_ascend`` use from core comes from here, and an import-linter contract
 forbids them from importing any private ``sgl_core._*`` module. A name here
 is kept stable like the engine API; private modules may change shape freely.
-
-Groups:
-
-* **discovery and bench hooks**: ``ENTRY_POINT_GROUP`` (where a backend
-  registers), ``MOE_BENCH_GROUP``, ``MoEBenchCase``, ``MoEBenchFactory`` (a
-  device package's MoE cases for ``sgl-bench moe``);
-* **protocols and enums**: ``Backend``, ``MLADevicePool``, ``MLAHostPool``,
-  ``HostLayout``, ``IOBackend``; the capabilities tools ask for instead of
-  naming a device family: ``LayerViews`` (a host pool shows one layer as
-  tensors) and ``EmulatedWithoutDevice`` (a backend that, without its device,
-  runs only emulated);
-* **the KV model**: ``KVSpec`` (a pool's rows as a list of ``Component``: name,
-  heads, width, dtype, the layers that keep it), its presets ``mla_spec``
-  and ``mha_spec`` (``KVKind``), the one source of sizes, page order and
-  page-format identity; ``layout_facts`` (a token-row layout's ``LayoutFacts``:
-  buffer shape, a row's view, page part) for movers that address host rows;
-* **pool bases and geometry**: ``PoolBackend`` (backend plumbing),
-  ``HostPoolBase`` (sizing, accounting, validation before any copy, from the
-  spec) with its kind layers ``MLAHostPoolBase`` and ``MHAHostPoolBase``
-  (how a kind's spec and engine accessors are read); ``TokenHostPool`` (the
-  token-row host layouts over any spec) and its engine classes
-  ``TokenRowHostPool`` (MLA) and ``MHATokenHostPool`` (MHA/GQA);
-  ``TokenPages`` (the L3 page helpers of a pool whose ``_parts`` lie in a
-  layout of the facts table, ``layout_facts`` / ``LayoutFacts``);
-  ``PerLayerMLADevicePool``, ``MLAPoolGeometry``, ``MLAShape``,
-  ``PerLayerMHADevicePool``, ``MHAPoolGeometry``, ``MHAShape``; every
-  backend's device pools take their kind's engine constructor from
-  ``MLADevicePoolBase`` / ``MHADevicePoolBase`` (``mla_pool_spec``: an MLA
-  pool's spec with its indexer rows);
-  ``is_mha_device_pool`` (how a device pool's kind is told, by attributes);
-  ``DevicePoolGeometry`` and ``PoolShape`` are what ``HostPoolBase`` needs of
-  either kind;
-* **the mover seam**: a host pool validates a call into a ``Transfer`` and
-  hands it to the ``Mover`` of its io backend (``mover.backup(transfer)``,
-  ``mover.load(transfer, layer_id)``); ``HostPoolBase.movers`` declares,
-  per layout, each io backend's ``MoverFactory`` (``supported_pairs`` is
-  derived from it), called with the pool's ``HostSide`` (layout, geometry and
-  one ``HostPart`` per component: the host buffers, never the pool);
-  ``PlanCache`` keeps a mover's plan for the per-layer loads of one transfer;
-  ``DirectMover`` is the ``direct`` mover of every token-row layout and kind;
-* **validation helpers** (each raises a typed ``sgl_core.errors`` error):
-  ``check_index_tensor``, ``check_index_device``, ``check_index_bounds``,
-  ``check_layer_id``, ``check_backed``, ``check_routing`` (MoE top-k);
-* **devices and memory**: ``parse_device``, ``usable_device``,
-  ``page_aligned_zeros`` (host buffers on page boundaries, for
-  ``O_DIRECT`` storage);
-* **the copy kit** (the ``direct`` io building blocks): ``IndexRuns``,
-  ``merge_runs``, ``byte_view``, ``widen_rows``; the
-  direct-copy engine every direct mover uses (``RunSide``, ``copy_runs``,
-  ``gather_rows``); and the one tuning object that picks a copy's path: ``CopyTuning`` with
-  per-device presets (``tuning_for``; ``NEVER`` turns a path off; ``AUTO``: copy
-  threads chosen by measurement, ``copy_calibration()`` says what was chosen and
-  why, ``Calibrator`` / ``CopyChoice`` for other copy strategies, ``default_calibrator()``
-  the process's one calibrator that ``copy_calibration()`` reads;
-  ``shutdown_copy_threads`` stops the copy threads).
+docs/design.md section 2 ("The backend-author interface") lists its groups:
+discovery and bench hooks, protocols and enums, the KV model (``KVSpec``),
+pool bases and geometry, the mover seam, validation helpers, devices and
+memory, and the copy kit with its one tuning object (``CopyTuning``).
 
 The conformance suite a backend runs against itself is
 ``sgl_core.testing.BackendConformanceSuite`` (it needs the ``testing``

@@ -7,10 +7,9 @@ from typing import Any, ClassVar, Generic, TypeVar, overload
 
 import torch
 
-from sgl_core.backends._mha_backend import MHABackendMixin
 from sgl_core.errors import UnsupportedLayoutError
 from sgl_core.kv._enums import HostLayout, IOBackend
-from sgl_core.kv.device._engine_views import as_device_pool
+from sgl_core.kv.device._engine_views import as_device_pool, as_mha_device_pool
 from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core.kv.protocols._kv_protocols import (
     MHADevicePool,
@@ -26,14 +25,15 @@ DeviceT = TypeVar("DeviceT", bound=MLADevicePool)
 HostT = TypeVar("HostT", bound=MLAHostPoolBase)
 
 
-class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
+class PoolBackend(Generic[DeviceT, HostT]):
     """A ``Backend`` built from a device-pool factory and a host-pool class.
 
     Backend authors subclass it, set ``name`` and ``is_available``, and pass
     their two pool classes; ``supported_pairs`` is the host class's. MHA
     pools come from ``mha_device_pool_class`` / ``mha_host_pool_class``
     (``supported_mha_pairs`` is the latter's ``supported_pairs``); without
-    them the backend builds no MHA pools (see ``MHABackendMixin``).
+    them ``supported_mha_pairs`` is empty and both MHA factories raise
+    ``UnsupportedLayoutError``, so tools and the conformance suite skip MHA.
     """
 
     name = "unnamed"
@@ -68,6 +68,12 @@ class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
     def supported_pairs(self) -> Mapping[HostLayout, frozenset[IOBackend]]:
         return self._host_pool_class.supported_pairs
 
+    @property
+    def supported_mha_pairs(self) -> Mapping[HostLayout, frozenset[IOBackend]]:
+        """Host layouts this backend builds for MHA pools (the MHA host class's)."""
+        host = self._mha_host_pool_class
+        return {} if host is None else host.supported_pairs
+
     def is_available(self) -> bool:
         return True
 
@@ -79,6 +85,10 @@ class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
         name). An unknown or unsupported layout raises ``UnsupportedLayoutError``.
         """
         return self._pick_io(self.supported_pairs, layout)
+
+    def default_mha_io(self, layout: HostLayout | str) -> IOBackend:
+        """``default_io`` for MHA host pools: the first of ``io_preference`` the layout runs."""
+        return self._pick_io(self.supported_mha_pairs, layout)
 
     def _pick_io(
         self, pairs: Mapping[HostLayout, frozenset[IOBackend]], layout: HostLayout | str
@@ -138,6 +148,44 @@ class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
             with_index_k_scale=with_index_k_scale,
         )
 
+    def create_mha_device_pool(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: str | torch.device | None = None,
+        v_head_dim: int | None = None,
+    ) -> MHADevicePool:
+        """An MHA/GQA device pool of this backend: K and V rows per token per layer.
+
+        Slots as ``create_device_pool``'s (the padding page, page 0, included).
+        A token's K row is ``(head_num, head_dim)`` elements of ``dtype`` and
+        its V row ``(head_num, v_head_dim)`` (``v_head_dim`` None:
+        ``head_dim``); for GQA ``head_num`` is the number of KV heads. Raises
+        ``PoolSizeError``, ``DeviceError`` as ``create_device_pool``, and
+        ``UnsupportedLayoutError`` on a backend that builds no MHA pools.
+        """
+        factory = self._mha_device_pool_class
+        if factory is None:
+            raise self._no_mha()
+        return factory(
+            size=size,
+            page_size=page_size,
+            dtype=dtype,
+            head_num=head_num,
+            head_dim=head_dim,
+            layer_num=layer_num,
+            device=device,
+            v_head_dim=v_head_dim,
+        )
+
+    def _no_mha(self) -> UnsupportedLayoutError:
+        return UnsupportedLayoutError(f"backend {self.name!r} builds no MHA pools")
+
     @overload
     def create_host_pool(
         self,
@@ -190,8 +238,12 @@ class PoolBackend(MHABackendMixin, Generic[DeviceT, HostT]):
             "pin_memory": pin_memory,
             "io_backend": io_backend,
         }
-        if is_mha_device_pool(device_pool):
-            return self._create_mha_host_pool(device_pool, **args)
         # An engine's own pool (e.g. SGLang's, whose ``device`` is a str) is
         # normalized here, at the boundary, so host pools see only the protocol.
+        if is_mha_device_pool(device_pool):
+            host = self._mha_host_pool_class
+            if host is None:
+                raise self._no_mha()
+            pool: MHAHostPool = host(as_mha_device_pool(device_pool), **args, tuning=self.tuning)
+            return pool
         return self._host_pool_class(as_device_pool(device_pool), **args, tuning=self.tuning)

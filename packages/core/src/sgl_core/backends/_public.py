@@ -1,19 +1,10 @@
-"""Public names report their public import path at run time.
+"""Public names report their public import path at run time (docs/design.md section 2).
 
-A class or function defined in a private module (``sgl_core.moe._moe``) and
-exported by a public one (``sgl_core``) should say so in ``repr``, pickles,
-tracebacks and runtime tools: ``sgl_core.MoEMethod``, not
-``sgl_core.kv.protocols._protocols.MoEMethod``. Each public module calls
-:func:`publish_names` once, after its imports, with its ``__name__`` and
-``globals()`` (numpy does the same with ``set_module``).
-
-Only objects whose ``__module__`` is a private module of the same top-level
-package are changed, so a name two public modules export keeps the first
-(the most public one: ``sgl_core`` is imported before ``sgl_core.backend``).
-A class's own string annotations (``from __future__ import annotations``)
-are resolved first in the module that defines them, so
-``typing.get_type_hints`` still works from the public path. Static checkers
-(mypy) name the defining module whatever this says (docs/design.md section 2).
+:func:`publish_names` is called once by each public module, after its
+imports. Only objects whose ``__module__`` is a private module of the same
+top-level package change, so a name two public modules export keeps the
+first (the most public one); a class's string annotations resolve first in
+its defining module, so ``typing.get_type_hints`` works from the public path.
 """
 
 from __future__ import annotations

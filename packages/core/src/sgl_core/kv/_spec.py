@@ -1,22 +1,12 @@
 """The KV model: a pool's rows as a list of named components (docs/design.md section 5).
 
-Every KV cache this project keeps is, per token, a few *rows* of fixed width:
-
-* MLA: one ``kv`` row per layer of ``kv_lora_rank + qk_rope_head_dim``
-  elements (or an engine-packed row of ``row_dim`` elements, e.g. the
-  656-byte FP8 row of DeepSeek-V3.2);
-* MHA/GQA: a ``k`` row of ``head_num x head_dim`` and a ``v`` row of
-  ``head_num x v_head_dim`` elements per layer;
-* the DSA indexer: an ``index_k`` row of ``index_head_dim`` elements and
-  optionally an ``index_k_scale`` float32 per token, on a subset of layers.
-
-:class:`KVSpec` holds that list; the presets :func:`mla_spec` and
-:func:`mha_spec` build it from an engine's numbers. It is the one source of
-a pool's sizes, of the order of the parts of a flat L3 page (the components
-in order, each in its layout's byte order), of the flat page's dtype, and of
-the fields that identify a page format beyond layout, dtype, page size and
-layer count. The kinds differ only in this data; pools and movers read the
-components, never the kind.
+:class:`KVSpec` holds a pool's per-token rows (MLA's ``kv``, MHA's ``k`` and
+``v``, the DSA indexer's ``index_k`` / ``index_k_scale``); the presets
+:func:`mla_spec` and :func:`mha_spec` build it from an engine's numbers. It
+is the one source of a pool's sizes, of a flat L3 page's part order and
+dtype, and of the fields that identify a page format beyond layout, dtype,
+page size and layer count. Pools and movers read the components, never the
+kind.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """The two kinds' device-pool geometry and the engine constructor every backend's pools share.
 
 ``MLAPoolGeometry`` / ``MHAPoolGeometry`` are the geometry every device pool
-of a kind reports (backend authors subclass them). ``MLADevicePoolBase`` /
-``MHADevicePoolBase`` add the constructor an engine calls, one signature per
-kind for the torch, cuda and Ascend pools alike: it resolves ``device`` with
-the backend's ``_pool_device``, checks the geometry (and the DSA indexer
-arguments), then calls the backend's ``_allocate``.
+of a kind reports: backend authors subclass them, call ``__init__`` first,
+then allocate their buffers (override ``device`` to report the buffers' own
+device). ``MLADevicePoolBase`` / ``MHADevicePoolBase`` add the constructor an
+engine calls, one signature per kind for the torch, cuda and Ascend pools
+alike: it resolves ``device`` with the backend's ``_pool_device``, checks the
+geometry (and the DSA indexer arguments), then calls the backend's
+``_allocate``.
 """
 
 from __future__ import annotations
@@ -23,11 +25,7 @@ __all__ = ["MHADevicePoolBase", "MHAPoolGeometry", "MLADevicePoolBase", "MLAPool
 
 
 class MLAPoolGeometry(SlotGeometry):
-    """Geometry every MLA device pool reports (the ``MLADevicePool`` properties).
-
-    Backend authors subclass it, call ``__init__`` first, then allocate their
-    buffers; override ``device`` to report the buffers' own device.
-    """
+    """Geometry every MLA device pool reports (the ``MLADevicePool`` properties)."""
 
     shape: MLAShape
 
@@ -105,11 +103,7 @@ class MLADevicePoolBase(MLAPoolGeometry):
 
 
 class MHAPoolGeometry(SlotGeometry):
-    """Geometry every MHA device pool reports (the ``MHADevicePool`` properties).
-
-    Backend authors subclass it, call ``__init__`` first, then allocate their
-    buffers; override ``device`` to report the buffers' own device.
-    """
+    """Geometry every MHA device pool reports (the ``MHADevicePool`` properties)."""
 
     shape: MHAShape
 

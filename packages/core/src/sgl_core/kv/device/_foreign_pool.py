@@ -1,14 +1,12 @@
-"""Device pools built by a serving engine, normalized at our boundary.
+"""Device pools built by a serving engine (MLA and MHA), normalized at our boundary.
 
-SGLang's ``MLATokenToKVPool`` has every member our host pools read (sizes,
-``dtype``, a per-layer ``kv_buffer`` list) except that its ``device`` is a
-``str`` such as ``"cuda:0"``, and its ``set_mla_kv_buffer``/``get_mla_kv_buffer``
-take the engine's attention-layer objects, not layer ids.
-``sgl_core.kv.device._engine_views.as_device_pool`` returns such a pool wrapped in a
-view whose ``device`` is a ``torch.device`` and whose KV accessors follow
-:class:`sgl_core.MLADevicePool`; the view shares the engine's ``kv_buffer``
-list, so every transfer reads and writes the engine's own tensors. Pools
-that already follow the protocol pass through.
+SGLang's ``MLATokenToKVPool`` / ``MHATokenToKVPool`` have every member our
+host pools read (sizes, ``dtype``, per-layer buffer lists) except that their
+``device`` is a ``str`` and their KV accessors take the engine's
+attention-layer objects, not layer ids. The views here (made by
+``sgl_core.kv.device._engine_views``) report a ``torch.device``, follow our
+device-pool protocols and share the engine's lists, so every transfer reads
+and writes the engine's own tensors.
 """
 
 from __future__ import annotations
@@ -19,10 +17,16 @@ import torch
 
 from sgl_core.errors import PoolMismatchError, ShapeMismatchError
 from sgl_core.kv._validation import check_index_tensor, check_value_rows
-from sgl_core.kv.protocols._kv_protocols import MLADevicePool
+from sgl_core.kv.protocols._kv_protocols import MHADevicePool, MLADevicePool
 from sgl_core.transfer.copy._copy import byte_view
 
-__all__ = ["EngineView", "ForeignMLADevicePool", "engine_dtype", "meant_layers"]
+__all__ = [
+    "EngineView",
+    "ForeignMHADevicePool",
+    "ForeignMLADevicePool",
+    "engine_dtype",
+    "meant_layers",
+]
 
 
 def engine_dtype(pool: Any, layers: list[torch.Tensor]) -> torch.dtype:
@@ -163,5 +167,65 @@ class ForeignMLADevicePool(EngineView):
         return rows[..., :rank].clone(), rows[..., rank:].clone()
 
 
-if TYPE_CHECKING:  # static conformance of the view
+class ForeignMHADevicePool(EngineView):
+    """An engine's per-layer MHA device pool seen through ``MHADevicePool``.
+
+    K and V layers are shown as same-storage views of the dtype the engine
+    means, in the default NHD layout; other physical layouts (HND,
+    page-major) are refused by the host pool's shape check.
+    """
+
+    _kind = "MHA"
+    _lists = ("k_buffer", "v_buffer")
+
+    @property
+    def k_buffer(self) -> list[torch.Tensor]:
+        layers: list[torch.Tensor] = self._pool.k_buffer  # the engine's own list
+        return meant_layers(layers, self.dtype)
+
+    @property
+    def v_buffer(self) -> list[torch.Tensor]:
+        layers: list[torch.Tensor] = self._pool.v_buffer
+        return meant_layers(layers, self.dtype)
+
+    @property
+    def head_num(self) -> int:
+        return int(self._pool.head_num)
+
+    @property
+    def head_dim(self) -> int:
+        return int(self._pool.head_dim)
+
+    @property
+    def v_head_dim(self) -> int:
+        return int(getattr(self._pool, "v_head_dim", None) or self._pool.head_dim)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return engine_dtype(self._pool, self._pool.k_buffer)
+
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+    ) -> None:
+        i = self._layer(layer_id)
+        n = check_index_tensor(loc, "loc").numel()
+        # As our own pools: rows of exactly the pool's dtype and shape, never
+        # converted; both checked before any byte moves.
+        for name, tensor, dim in (
+            ("cache_k", cache_k, self.head_dim),
+            ("cache_v", cache_v, self.v_head_dim),
+        ):
+            check_value_rows(tensor, name, (n, self.head_num, dim), self.dtype)
+        # fp8 has no index kernels everywhere: written as bytes (same storage).
+        byte_view(self.k_buffer[i])[loc] = byte_view(cache_k)
+        byte_view(self.v_buffer[i])[loc] = byte_view(cache_v)
+
+    def get_kv_buffer(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        i = self._layer(layer_id)
+        k = byte_view(self.k_buffer[i])[loc].view(self.dtype)
+        return k, byte_view(self.v_buffer[i])[loc].view(self.dtype)
+
+
+if TYPE_CHECKING:  # static conformance of the views
     _check: MLADevicePool = ForeignMLADevicePool(object())
+    _check_mha: MHADevicePool = ForeignMHADevicePool(object())

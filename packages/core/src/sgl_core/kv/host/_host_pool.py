@@ -1,18 +1,12 @@
 """Host-pool base shared by every backend and kind: sizing, accounting, validation, dispatch.
 
-:class:`HostPoolBase` reads the device pool's KV spec (``sgl_core.kv._spec``)
-and from it sizes, accounts, validates and dispatches (device-pool and
-argument checks: ``_host_args``; slots and L3 declarations: ``_host_slots``). The kind layers of
-``sgl_core.kv.host._host_kinds`` (``MLAHostPoolBase``, ``MHAHostPoolBase``) add only
-how a kind's spec and engine accessors are read. Backend authors subclass
-one of them, implement ``_allocate_buffers`` and the L3 page helpers, and
-declare ``movers``: per layout, the io backends the class runs and a
-factory for each one's :class:`~sgl_core.transfer._transfer.Mover`, called with the
-pool's :class:`~sgl_core.transfer._transfer.HostSide` (its buffers, never the
-pool). The public transfer methods validate *everything* first into a
-:class:`~sgl_core.transfer._transfer.Transfer` and then hand it to the mover in one
-call, so a mover may assume well-formed, in-range, duplicate-free arguments
-and never has to undo a partial copy.
+:class:`HostPoolBase` reads the device pool's KV spec and from it sizes,
+accounts, validates and dispatches (argument checks: ``_host_args``; slots
+and L3 declarations: ``_host_slots``; kind layers: ``_host_kinds``). The
+public transfer methods validate *everything* first into a ``Transfer`` and
+then hand it to the ``movers`` entry of the io backend in one call, so a
+mover may assume well-formed, in-range, duplicate-free arguments and never
+has to undo a partial copy.
 """
 
 from __future__ import annotations

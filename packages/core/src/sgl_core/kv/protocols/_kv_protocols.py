@@ -1,23 +1,11 @@
 """Structural contracts of the KV pools, one for every kind (docs/design.md sections 5, 6).
 
-Backend authors: implement these Protocols (no inheritance needed) and add a
-static conformance line to your module, e.g.::
-
-    if TYPE_CHECKING:
-        _pool: MLAHostPool = MyHostPool(...)
-
-Every device pool addresses token slots ``[0, size + page_size)``: ``size``
-tokens of pages ``1 .. size // page_size`` plus page 0 (slots
-``[0, page_size)``), the engine's padding page (valid to address, never handed
-out); ``loc`` arguments are 1-D ``torch.int64`` token indices. What differs
-between the kinds is only their rows and the accessors that write them
-(``sgl_core.kv._spec``): MLA keeps one ``kv_cache_dim`` row per token and
-layer, MHA/GQA a K row ``(head_num, head_dim)`` and a V row
-``(head_num, v_head_dim)``. A host pool of either kind has the same slots,
-accounting, transfers and L3 page helpers (:class:`KVHostPool`); a device
-pool is MHA when it reports ``head_num`` and no ``kv_lora_rank``
-(:func:`is_mha_device_pool`), so SGLang's own pools dispatch by attributes,
-never by class.
+Backend authors implement these Protocols (no inheritance needed) and add a
+static conformance line (``if TYPE_CHECKING: _pool: MLAHostPool = ...``).
+Slots, the padding page and ``loc`` are as docs/design.md section 5a says;
+the kinds differ only in their rows and accessors (``sgl_core.kv._spec``). A
+device pool is MHA when it reports ``head_num`` and no ``kv_lora_rank``
+(:func:`is_mha_device_pool`), so SGLang's pools dispatch by attributes.
 """
 
 from __future__ import annotations
