@@ -21,15 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
-from sgl_core.l3._errors import (
-    PageStoreNotReadyError,
-)
+from sgl_core.l3._errors import PageStoreNotReadyError
 from sgl_core.l3._mooncake_client import MooncakeClient
 from sgl_core.l3._mooncake_config import MooncakeConfig, mooncake_key
-from sgl_core.l3._mooncake_lib import (
-    OBJECT_ALREADY_EXISTS,
-    error_name,
-)
+from sgl_core.l3._mooncake_lib import OBJECT_ALREADY_EXISTS, error_name
 from sgl_core.l3._mooncake_pages import fetched_problem, pack_headers, restore_page, save_pages
 from sgl_core.l3._pages import check_keys, resolve_pages
 from sgl_core.l3._protocol import PageStoreStats
@@ -39,7 +34,6 @@ __all__ = ["MooncakeConfig", "MooncakePageStore", "mooncake_key"]
 
 logger = logging.getLogger(__name__)
 
-_MIB = 1 << 20
 _SIZE_MISMATCH = -10  # counted as BUFFER_OVERFLOW: the object is not the expected size
 
 
@@ -58,12 +52,7 @@ class MooncakePageStore(MooncakeClient):
         codes = self._exist_codes([mooncake_key(k, fmt) for k in key_list])
         if codes is None:
             return 0
-        hits = 0
-        for c in codes:
-            if c != 1:
-                break
-            hits += 1
-        return hits
+        return next((i for i, c in enumerate(codes) if c != 1), len(codes))
 
     def batch_set(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
