@@ -8,14 +8,8 @@
 * :class:`MooncakePageStore` — the Mooncake distributed store (extra
   ``mooncake``: ``pip install './packages/core[mooncake]'``; ``mooncake`` is
   imported only when one is built).
-* :class:`PageFormat` / :func:`page_format` — what a pool's page bytes mean
-  (layout byte order, dtype, dims, ...). Stores file each page under its key
-  and the format of the pool that stored it: a pool of another format gets a
-  miss, never another pool's bytes.
-
-Every hit is exactly one committed write of the page: stores publish a page
-whole (one file renamed into place, one Mooncake object), so concurrent
-writers of a key never leave a mix of their bytes.
+* :class:`PageFormat` / :func:`page_format` — what a pool's page bytes mean;
+  a pool of another format gets a miss (docs/design.md section 8).
 
 Typical use::
 

@@ -1,12 +1,8 @@
 """Errors of the L3 page stores, all :class:`sgl_core.errors.SGLError` subclasses.
 
-Per-page outcomes (a miss, a failed transfer, a full store, a store that is
-down) are *results* (``False`` / a shorter prefix), never exceptions. These
-classes are raised for misuse and for configuration that cannot work, before
-any byte of the call is moved.
-
-Host indices are checked by the same helpers as the host pools' transfers
-(``sgl_core.kv._validation``). A bad index raises a class that is both a
+Per-page outcomes (miss, failed transfer, full or down store) are results,
+never exceptions; these are raised for misuse and unworkable configuration
+before any byte moves. A bad host index raises a class that is both a
 :class:`PageStoreArgumentError` and the host pools' error for that fault
 (:class:`~sgl_core.errors.IndexDTypeError`, ``IndexShapeError``,
 ``IndexOutOfRangeError``, ``DuplicateIndexError``, ``PageAlignmentError``),
@@ -60,12 +56,7 @@ class PageStoreRootError(PageStoreError):
 
 
 class PageStoreRootInUseError(PageStoreRootError):
-    """A root held by another live store: a bounded store needs it alone (one capacity).
-
-    A :class:`~sgl_core.l3.FilePageStore` with ``capacity_bytes`` holds its
-    root exclusively, one without it shares the root with other unbounded
-    stores; the hold ends with ``close()`` or the store's process.
-    """
+    """A root held by another live store: a bounded store needs it alone (one capacity)."""
 
 
 class MooncakeUnavailableError(PageStoreError):

@@ -1,48 +1,16 @@
 """``FilePageStore``: the embedded L3 default, a directory of one file per page.
 
-On-disk format: ``<root>/pages/<xx>/<name>``, where ``name`` is
-``sha256(format digest | 0x00 | page key)`` in hex and ``xx`` its first two
-characters. A file is one :class:`~sgl_core.l3._record.PageHeader` (with
-the payload's CRC-32) followed by the page's memory objects, concatenated.
-
-* **Page format identity.** The file name covers the
-  :class:`~sgl_core.l3.PageFormat` of the pool that stored the page, so a
-  pool of another format (another byte order, dtype, dims, ...) looks at
-  another file: a miss, and it never reads, overwrites or deletes the first
-  pool's pages. The header repeats the format and key digests.
-* **Whole-page commits.** A page is written to ``<root>/tmp/`` and renamed
-  into place (``os.replace``): a reader opens one writer's whole page or
-  nothing. Two writers of one key with different bytes leave one of the two
-  pages, never a mix.
-* **Verified reads.** A read checks header, length and CRC-32 of the whole
-  file in a staging buffer and copies into the host pool only when all of it
-  checks out. A bad file is a miss: logged, counted as ``"corrupt"`` and
-  deleted (only if it is still the file that was read), so the page can be
-  stored again. (CRC-32 catches storage and truncation faults; it is not a
-  defence against a malicious writer.)
-* **Capacity.** ``capacity_bytes`` bounds the bytes on disk: page files plus
-  temp files being written. Room is reserved before a write; when a page
-  does not fit, whole pages are evicted least-recently-used first (a set or
-  a get counts as a use). Pages found on disk when the store opens, or
-  put there behind its back, join the LRU order when
-  first seen (oldest modification time first) and count from then on.
-  ``stats().stored_bytes`` is those bytes; with one store on the directory
-  it equals the bytes on disk whenever no call is in flight. A bounded
-  store holds its root alone (an exclusive ``flock`` on
-  ``<root>/store.lock`` until ``close()``, collection or the end of its
-  process); unbounded stores share it. A conflicting open raises
-  ``PageStoreRootInUseError`` before it reads or removes anything.
-* **Crash leftovers.** A writer holds an exclusive ``flock`` on its temp
-  file until the rename. Temp files whose writer is gone (a process killed
-  mid-write) are removed when a store opens the directory and by
-  ``clear()``; temp files of writers still alive are counted toward the
-  capacity until they are gone.
-* Files of the earlier one-file-per-object format (``<root>/objects/``) are
-  neither read nor counted; delete that folder to reclaim its space.
-* One lock guards the index and the counters, and every rename and unlink
-  of a page file, so ``clear()``, eviction and commits never interleave
-  halfway. Reading and writing page bytes runs outside it: threads (and
-  processes sharing the directory) read and write at once.
+Format, commits, capacity and root locking: docs/design.md section 8. A
+page is ``<root>/pages/<xx>/<name>``, ``name`` being ``sha256(format digest |
+0x00 | page key)`` in hex (``xx`` its first two characters): a
+:class:`~sgl_core.l3._record.PageHeader` (with the payload's CRC-32), then
+the page's objects. A bad file is a miss, counted as ``"corrupt"`` and
+deleted (only if it is still the file that was read). Temp files whose
+writer (holding an ``flock`` until the rename) is gone are removed on open
+and by ``clear()``; live writers' temp files count toward the capacity.
+Files of the old ``<root>/objects/`` format are neither read nor counted.
+One lock guards the index, the counters and every rename and unlink of a
+page file; page bytes are read and written outside it.
 """
 
 from __future__ import annotations
@@ -181,10 +149,7 @@ class FilePageStore(FileIndex):
         fd, tmp = self._open_tmp(name)
         try:
             views = [host_view(ptr, n) for ptr, n in zip(page.ptrs, page.sizes, strict=True)]
-            crc = 0
-            for view in views:
-                crc = zlib.crc32(view, crc)
-            header = PageHeader.new(fmt.digest, page.key, page.nbytes, crc).pack()
+            header = PageHeader.new(fmt.digest, page.key, page.nbytes, page.crc32()).pack()
             write_all(fd, [memoryview(header), *views])
             if self._fsync:
                 os.fsync(fd)
@@ -259,13 +224,9 @@ class FilePageStore(FileIndex):
                     self._errors["io_error"] += 1
                 return None
             if problem is None:
-                header = PageHeader.unpack(view)
-                if header is None:
-                    problem = "bad magic"
-                else:
-                    problem = header.problem(fmt.digest, page.key, page.nbytes, need_crc=True)
-                    if problem is None and zlib.crc32(view[HEADER_SIZE:]) != header.crc32:
-                        problem = "checksum mismatch"
+                problem = PageHeader.check(
+                    view, fmt.digest, page.key, page.nbytes, lambda: zlib.crc32(view[HEADER_SIZE:])
+                )
             if problem is not None:
                 self._drop_corrupt(page.key, name, st, problem)
                 return None

@@ -1,13 +1,7 @@
 """What a stored page's bytes mean: the :class:`PageFormat` of a host pool.
 
-Two host pools of one model can hold pages of equal size whose bytes mean
-different things: a ``page_first`` page is token-major and a
-``page_first_direct`` page layer-major; a bf16 page and an fp16 page are the
-same width. A page store therefore files every page under its key **and**
-the format of the pool that stored it. A pool of another format gets a miss,
-and never reads or overwrites those pages (capacity eviction may still remove
-them: a later miss, never a misread).
-
+Why stores file pages by format: docs/design.md section 8 (a pool of another
+format gets a miss; eviction may still remove pages, never misread them).
 :func:`page_format` derives the format from the host pool's public
 attributes only, never from its class or device family:
 
@@ -19,13 +13,11 @@ attributes only, never from its class or device family:
   ``flat_page_dtype``; the sparse-attention indexer parts
   ``indexer_layer_ids``, ``index_k_buffer`` and ``index_k_scale_buffer``
   (dtype and row width of each; ``None`` when the pool has none);
-* ``page_format_fields()``: a pool whose rows mean more than these (MHA
-  heads, fp8 rows with scales, ...) returns a mapping of extra fields; each
-  value is a ``str``, ``int``, ``float``, ``bool``, ``None``, a
-  ``torch.dtype`` or a tuple/list of those, and may not repeat a field
-  derived from the pool (so it cannot hide one). Adding a field changes the
-  fingerprint, so pages stored before the pool declared it become misses,
-  never misreads.
+* ``page_format_fields()``: a mapping of extra fields (MHA heads, fp8 rows
+  with scales, ...); each value is a ``str``, ``int``, ``float``, ``bool``,
+  ``None``, a ``torch.dtype`` or a tuple/list of those, and may not repeat a
+  derived field (so it cannot hide one). A new field changes the
+  fingerprint: earlier pages become misses, never misreads.
 
 The fingerprint is SHA-256 over a canonical JSON rendering of every field
 plus :data:`FORMAT_VERSION`; stores use its first 16 bytes.

@@ -1,9 +1,7 @@
 """Chained page keys: one SHA-256 key per full page of token ids.
 
-Key ``i`` hashes the previous key and page ``i``'s tokens, so key ``i``
-identifies the whole prefix ``tokens[: (i + 1) * page_size]``. Two requests
-that share a prefix share its keys, and "how many keys exist from the start"
-(:meth:`PageStore.batch_exists`) is the cached prefix length in pages.
+Key ``i`` identifies the whole prefix ``tokens[: (i + 1) * page_size]``
+(docs/design.md section 8, "Keys").
 """
 
 from __future__ import annotations

@@ -10,43 +10,27 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import zlib
 
 from sgl_core.l3._format import PageFormat
 from sgl_core.l3._pages import Page
 from sgl_core.l3._record import HEADER_SIZE, PageHeader
 
-__all__ = ["fetched_problem", "pack_headers", "page_crc32", "restore_page", "save_pages"]
-
-
-def page_crc32(page: Page) -> int:
-    """CRC-32 of the page's objects in host memory, in order."""
-    crc = 0
-    for ptr, size in zip(page.ptrs, page.sizes, strict=True):
-        crc = zlib.crc32(memoryview((ctypes.c_char * size).from_address(ptr)).cast("B"), crc)
-    return crc
+__all__ = ["fetched_problem", "pack_headers", "restore_page", "save_pages"]
 
 
 def pack_headers(scratch: int, fmt: PageFormat, pages: list[Page], verify: bool) -> None:
     """Write one header per page, back to back, at the scratch address ``scratch``."""
     headers = memoryview((ctypes.c_char * (len(pages) * HEADER_SIZE)).from_address(scratch))
     for t, page in enumerate(pages):
-        crc = page_crc32(page) if verify else None
+        crc = page.crc32() if verify else None
         header = PageHeader.new(fmt.digest, page.key, page.nbytes, crc)
         header.pack_into(headers.cast("B"), t * HEADER_SIZE)
 
 
 def fetched_problem(raw: memoryview, fmt: PageFormat, page: Page, verify: bool) -> str | None:
     """Why a whole-length fetched page (header bytes ``raw``) is not ``page``, or None."""
-    header = PageHeader.unpack(raw)
-    problem = (
-        "bad magic"
-        if header is None
-        else header.problem(fmt.digest, page.key, page.nbytes, need_crc=verify)
-    )
-    if problem is None and verify and header is not None and page_crc32(page) != header.crc32:
-        problem = "checksum mismatch"
-    return problem
+    crc = page.crc32 if verify else None
+    return PageHeader.check(raw, fmt.digest, page.key, page.nbytes, crc)
 
 
 def save_pages(tls: threading.local, pages: list[Page]) -> dict[int, int]:

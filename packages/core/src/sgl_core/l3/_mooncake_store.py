@@ -1,44 +1,16 @@
 """``MooncakePageStore``: host-pool pages in the Mooncake distributed store.
 
-Each page is **one** Mooncake object, keyed ``"<page key>#sglpg2.<format
-fingerprint>"`` (see :func:`mooncake_key`): a
-:class:`~sgl_core.l3._record.PageHeader` followed by the page's memory
-objects (see :mod:`sgl_core.l3._protocol`). Transfers are zero-copy: the host
-pool's buffers and a small header scratch are registered with
-``register_buffer``, and a page moves with one multi-buffer put/get straight
-from/to host memory.
-
-* **Page format identity.** The key carries the
-  :class:`~sgl_core.l3.PageFormat` fingerprint of the pool that stored the
-  page, so a pool of another format sees another key: a miss, never a read,
-  overwrite or removal of the first pool's pages.
-* **Whole-page commits.** Mooncake publishes an object only once it is
-  complete and keeps the first object put under a key, so two writers of one
-  key leave one writer's whole page, never a mix; a reader also checks the
-  header (format, key, length) and the byte count of what arrived.
-* **Verified payloads** (``verify_checksum``, default on). A read that is in
-  flight when its object is removed by force (:meth:`MooncakePageStore.remove`,
-  ``clear()``, another reader dropping a corrupt page) or when the master
-  restarts can copy from a range Mooncake has already handed to another put:
-  the header is still the page's, the payload partly another object's. Each
-  page therefore carries the CRC-32 of its bytes, checked after every read;
-  a mismatch is a miss (and the page is removed). It costs one CRC pass over
-  the page per set and per get. With it off, such a read is a wrong hit.
-* ``batch_exists``: one ``batch_is_exist`` over the page objects.
-* ``batch_set``: pages that already exist are skipped; the rest are put in
-  one call.
-* ``batch_get``: only pages whose object exists are fetched, so a missing
-  page never writes a byte. With ``restore_on_failed_get`` (default) the
-  fetched pages' host bytes are saved first and put back for any page whose
-  transfer then fails (``TRANSFER_FAIL``, ``LEASE_EXPIRED``, a master lost
-  mid-call, a header that does not match): a failed page leaves its host
-  slots exactly as they were, at the cost of one memory copy per page read.
-  Turn it off when the caller treats a failed page's slots as garbage anyway
-  (e.g. freshly allocated prefetch slots).
-* The store being down (``RPC_FAIL`` and friends) is a ``False`` / ``0``
-  result and a log line, never an exception; Mooncake's client reconnects and
-  calls work again once the master is back. Setup and registration failures
-  raise :class:`~sgl_core.l3.MooncakeSetupError`.
+Keys, record and checksum: docs/design.md section 8 (:func:`mooncake_key`,
+:mod:`sgl_core.l3._protocol`). The host buffers and a small header scratch
+are registered with ``register_buffer``; a page moves zero-copy with one
+multi-buffer put/get. Mooncake keeps the first whole object put under a key,
+so concurrent writers leave one writer's page. ``batch_set`` skips pages
+that exist; ``batch_get`` fetches only existing pages, so a missing page
+writes no byte. With ``restore_on_failed_get`` (default) the fetched pages'
+host bytes are saved first and put back for any page whose transfer or
+header check fails; turn it off when failed slots are garbage anyway. The
+store being down (``RPC_FAIL`` ...) is a ``False`` / ``0`` result and a log
+line; setup failures raise :class:`~sgl_core.l3.MooncakeSetupError`.
 """
 
 from __future__ import annotations
@@ -49,15 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
-from sgl_core.l3._errors import (
-    PageStoreNotReadyError,
-)
+from sgl_core.l3._errors import PageStoreNotReadyError
 from sgl_core.l3._mooncake_client import MooncakeClient
 from sgl_core.l3._mooncake_config import MooncakeConfig, mooncake_key
-from sgl_core.l3._mooncake_lib import (
-    OBJECT_ALREADY_EXISTS,
-    error_name,
-)
+from sgl_core.l3._mooncake_lib import OBJECT_ALREADY_EXISTS, error_name
 from sgl_core.l3._mooncake_pages import fetched_problem, pack_headers, restore_page, save_pages
 from sgl_core.l3._pages import check_keys, resolve_pages
 from sgl_core.l3._protocol import PageStoreStats
@@ -67,7 +34,6 @@ __all__ = ["MooncakeConfig", "MooncakePageStore", "mooncake_key"]
 
 logger = logging.getLogger(__name__)
 
-_MIB = 1 << 20
 _SIZE_MISMATCH = -10  # counted as BUFFER_OVERFLOW: the object is not the expected size
 
 
@@ -86,12 +52,7 @@ class MooncakePageStore(MooncakeClient):
         codes = self._exist_codes([mooncake_key(k, fmt) for k in key_list])
         if codes is None:
             return 0
-        hits = 0
-        for c in codes:
-            if c != 1:
-                break
-            hits += 1
-        return hits
+        return next((i for i, c in enumerate(codes) if c != 1), len(codes))
 
     def batch_set(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]

@@ -6,7 +6,9 @@ written nothing, read nothing into the host pool, and changed no counter.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -43,6 +45,13 @@ class Page:
     @property
     def nbytes(self) -> int:
         return sum(self.sizes)
+
+    def crc32(self) -> int:
+        """CRC-32 of the page's objects in host memory, in order."""
+        crc = 0
+        for ptr, size in zip(self.ptrs, self.sizes, strict=True):
+            crc = zlib.crc32(memoryview((ctypes.c_char * size).from_address(ptr)).cast("B"), crc)
+        return crc
 
 
 def check_keys(keys: Sequence[str]) -> list[str]:

@@ -1,46 +1,17 @@
 """The :class:`PageStore` contract and its statistics record.
 
-Backend authors: a page store moves whole host-pool pages (HiCache L2) to a
-third tier and back. It never touches a device. It sees the host pool only
-through the L3 helpers of :class:`sgl_core.MLAHostPool` (or ``MHAHostPool``):
+A page store moves whole host-pool pages (HiCache L2) to a third tier and
+back, never touching a device. It sees the pool only through
+``get_page_buffer_meta(indices)`` (address and size of each memory object of
+each whole page; their concatenation is ``get_data_page(start)``; the object
+count follows the layout and is derived from the lengths) and
+``get_contiguous_buf_infos()`` (buffers for zero-copy registration).
 
-* ``get_page_buffer_meta(indices)`` gives, for whole aligned pages, the
-  address and size of each memory *object* of each page, page after page;
-  the objects of one page, concatenated, are ``get_data_page(start)``. The
-  number of objects per page follows the layout (one per page for page-first
-  layouts, one per layer for ``layer_first``, k/v/index_k/scale for
-  ``page_first_kv_split``) and is derived from the lengths, so every backend's
-  pool works unchanged.
-* ``get_contiguous_buf_infos()`` gives the pool's buffers, for zero-copy
-  registration with a transfer engine.
-
-Semantics every store keeps (checked by ``tests/l3/test_l3_conformance.py``
-and ``tests/l3/test_l3_faults.py``):
-
-* **A hit is exactly one committed write of the page, by a pool that can
-  read it.** Stores file each page under its key and the
-  :class:`~sgl_core.l3.PageFormat` of the pool that stored it (layout byte
-  order, dtype, dims, page size, layers, indexer parts, ...). A pool of
-  another format gets a miss and never reads, overwrites or removes those
-  pages. A page is published whole, so concurrent writers of one key leave
-  one writer's page, never a mix of objects of both.
-* ``batch_exists(keys)`` counts consecutive keys, from the first, whose page
-  is stored whole; with chained keys (:func:`page_keys`) that is the cached
-  prefix length in pages.
-* ``batch_set``/``batch_get`` take one page per key; ``host_indices`` are
-  token indices of whole pages, ``page_size`` per key, in key order, checked
-  like a transfer's indices (an int64 tensor or a sequence of ints; in range;
-  whole aligned pages; no host page twice). They return one bool per key. A
-  page already stored whole is not written again.
-* A page counts as read only if all its bytes arrived whole and verified.
-  A page whose read fails leaves its host slots as they were.
-* Failures of the store (missing, corrupt, full, unreachable, an I/O error)
-  are ``False`` results and counted in :meth:`PageStore.stats`; misuse
-  raises ``sgl_core.l3`` errors before any byte moves.
-
-A host pool whose rows mean more than the MLA fields (MHA heads, fp8 rows
-with scales, ...) declares it with ``page_format_fields()`` (see
-:mod:`sgl_core.l3._format`).
+The semantics every store keeps are docs/design.md section 8 ("Contract"),
+checked by ``tests/l3/test_l3_conformance.py`` and
+``tests/l3/test_l3_faults.py``: a hit is exactly one committed write of the
+page by a pool of the same :class:`~sgl_core.l3.PageFormat`; ``host_indices``
+are checked like a transfer's indices; misuse raises before any byte moves.
 """
 
 from __future__ import annotations

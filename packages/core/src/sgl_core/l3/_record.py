@@ -1,11 +1,7 @@
 """The page record: a fixed 72-byte header stored in front of every page's bytes.
 
-Both stores keep one page as **one** stored unit (a file, a Mooncake object)
-made of this header followed by the page's memory objects, concatenated. A
-unit is published whole (``os.replace`` of a finished file; Mooncake's put,
-which keeps the first complete object of a key), so a reader sees one
-writer's page or nothing, never objects of two writes. Layout,
-little-endian::
+Both stores keep a page as one unit (a file, a Mooncake object): this header,
+then the page's memory objects (docs/design.md section 8). Little-endian::
 
     8s   magic            b"SGLL3PG2"
     16s  format digest    PageFormat.digest of the pool that wrote it
@@ -25,6 +21,7 @@ import dataclasses
 import hashlib
 import struct
 import uuid
+from collections.abc import Callable
 
 __all__ = ["FLAG_CRC", "HEADER_SIZE", "MAGIC", "PageHeader", "key_digest"]
 
@@ -103,3 +100,21 @@ class PageHeader:
         if need_crc and not self.flags & FLAG_CRC:
             return "no checksum"
         return None
+
+    @classmethod
+    def check(
+        cls,
+        buffer: bytes | bytearray | memoryview,
+        format_digest: bytes,
+        key: str,
+        payload_bytes: int,
+        crc32: Callable[[], int] | None,
+    ) -> str | None:
+        """Why the unit at ``buffer`` is not page ``key`` (``crc32``: the payload's, if kept)."""
+        header = cls.unpack(buffer)
+        if header is None:
+            return "bad magic"
+        problem = header.problem(format_digest, key, payload_bytes, need_crc=crc32 is not None)
+        if problem is None and crc32 is not None and crc32() != header.crc32:
+            return "checksum mismatch"
+        return problem

@@ -64,10 +64,7 @@ def _finite_real(value: object, name: str) -> float:
 def folds_routed_scale(experts: object) -> bool:
     """True when the experts' method leaves ``routed_scaling_factor`` to the combine.
 
-    ``experts`` is a module holding ``quant_method`` or a method itself; a
-    method without the attribute counts as not folding. The attribute must be
-    a ``bool`` (a numpy bool is accepted); any other value raises
-    ``ArgumentTypeError``.
+    Rules: docs/design.md section 9; a non-bool attribute raises ``ArgumentTypeError``.
     """
     method = getattr(experts, "quant_method", experts)
     return _capability(method, "fuses_routed_scale_and_shared_add")
@@ -80,12 +77,6 @@ def maybe_fuse_routed_scale_and_shared_add(
     routed_scaling_factor: float,
 ) -> torch.Tensor:
     """Combine routed and shared expert outputs in place (docs/design.md section 9).
-
-    * Methods that fold the scale: ``shared.add_(routed, alpha=s)`` when
-      ``shared`` is given (returns ``shared``), else ``routed.mul_(s)``;
-      ``s`` is 1.0 when ``experts.should_fuse_routed_scaling_factor_in_topk``
-      says the scale is already inside the top-k weights.
-    * Other methods already scaled ``routed``: ``routed.add_(shared)`` or ``routed``.
 
     ``shared=None`` means no shared experts. Rejected before anything is
     written: ``routed`` not a floating-point tensor, ``shared`` neither a tensor nor None
