@@ -31,7 +31,7 @@ _SCRIPT = textwrap.dedent(
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from sgl_cuda._triton.kv_mha import _copy_kv_rows_kernel as kernel
+    from sgl_cuda._triton.kvcacheio import _copy_kv_rows_kernel as kernel
 
     # (src table, dst table, src page_head, dst page_head): every pairing kvcacheio launches
     PAIRS = {"lf_lf": (0, 0, 0, 0), "pf_lf": (0, 0, 0, 0), "ph_lf": (0, 0, 1, 0),
