@@ -1,6 +1,6 @@
 """Triton kernel that moves KV token rows (MLA rows, MHA K and V) between device and host.
 
-Every transfer of ``sgl_cuda.kvcacheio`` is one launch of :func:`_copy_kv_rows_kernel`.
+Every transfer of ``sgl_cuda.kvcacheio`` is one launch of :func:`_copy_rows_kernel`.
 A program copies ``BLOCK_R`` paired rows of one layer of one component (K or V;
 MLA is K only) as int64 words, in column chunks of ``BLOCK_W`` words. The
 component is the last grid axis: V's base is K's base plus ``*_v_delta`` (in
@@ -51,7 +51,7 @@ def _row_words(base, idx, c, row_w, page_w, head_w, ps, HEAD_WORDS: tl.constexpr
 
 
 @triton.jit
-def _copy_kv_rows_kernel(
+def _copy_rows_kernel(
     src,
     dst,
     src_idx,
@@ -119,7 +119,7 @@ def _copy_kv_rows_kernel(
         tl.store(dst_p, tl.load(src_p, mask=m), mask=m)
 
 
-INTERPRETED: bool = type(_copy_kv_rows_kernel).__name__ == "InterpretedFunction"
+INTERPRETED: bool = type(_copy_rows_kernel).__name__ == "InterpretedFunction"
 
 
 def tile_for(words):
@@ -211,9 +211,9 @@ def launch_copy_kv_rows(
     )
     if src_idx.device.type == "cuda":
         with torch.cuda.device(src_idx.device):
-            _copy_kv_rows_kernel[grid](*args, **kwargs)
+            _copy_rows_kernel[grid](*args, **kwargs)
     else:
-        _copy_kv_rows_kernel[grid](*args, **kwargs)
+        _copy_rows_kernel[grid](*args, **kwargs)
 
 
 def launch_copy_rows(
