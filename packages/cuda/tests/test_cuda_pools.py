@@ -131,7 +131,7 @@ def test_supported_pairs() -> None:
 
 @pytest.mark.parametrize("layout", [HostLayout.LAYER_FIRST, HostLayout.PAGE_FIRST])
 def test_kernel_backend_is_one_launch(layout: HostLayout, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sgl_cuda._triton import kv_mha  # the one row kernel of every kind's pool
+    from sgl_cuda._triton import kvcacheio as kv_mha  # the one row kernel of every kind's pool
 
     launches: list[dict[str, object]] = []
     real: Callable[..., None] = kv_mha.launch_copy_kv_rows

@@ -1,7 +1,7 @@
 """The MHA transfer kernel compiles for sm_90 (Hopper) on a machine without a GPU.
 
 The interpreter accepts constructs a real compile rejects, so this lowers
-``_copy_kv_rows_kernel`` through Triton's NVIDIA backend to a cubin (ptxas
+``_copy_rows_kernel`` through Triton's NVIDIA backend to a cubin (ptxas
 ships with the triton wheel) for every side pairing ``sgl_cuda.kvcacheio``
 launches, both grid orders and a masked tile. Skipped where a GPU runs the
 kernels for real.
@@ -31,7 +31,7 @@ _SCRIPT = textwrap.dedent(
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from sgl_cuda._triton.kv_mha import _copy_kv_rows_kernel as kernel
+    from sgl_cuda._triton.kvcacheio import _copy_rows_kernel as kernel
 
     # (src table, dst table, src page_head, dst page_head): every pairing kvcacheio launches
     PAIRS = {"lf_lf": (0, 0, 0, 0), "pf_lf": (0, 0, 0, 0), "ph_lf": (0, 0, 1, 0),

@@ -439,7 +439,7 @@ def test_launch_tunables(
     block_r: int, block_w: int, num_warps: int, layers_inner: bool | None
 ) -> None:
     """Any tile (masked, split across heads or not), warp count and grid order: same bytes."""
-    from sgl_cuda._triton import kv_mha
+    from sgl_cuda._triton import kvcacheio as kv_mha
 
     b = make(torch.bfloat16, layers=2, heads=2, dim=12, ps=2, seed=18)  # heads of 3 words
     d, h = pairing(DEV_PAGES * 2, HOST_PAGES * 2, 5, seed=19)

@@ -19,9 +19,8 @@ from __future__ import annotations
 from sgl_core.backend import publish_names as _publish_names
 from sgl_cuda import kvcacheio
 from sgl_cuda._backend import CudaBackend, backend
-from sgl_cuda._device_pool import CudaMLADevicePool
+from sgl_cuda._device_pool import CudaMHADevicePool, CudaMLADevicePool
 from sgl_cuda._host_pool import CudaMHAHostPool, CudaMLAHostPool
-from sgl_cuda._mha_device_pool import CudaMHADevicePool
 
 __version__ = "0.1.0"
 

@@ -8,9 +8,8 @@ import torch
 
 from sgl_core.backend import CopyTuning, IOBackend, MLADevicePool, PoolBackend
 from sgl_cuda import kvcacheio
-from sgl_cuda._device_pool import CudaMLADevicePool
+from sgl_cuda._device_pool import CudaMHADevicePool, CudaMLADevicePool
 from sgl_cuda._host_pool import CudaMHAHostPool, CudaMLAHostPool
-from sgl_cuda._mha_device_pool import CudaMHADevicePool
 
 __all__ = ["CudaBackend", "backend"]
 

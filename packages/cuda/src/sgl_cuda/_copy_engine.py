@@ -8,18 +8,11 @@ pinned host memory, a layer is not contiguous, or the average piece is short
 (then the caller's gather/scatter is cheaper than a copy per piece). The caller
 then runs its per-piece path.
 
-Pieces are built as address arrays with tensor ops on CPU (no loop per piece;
-:mod:`sgl_cuda._copy_pieces`), adjacent pieces (both sides contiguous) are
-merged, and the batch is queued on the current stream, or, when that is the
-legacy NULL stream the API refuses, on a side stream ordered after it and
-waited for by it.
-
-Modes (``mode`` argument, else ``$SGL_CUDA_DIRECT_COPY``): ``batch`` (copies
-flagged to prefer overlap with compute, i.e. copy engines), ``batch-plain`` (no
-flag: the driver picks) and ``foreach`` (the per-piece path, the default); the
-host pools' movers also take ``auto`` (``sgl_cuda._path_choice``: measured). The
-batched modes are opt-in: they are tested on CPU against a fake runtime only and
-have not yet run on a GPU.
+Pieces are address arrays built with tensor ops on CPU (``sgl_cuda._copy_pieces``),
+adjacent ones merged; the batch is queued on the current stream, or on a side
+stream ordered both ways with it when that is the legacy NULL stream (refused
+by the API). Modes: see ``resolve_mode`` and the ``_direct_mover`` docstring.
+The batched modes are opt-in: tested on CPU against a fake runtime only.
 """
 
 from __future__ import annotations

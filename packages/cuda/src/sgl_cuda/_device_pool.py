@@ -1,4 +1,4 @@
-"""CUDA MLA device pool: one tensor per layer plus a ``data_ptrs`` pointer table."""
+"""CUDA device pools: one tensor per layer (MLA; MHA K and V) plus their pointer tables."""
 
 from __future__ import annotations
 
@@ -7,11 +7,16 @@ from typing import Any, SupportsIndex, overload
 
 import torch
 
-from sgl_core.backend import PerLayerMLADevicePool, check_layer_id, parse_device
+from sgl_core.backend import (
+    PerLayerMHADevicePool,
+    PerLayerMLADevicePool,
+    check_layer_id,
+    parse_device,
+)
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError
 from sgl_cuda.kvcacheio import interpreter_active
 
-__all__ = ["CudaMLADevicePool", "LayerTables", "resolve_device"]
+__all__ = ["CudaMHADevicePool", "CudaMLADevicePool", "LayerTables", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -163,7 +168,21 @@ class _LayerBuffers(list[torch.Tensor]):
         raise TypeError("kv_buffer has one tensor per layer; its length is fixed")
 
 
-class CudaMLADevicePool(PerLayerMLADevicePool):
+class _CudaLayers:
+    """What both CUDA device pools share: per-layer allocations and their address tables."""
+
+    layers_in_one_allocation = False
+    _tables: LayerTables
+
+    def _pool_device(self, device: str | torch.device | None) -> torch.device:
+        return resolve_device(device)
+
+    def pointer_table(self, device_name: str) -> torch.Tensor:
+        """The address table of the layers in attribute ``device_name`` (e.g. ``kv_buffer``)."""
+        return self._tables.table(device_name)
+
+
+class CudaMLADevicePool(_CudaLayers, PerLayerMLADevicePool):
     """Per-layer MLA KV cache on a CUDA device, with a pointer table for all-layer kernels.
 
     ``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor, each
@@ -175,11 +194,7 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
     layer) are those of ``sgl_core.backend.PerLayerMLADevicePool``.
     """
 
-    layers_in_one_allocation = False
     _layers: _LayerBuffers | None = None
-
-    def _pool_device(self, device: str | torch.device | None) -> torch.device:
-        return resolve_device(device)
 
     # ``PerLayerMLADevicePool._allocate`` assigns ``self.kv_buffer = [...]``.
     @property
@@ -206,10 +221,6 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
         """``torch.uint64`` table of ``kv_buffer[i].data_ptr()`` on the pool's device."""
         return self._tables.table("kv_buffer")
 
-    def pointer_table(self, device_name: str) -> torch.Tensor:
-        """The address table of the layers in attribute ``device_name`` (``kv_buffer``)."""
-        return self._tables.table(device_name)
-
     def sync_data_ptrs(self) -> None:
         """Refresh ``data_ptrs`` in place if any layer's storage moved (e.g. ``set_``)."""
         self._tables.sync("kv_buffer")
@@ -225,3 +236,40 @@ class CudaMLADevicePool(PerLayerMLADevicePool):
     @property
     def device(self) -> torch.device:
         return self._tables.device
+
+
+class CudaMHADevicePool(_CudaLayers, PerLayerMHADevicePool):
+    """Per-layer MHA/GQA KV cache on a CUDA device, with pointer tables for all-layer kernels.
+
+    ``k_buffer[layer]`` is ``(size + page_size, head_num, head_dim)`` and
+    ``v_buffer[layer]`` ``(size + page_size, head_num, v_head_dim)``, each its
+    own allocation (SGLang's ``MHATokenToKVPool`` layout); ``k_data_ptrs`` and
+    ``v_data_ptrs`` are ``torch.uint64`` tables of their addresses on the
+    pool's device. A layer replaced in the lists (or re-pointed with ``set_``)
+    is checked and the tables updated in place the next time they are read.
+    """
+
+    def _allocate(self) -> None:
+        super()._allocate()
+        shapes = {"k_buffer": (self.slot_count, self.head_num, self.head_dim)}
+        shapes["v_buffer"] = (self.slot_count, self.head_num, self.v_head_dim)
+        self._tables = LayerTables(self, shapes, self.device)
+
+    @property
+    def k_data_ptrs(self) -> torch.Tensor:
+        """``torch.uint64`` table of ``k_buffer[i].data_ptr()`` on the pool's device."""
+        return self._tables.table("k_buffer")
+
+    @property
+    def v_data_ptrs(self) -> torch.Tensor:
+        """``torch.uint64`` table of ``v_buffer[i].data_ptr()`` on the pool's device."""
+        return self._tables.table("v_buffer")
+
+    def sync_data_ptrs(self) -> None:
+        """Check replaced layers and refresh both tables in place if any address changed."""
+        for name in ("k_buffer", "v_buffer"):
+            self._tables.sync(name)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device

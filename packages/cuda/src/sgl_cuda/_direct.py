@@ -124,17 +124,6 @@ def _page_indices(
     return src_idx, dst_idx
 
 
-def _layer_range(first: int, count: int) -> torch.Tensor:
-    return torch.arange(first, first + count, dtype=torch.int64)
-
-
-def _page_runs(
-    src_idx: torch.Tensor, dst_idx: torch.Tensor, page_size: int
-) -> list[tuple[int, int, int]]:
-    runs = merge_runs(src_idx[::page_size], dst_idx[::page_size], unit=page_size)
-    return list(runs)
-
-
 def _split_components(
     per_layer: list[torch.Tensor], paged: list[torch.Tensor], what: str
 ) -> list[list[torch.Tensor]]:
@@ -147,6 +136,33 @@ def _split_components(
         )
     per = len(per_layer) // parts
     return [per_layer[c * per : (c + 1) * per] for c in range(parts)]
+
+
+def _pages(
+    hosts: list[torch.Tensor],
+    groups: list[list[torch.Tensor]],
+    indices: tuple[torch.Tensor, torch.Tensor],
+    ps: int,
+    options: tuple[str, CopyTuning | None],
+    first: int,
+    to_host: bool,
+) -> None:
+    """Whole pages between page-first-direct ``hosts`` and per-layer ``groups`` (from ``first``)."""
+    src_idx, dst_idx = _page_indices(*indices, ps)
+    layer_ids = [torch.arange(first, first + len(g), dtype=torch.int64) for g in groups]
+    parts = list(zip(hosts, layer_ids, groups, strict=True))
+    host_idx, dev_idx = (dst_idx, src_idx) if to_host else (src_idx, dst_idx)
+    if _copy_engine.page_first(parts, host_idx, dev_idx, ps, options[0], to_host=to_host):
+        return
+    runs = merge_runs(src_idx[::ps], dst_idx[::ps], unit=ps)
+    pairs = []
+    for host, layers in zip(hosts, groups, strict=True):
+        for j, layer in enumerate(layers):
+            h, dev = RunSide(host[:, first + j], unit=ps), RunSide(layer, page=ps)
+            pairs.append((dev, h) if to_host else (h, dev))
+    devs = [g[0] for g in groups if g]
+    tune = _tuning(options[1], *((devs, hosts) if to_host else (hosts, devs)))
+    copy_runs(runs, pairs, into_first=False, batched=tune.batched_cross_device)
 
 
 def transfer_kv_per_layer_direct_pf_lf(
@@ -177,21 +193,8 @@ def transfer_kv_per_layer_direct_pf_lf(
         raise LayerIndexError(f"layer_id must be a non-negative int, got {layer_id!r}")
     hosts = list(src_ptrs)
     groups = _split_components(list(dst_ptrs), hosts, "dst_ptrs")
-    src_idx, dst_idx = _page_indices(src_indices, dst_indices, ps)
-    parts = [
-        (host, _layer_range(layer_id, len(layers)), layers)
-        for host, layers in zip(hosts, groups, strict=True)
-    ]
-    if _copy_engine.page_first(parts, src_idx, dst_idx, ps, copy_mode, to_host=False):
-        return
-    runs = _page_runs(src_idx, dst_idx, ps)
-    pairs = [
-        (RunSide(host[:, layer_id + j], unit=ps), RunSide(d_layer, page=ps))
-        for host, layers in zip(hosts, groups, strict=True)
-        for j, d_layer in enumerate(layers)
-    ]
-    tune = _tuning(tuning, hosts, [g[0] for g in groups if g])
-    copy_runs(runs, pairs, into_first=False, batched=tune.batched_cross_device)
+    indices = (src_indices, dst_indices)
+    _pages(hosts, groups, indices, ps, (copy_mode, tuning), layer_id, to_host=False)
 
 
 def transfer_kv_all_layer_direct_lf_pf(
@@ -217,18 +220,4 @@ def transfer_kv_all_layer_direct_lf_pf(
     copy_mode = _copy_engine.resolve_mode(mode)
     hosts = list(dst_ptrs)
     groups = _split_components(list(src_ptrs), hosts, "src_ptrs")
-    src_idx, dst_idx = _page_indices(src_indices, dst_indices, ps)
-    parts = [
-        (host, _layer_range(0, len(layers)), layers)
-        for host, layers in zip(hosts, groups, strict=True)
-    ]
-    if _copy_engine.page_first(parts, dst_idx, src_idx, ps, copy_mode, to_host=True):
-        return
-    runs = _page_runs(src_idx, dst_idx, ps)
-    pairs = [
-        (RunSide(s_layer, page=ps), RunSide(host[:, j], unit=ps))
-        for host, layers in zip(hosts, groups, strict=True)
-        for j, s_layer in enumerate(layers)
-    ]
-    tune = _tuning(tuning, [g[0] for g in groups if g], hosts)
-    copy_runs(runs, pairs, into_first=False, batched=tune.batched_cross_device)
+    _pages(hosts, groups, (src_indices, dst_indices), ps, (copy_mode, tuning), 0, to_host=True)

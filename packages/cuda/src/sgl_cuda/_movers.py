@@ -1,10 +1,8 @@
 """The cuda host pools' ``kernel`` mover, one for every kind of KV rows.
 
-It is built from a ``HostSide`` (the host parts: one buffer per component
-of the KV spec, ``kv`` for MLA, ``k`` and ``v`` for MHA) and the pool's
-``StreamFence``, never from the pool, and records the point after each
-transfer in that fence so the pool's host-side readers (the L3 page helpers)
-wait for queued copies.
+Built from a ``HostSide`` (one host buffer per KV component) and the pool's
+``StreamFence``, never from the pool; each transfer is recorded in the fence
+so the pool's host-side readers (the L3 page helpers) wait for queued copies.
 
 ``KernelMover`` runs the Triton launches of ``sgl_cuda._kvcacheio_mha``: a
 backup is one launch over every layer (device pointer tables to the host's
@@ -12,8 +10,6 @@ per-row address tables for ``layer_first``, to the host bases for
 ``page_first`` and ``page_head``), a load one launch for one layer. Parts of
 equal row width share a launch (MHA K and V); a part of another width (V
 narrower than K) is its own launch, checked before the first one runs.
-
-The ``direct`` mover is ``sgl_cuda._direct_mover.CudaDirectMover``.
 """
 
 from __future__ import annotations
