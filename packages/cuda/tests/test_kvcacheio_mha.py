@@ -394,9 +394,10 @@ def test_good_calls_of_the_error_tests_run(name: str) -> None:
 
 
 # ------------------------------------------------- one component, tunables
-def test_prepare_rows_one_component_of_its_own_width() -> None:
+def test_rows_one_component_of_its_own_width() -> None:
     """V rows narrower than K rows (v_head_dim != head_dim): one K-only launch per width."""
-    from sgl_cuda._kvcacheio_mha import RowForm, prepare_rows
+    from sgl_cuda._kvcacheio_mha import RowForm
+    from sgl_cuda.kvcacheio import _rows
 
     gen = torch.Generator().manual_seed(17)
     layers, heads, ps = 2, 2, 2
@@ -405,29 +406,28 @@ def test_prepare_rows_one_component_of_its_own_width() -> None:
     other = bits((4, heads, ps, layers, 4), torch.float16, gen)
     d, h = torch.tensor([3, 0, 6]), torch.tensor([5, 2, 0])
     expected = host_v.clone()
-    prepare_rows(
-        (ptrs(dev_v),), (host_v,), d, h, item_size=16,
-        src_form=RowForm("table", "src"),
-        dst_form=RowForm("page_head", "dst", 16 * layers, ps, heads),
+    _rows(
+        (ptrs(dev_v),), (host_v,), (d, h), 16,
+        (RowForm("table", "src"), RowForm("page_head", "dst", 16 * layers, ps, heads)),
         num_layers=layers,
-    )()  # fmt: skip
+    )  # fmt: skip
     for lay in range(layers):
         for i in range(3):
             expected[int(h[i]) // ps, :, int(h[i]) % ps, lay] = dev_v[lay][int(d[i])]
     assert torch.equal(raw(host_v), raw(expected))
     before = raw(other).clone()
     with pytest.raises(SGLError, match="one or two"):
-        prepare_rows(
-            (ptrs(dev_v),), (host_v, other), d, h, item_size=16,
-            src_form=RowForm("table", "src"), dst_form=RowForm("page_first", "dst", 32),
+        _rows(
+            (ptrs(dev_v),), (host_v, other), (d, h), 16,
+            (RowForm("table", "src"), RowForm("page_first", "dst", 32)),
             num_layers=layers,
-        )()  # fmt: skip
+        )  # fmt: skip
     with pytest.raises(SGLError, match="at most one side"):
-        prepare_rows(
-            (host_v,), (other,), h, h, item_size=16,
-            src_form=RowForm("page_head", "src", 32, ps, heads),
-            dst_form=RowForm("page_head", "dst", 32, ps, heads),
-        )()  # fmt: skip
+        _rows(
+            (host_v,), (other,), (h, h), 16,
+            (RowForm("page_head", "src", 32, ps, heads),
+             RowForm("page_head", "dst", 32, ps, heads)),
+        )  # fmt: skip
     assert torch.equal(raw(other), before)
 
 

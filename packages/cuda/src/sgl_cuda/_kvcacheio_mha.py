@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
 from sgl_core.backend import byte_view
 from sgl_cuda._kernels import kernels
 from sgl_cuda._kv_checks import RowForm, check_rows
-from sgl_cuda._launch_lock import interpreter_launch
 
-__all__ = ["RowForm", "bind_rows", "prepare_rows"]
+__all__ = ["RowForm", "bind_rows"]
 
 
 def bind_rows(
@@ -70,24 +68,3 @@ def bind_rows(
         components=components,
     )
     return launch, bool(kv_mha.INTERPRETED)
-
-
-def prepare_rows(
-    src: Sequence[torch.Tensor],
-    dst: Sequence[torch.Tensor],
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-    **form: Any,
-) -> Callable[[], None]:
-    """Check a launch now (``bind_rows``, same arguments); it runs when the result is called.
-
-    A host pool whose V rows differ in width from its K rows checks one launch
-    per component and runs them only once both are checked.
-    """
-    launch, interpreted = bind_rows(src, dst, src_indices, dst_indices, **form)
-
-    def run() -> None:
-        with interpreter_launch(interpreted):
-            launch(src_indices, dst_indices)
-
-    return run

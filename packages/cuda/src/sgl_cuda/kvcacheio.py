@@ -47,7 +47,8 @@ from sgl_cuda._direct import (
 )
 from sgl_cuda._kernels import interpreter_active, start_interpreter
 from sgl_cuda._kv_checks import check_layer_id as _check_layer_id
-from sgl_cuda._kvcacheio_mha import RowForm, prepare_rows
+from sgl_cuda._kvcacheio_mha import RowForm, bind_rows
+from sgl_cuda._launch_lock import interpreter_launch
 
 __all__ = [
     "interpreter_active",
@@ -78,7 +79,7 @@ def _rows(
     num_layers: int = 1,
 ) -> None:
     """One checked launch of MLA ``(row,)`` or MHA ``(K, V)``; fp8 buffers go in as bytes."""
-    prepare_rows(
+    launch, interpreted = bind_rows(
         src,
         dst,
         *indices,
@@ -88,7 +89,9 @@ def _rows(
         layer_offset=layer_offset,
         num_layers=num_layers,
         labels=("",) if len(src) == 1 else ("k", "v"),
-    )()
+    )
+    with interpreter_launch(interpreted):
+        launch(*indices)
 
 
 def transfer_kv_per_layer_mla(
