@@ -14,4 +14,4 @@ from sgl_core.testing import BackendConformanceSuite
 class TestCudaConformance(BackendConformanceSuite):
     backend_name = "cuda"
     # Concurrent transfers run here too: interpreted launches are serialized
-    # (sgl_cuda._launch_lock), compiled GPU launches need no lock.
+    # (sgl_cuda._kernels.interpreter_launch), compiled GPU launches need no lock.

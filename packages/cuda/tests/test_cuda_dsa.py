@@ -11,7 +11,7 @@ import sgl_cuda
 from sgl_core import HostLayout
 from sgl_core.errors import UnsupportedLayoutError
 from sgl_core.testing import device_rows, fill_device_random, page_indices
-from sgl_cuda import CudaMLADevicePool, _kvcacheio_mha, _movers
+from sgl_cuda import CudaMLADevicePool, _kv_checks, _movers
 
 PS = 4
 
@@ -51,7 +51,7 @@ def test_kernel_io_moves_kv_by_kernel_and_indexer_by_the_direct_engine() -> None
     fill_device_random(src, 2)
     host = sgl_cuda.backend.create_host_pool(src, layout=HostLayout.LAYER_FIRST)
     idx = page_indices([2, 0], PS)
-    with mock.patch.object(_movers, "bind_rows", wraps=_kvcacheio_mha.bind_rows) as launch:
+    with mock.patch.object(_movers, "bind_rows", wraps=_kv_checks.bind_rows) as launch:
         host.backup_from_device_all_layer(src, idx, idx, "kernel")
     assert launch.call_count == 1  # one launch for every KV layer; indexer rows copied apart
     dst = pool(index_head_dim=128, with_index_k_scale=True)

@@ -16,7 +16,7 @@ import torch
 
 import sgl_core
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError, UnsupportedLayoutError
-from sgl_cuda import CudaMHADevicePool, CudaMHAHostPool, _kvcacheio_mha, _movers, backend
+from sgl_cuda import CudaMHADevicePool, CudaMHAHostPool, _kv_checks, _movers, backend
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PS, LAYERS, HEADS, DIM = 4, 3, 2, 8
@@ -145,7 +145,7 @@ def test_one_launch_per_transfer(
 ) -> None:
     """K and V together: one launch per backup and per layer load (two for unequal widths)."""
     calls: list[int] = []
-    real = _kvcacheio_mha.bind_rows
+    real = _kv_checks.bind_rows
 
     def counting(*args: Any, **kwargs: Any) -> tuple[Callable[..., None], bool]:
         launch, interpreted = real(*args, **kwargs)

@@ -396,7 +396,7 @@ def test_good_calls_of_the_error_tests_run(name: str) -> None:
 # ------------------------------------------------- one component, tunables
 def test_rows_one_component_of_its_own_width() -> None:
     """V rows narrower than K rows (v_head_dim != head_dim): one K-only launch per width."""
-    from sgl_cuda._kvcacheio_mha import RowForm
+    from sgl_cuda._kv_checks import RowForm
     from sgl_cuda.kvcacheio import _rows
 
     gen = torch.Generator().manual_seed(17)

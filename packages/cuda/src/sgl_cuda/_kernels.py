@@ -3,19 +3,27 @@
 Triton decides between compiling and interpreting (``TRITON_INTERPRET=1``)
 when the kernels are defined, so the kernel module is imported on first use
 and these helpers read or set that choice before it is made.
+
+The interpreter runs a kernel by patching module state of ``triton.language``
+for the duration of the launch, so two threads launching at once corrupt each
+other's run: every interpreted launch holds ``interpreter_launch``'s lock.
+Compiled GPU launches are thread-safe and take no lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 from types import ModuleType
 
 from sgl_core.errors import BackendUnavailableError
 
-__all__ = ["interpreter_active", "kernels", "start_interpreter"]
+__all__ = ["interpreter_active", "interpreter_launch", "kernels", "start_interpreter"]
 
 _triton_module: ModuleType | None = None
+_lock = threading.Lock()
 
 
 def kernels() -> ModuleType:
@@ -60,3 +68,8 @@ def interpreter_active() -> bool:
     if _triton_module is None and not _env_interpret():
         return False
     return bool(kernels().INTERPRETED)
+
+
+def interpreter_launch(interpreted: bool) -> contextlib.AbstractContextManager[object]:
+    """The lock every interpreted launch holds; a no-op context for compiled kernels."""
+    return _lock if interpreted else contextlib.nullcontext()

@@ -4,7 +4,7 @@ Built from a ``HostSide`` (one host buffer per KV component) and the pool's
 ``StreamFence``, never from the pool; each transfer is recorded in the fence
 so the pool's host-side readers (the L3 page helpers) wait for queued copies.
 
-``KernelMover`` runs the Triton launches of ``sgl_cuda._kvcacheio_mha``: a
+``KernelMover`` runs the Triton launches of ``sgl_cuda._kv_checks.bind_rows``: a
 backup is one launch over every layer (device pointer tables to the host's
 per-row address tables for ``layer_first``, to the host bases for
 ``page_first`` and ``page_head``), a load one launch for one layer. Parts of
@@ -42,9 +42,8 @@ from sgl_cuda._kernel_parts import (
     layer_views,
     upload,
 )
-from sgl_cuda._kernels import interpreter_active
-from sgl_cuda._kvcacheio_mha import RowForm, bind_rows
-from sgl_cuda._launch_lock import interpreter_launch
+from sgl_cuda._kernels import interpreter_active, interpreter_launch
+from sgl_cuda._kv_checks import RowForm, bind_rows
 from sgl_cuda._stream_fence import StreamFence
 
 __all__ = [

@@ -45,10 +45,9 @@ from sgl_cuda._direct import (
     transfer_kv_direct,
     transfer_kv_per_layer_direct_pf_lf,
 )
-from sgl_cuda._kernels import interpreter_active, start_interpreter
+from sgl_cuda._kernels import interpreter_active, interpreter_launch, start_interpreter
+from sgl_cuda._kv_checks import RowForm, bind_rows
 from sgl_cuda._kv_checks import check_layer_id as _check_layer_id
-from sgl_cuda._kvcacheio_mha import RowForm, bind_rows
-from sgl_cuda._launch_lock import interpreter_launch
 
 __all__ = [
     "interpreter_active",
