@@ -1,18 +1,12 @@
 """The copy-engine ``direct`` path: every (run, layer) piece of a call in one batched copy.
 
-:mod:`sgl_cuda.kvcacheio`'s ``*direct*`` functions ask :func:`layer_first` or
-:func:`page_first` first; they return False (and copy nothing) when the batched
-copy cannot run: the mode is ``foreach``, the runtime has no
-``cudaMemcpyBatchAsync`` (CUDA < 12.8, or no CUDA), a buffer is not CUDA memory or
-pinned host memory, a layer is not contiguous, or the average piece is short
-(then the caller's gather/scatter is cheaper than a copy per piece). The caller
-then runs its per-piece path.
-
-Pieces are address arrays built with tensor ops on CPU (``sgl_cuda._copy_pieces``),
-adjacent ones merged; the batch is queued on the current stream, or on a side
-stream ordered both ways with it when that is the legacy NULL stream (refused
-by the API). Modes: see ``resolve_mode`` and the ``_direct_mover`` docstring.
-The batched modes are opt-in: tested on CPU against a fake runtime only.
+:func:`layer_first` and :func:`page_first` return False (and copy nothing)
+when the batched copy cannot run: the mode is ``foreach``, the runtime has no
+``cudaMemcpyBatchAsync`` (CUDA < 12.8, or no CUDA), a buffer is not CUDA or
+pinned host memory, a layer is not contiguous, or the average piece is short;
+the caller then runs its per-piece path. The batch is queued on the current
+stream, or on a side stream ordered both ways with it when that is the legacy
+NULL stream (refused by the API). Opt-in: tested on CPU against a fake runtime.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The cuda host pools' ``direct`` mover, one for every kind of KV rows.
 
-``CudaDirectMover`` is the core ``DirectMover`` (slice copies, built from the
-``HostSide``) recording the point after each transfer in the pool's
-``StreamFence``. ``SGL_CUDA_DIRECT_COPY`` picks how it copies:
-
-* ``foreach`` (the default): the core slice copies, paths chosen by the
-  pool's ``CopyTuning`` (default: the device's preset);
-* ``batch`` / ``batch-plain`` (opt-in, ``sgl_cuda._copy_engine``): a
-  ``layer_first`` or ``page_first_direct`` transfer first tries one batched
-  copy-engine call over every part; where the engine declines, nothing was
-  copied and the slice copies run;
-* ``auto`` (opt-in): the path measured fastest for the kind of transfer
-  (``sgl_cuda._path_choice``: copy engine per piece, its gather/scatter,
-  batched copy engine, Triton kernel). A ``CopyTuning`` the pool was given
-  still wins: with one, ``auto`` copies as ``foreach``.
+``CudaDirectMover`` is the core ``DirectMover`` recording the point after each
+transfer in the pool's ``StreamFence``; ``SGL_CUDA_DIRECT_COPY`` picks how it
+copies (``foreach``, the default; opt-in ``batch``/``batch-plain`` through
+``sgl_cuda._copy_engine``, ``auto`` through ``sgl_cuda._path_choice``; a
+``CopyTuning`` the pool was given makes ``auto`` copy as ``foreach``).
 """
 
 from __future__ import annotations

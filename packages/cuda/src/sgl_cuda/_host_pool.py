@@ -1,25 +1,8 @@
 """CUDA host pools: token-row host layouts moved by Triton kernels or slice copies.
 
 One implementation (:class:`CudaTokenHostPool`) for every kind; the engine
-classes add only their movers table and kind accessors. Supported pairs
-(docs/design.md section 10), ``kernel`` first where a layout runs it:
-
-* ``layer_first``        ``kernel``, ``direct``
-* ``page_first``         ``kernel``
-* ``page_first_direct``  ``direct``
-* ``page_head``          ``kernel`` (MHA only)
-
-Buffers, L3 page helpers and validation are the core ``TokenHostPool``'s
-(SGLang's byte order: MHA K and V halves of one ``(2, ...)`` tensor when
-``head_dim == v_head_dim``). The movers live in ``sgl_cuda._movers`` (``kernel``) and
-``sgl_cuda._direct_mover`` (``direct``), the fence in ``sgl_cuda._stream_fence``.
-
-Transfers are stream-ordered, as in the serving engines: they return once
-queued on the current CUDA stream, so the engine can overlap them with
-compute and track them with its own events. Both movers record the point
-after each transfer in the pool's ``StreamFence``; the pool's own host-side
-readers and writers (the L3 page helpers) first wait for it, other host-side
-readers call ``synchronize()``.
+classes add only their movers table and kind accessors. Supported pairs:
+docs/design.md section 10; stream order: section 6 ("CUDA stream order").
 """
 
 from __future__ import annotations

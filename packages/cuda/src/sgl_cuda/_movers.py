@@ -1,15 +1,9 @@
 """The cuda host pools' ``kernel`` mover, one for every kind of KV rows.
 
-Built from a ``HostSide`` (one host buffer per KV component) and the pool's
-``StreamFence``, never from the pool; each transfer is recorded in the fence
-so the pool's host-side readers (the L3 page helpers) wait for queued copies.
-
-``KernelMover`` runs the Triton launches of ``sgl_cuda._kv_checks.bind_rows``: a
-backup is one launch over every layer (device pointer tables to the host's
-per-row address tables for ``layer_first``, to the host bases for
-``page_first`` and ``page_head``), a load one launch for one layer. Parts of
-equal row width share a launch (MHA K and V); a part of another width (V
-narrower than K) is its own launch, checked before the first one runs.
+Built from a ``HostSide`` and the pool's ``StreamFence``, never from the pool.
+A backup is one launch over every layer, a load one launch for one layer;
+parts of equal row width share a launch (MHA K and V), a part of another width
+is its own launch, checked before the first one runs (docs/design.md section 6).
 """
 
 from __future__ import annotations

@@ -1,31 +1,8 @@
 """Which CUDA copy path moves a transfer, chosen by measurement (``SGL_CUDA_DIRECT_COPY=auto``).
 
-A ``direct`` transfer of the cuda host pools can be moved by several
-candidates, each bit-exact, each declining (copying nothing, returning
-False) what it cannot move. In preference order (a later candidate must
-beat an earlier one by more than the calibrator's margin):
-
-* ``copy engine``: the core slice copies, one ``cudaMemcpyAsync`` per
-  (run, layer) piece; never declines;
-* ``copy engine gather``: one gather and one scatter per layer (the
-  per-piece path below ``CopyTuning.gather_below_run_bytes``);
-* ``batched copy engine``: every piece in one ``cudaMemcpyBatchAsync``
-  (``sgl_cuda._copy_engine``; declines without CUDA >= 12.8, for rows on a
-  layer subset, for layouts it has no entry point for);
-* ``kernel``: the Triton kernel (``sgl_cuda._movers.KernelMover``; declines
-  for layouts it has no address form for, rows that are not whole 8-byte
-  words, unpinned host memory).
-
-The copy engines come first: they leave the SMs to compute. Each kind of
-transfer (a *key*: operation, device pair, layout, components, average run
-size) is
-measured once per process by the core calibrator
-(``sgl_core.backend.default_calibrator``: one mechanism with the CPU copy
-threads; ``copy_calibration()`` lists both, and ``SGLCORE_COPY_CALIBRATION``
-caches both on disk). Between sizes the choice changes where the measured
-winner changes: the thresholds are measured, not constants. Each real copy
-reports its throughput (on a GPU through CUDA events read at the key's next
-call, so nothing waits); a sustained drop re-measures the key.
+The candidates (each bit-exact, each declining by copying nothing and
+returning False), their preference order, the keys and the re-measuring are
+described in docs/design.md section 6 ("CUDA copy paths, calibrated").
 """
 
 from __future__ import annotations
