@@ -29,9 +29,9 @@ from sgl_core.backend import (
 )
 from sgl_core.errors import SGLError
 from sgl_cuda import _copy_engine
+from sgl_cuda._kernel_parts import StreamFence
 from sgl_cuda._movers import KernelMover
 from sgl_cuda._path_choice import Candidate, PathChooser, path_key
-from sgl_cuda._stream_fence import StreamFence
 
 __all__ = ["SAMPLE_BYTES", "CudaDirectMover"]
 

@@ -25,8 +25,8 @@ from sgl_core.backend import (
 )
 from sgl_core.errors import UnsupportedLayoutError
 from sgl_cuda._direct_mover import CudaDirectMover
+from sgl_cuda._kernel_parts import StreamFence
 from sgl_cuda._movers import KernelMover, address_table, check_kernel_rows, layer_views
-from sgl_cuda._stream_fence import StreamFence
 
 __all__ = ["CudaMHAHostPool", "CudaMLAHostPool", "CudaTokenHostPool", "StreamFence"]
 

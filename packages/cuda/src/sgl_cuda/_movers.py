@@ -30,6 +30,7 @@ from sgl_cuda._kernel_parts import (
     LayerSteps,
     LoadPlan,
     PointerTables,
+    StreamFence,
     address_table,
     check_kernel_rows,
     index_rows,
@@ -38,7 +39,6 @@ from sgl_cuda._kernel_parts import (
 )
 from sgl_cuda._kernels import interpreter_active, interpreter_launch
 from sgl_cuda._kv_checks import RowForm, bind_rows
-from sgl_cuda._stream_fence import StreamFence
 
 __all__ = [
     "KernelMover",

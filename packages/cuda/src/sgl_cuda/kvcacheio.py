@@ -1,38 +1,21 @@
 """KV cache transfers with the upstream engine's names and argument order.
 
 Drop-in for the engine's ``kvcacheio`` transfer module (MLA, MHA and direct
-forms). Address forms (docs/design.md section 5), in bytes, for MLA rows and
-MHA K and V alike (``item = item_size``, ``H = head_num``, ``ps = page_size``,
-``dim = *_layout_dim``):
+forms; address forms, checks and byte orders: docs/design.md sections 5 and
+6). The ``*_mla`` and MHA functions are one Triton launch each, rows moved as
+``item_size // 8`` int64 words; the ``*_direct`` functions are slice copies
+(``sgl_cuda._direct``, re-exported here). Address forms, in bytes
+(``item = item_size``, ``dim = *_layout_dim``): layer-first
+``base + idx * item``; page-first ``base + idx * dim + layer * item``; pointer
+table ``tbl[layer] + idx * item`` (``torch.uint64``); page-head per head.
 
-* layer-first tensor: ``base + idx * item`` (one layer's rows)
-* page-first tensor:  ``base + idx * dim + layer * item``
-* pointer table:      ``tbl[layer] + idx * item`` (``tbl`` a ``torch.uint64`` tensor)
-* page-head tensor (MHA ``*_ph``), head ``h`` of a row (``item / H`` bytes)::
-
-      base + (idx // ps) * ps * dim + h * ps * dim / H
-           + (idx % ps) * dim / H + layer * item / H
-
-The ``*_mla`` and MHA functions are one Triton launch each, rows moved as
-``item_size // 8`` int64 words (``item_size`` is one token's bytes of one
-component in one layer). The ``*_direct`` functions merge index pairs into
-runs where both sides step by +1 and copy each run with one slice copy
-(``sgl_cuda._direct``, re-exported here).
-
-These are the hot path. They check only what is O(1) to check: ``item_size``
-and layout dims are positive multiples of 8, ``page_size``/``head_num`` are
-positive ints and a page-head side splits into heads of whole 8-byte words,
-indices are int64 1-D of equal length and on the device the kernel runs on,
-and tensors live on a device Triton can run on. They do **not** check that
-indices are in bounds or unique, that pointer tables hold valid, 8-byte-aligned
-addresses of buffers large enough for the indices, that ``num_layers`` matches
-the tables, that K and V have the same geometry, or that the buffers' row
-stride really is ``item_size``. Out-of-range input corrupts memory or faults.
-The host pools (``sgl_cuda.CudaMLAHostPool``) check all of that first.
-
-Launches are stream-ordered like any CUDA op: a device -> host copy is done
-when the current stream has reached it (``torch.cuda.synchronize()`` or an
-event), not when the function returns.
+These are the hot path and check only what is O(1) to check. They do **not**
+check that indices are in bounds or unique, that pointer tables hold valid,
+8-byte-aligned addresses of buffers large enough for the indices, that
+``num_layers`` matches the tables, that K and V have the same geometry, or
+that the buffers' row stride really is ``item_size``: out-of-range input
+corrupts memory or faults. The host pools (``sgl_cuda.CudaMLAHostPool``)
+check all of that first. Launches are stream-ordered like any CUDA op.
 """
 
 from __future__ import annotations
