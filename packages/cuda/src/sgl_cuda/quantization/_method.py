@@ -11,8 +11,12 @@ import torch.nn.functional as F
 from sgl_core.backend import check_routing
 from sgl_core.errors import ArgumentTypeError, ShapeMismatchError
 from sgl_cuda.quantization._align import moe_align_block_size
-from sgl_cuda.quantization._ops import ggml_moe_a8_vec
-from sgl_cuda.quantization._ops_batched import _check_tile, ggml_moe_a8, ggml_moe_get_block_size
+from sgl_cuda.quantization._ops import (
+    _check_tile,
+    ggml_moe_a8,
+    ggml_moe_a8_vec,
+    ggml_moe_get_block_size,
+)
 from sgl_cuda.quantization._types import GGMLQuantType, block_format, resolve_quant_type
 
 __all__ = ["GGMLExpertBank", "GGMLMoEMethod"]
