@@ -185,13 +185,9 @@ class _CudaLayers:
 class CudaMLADevicePool(_CudaLayers, PerLayerMLADevicePool):
     """Per-layer MLA KV cache on a CUDA device, with a pointer table for all-layer kernels.
 
-    ``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor, each
-    layer its own allocation; ``data_ptrs`` is a ``torch.uint64`` tensor on the
-    pool's device with ``kv_buffer[layer].data_ptr()``. Replace a layer only
+    Shapes and ``data_ptrs``: docs/design.md section 5a. Replace a layer only
     through ``kv_buffer[i] = t`` or :meth:`set_kv_buffer`; the table follows
-    (and is re-checked before each kernel transfer). ``kv_cache_dim`` (packed
-    rows) and the indexer cache (``index_head_dim``, one tensor per indexer
-    layer) are those of ``sgl_core.backend.PerLayerMLADevicePool``.
+    (and is re-checked before each kernel transfer).
     """
 
     _layers: _LayerBuffers | None = None
@@ -241,12 +237,9 @@ class CudaMLADevicePool(_CudaLayers, PerLayerMLADevicePool):
 class CudaMHADevicePool(_CudaLayers, PerLayerMHADevicePool):
     """Per-layer MHA/GQA KV cache on a CUDA device, with pointer tables for all-layer kernels.
 
-    ``k_buffer[layer]`` is ``(size + page_size, head_num, head_dim)`` and
-    ``v_buffer[layer]`` ``(size + page_size, head_num, v_head_dim)``, each its
-    own allocation (SGLang's ``MHATokenToKVPool`` layout); ``k_data_ptrs`` and
-    ``v_data_ptrs`` are ``torch.uint64`` tables of their addresses on the
-    pool's device. A layer replaced in the lists (or re-pointed with ``set_``)
-    is checked and the tables updated in place the next time they are read.
+    Shapes and ``k_data_ptrs``/``v_data_ptrs``: docs/design.md section 5b. A
+    layer replaced in the lists (or re-pointed with ``set_``) is checked and
+    the tables updated in place the next time they are read.
     """
 
     def _allocate(self) -> None:

@@ -109,10 +109,8 @@ class CudaTokenHostPool(TokenHostPool[Any, Any]):
 class CudaMLAHostPool(CudaTokenHostPool, TokenRowHostPool):
     """Host (L2) copy of a per-layer MLA device pool, for the ``cuda`` backend.
 
-    ``data_refs`` are the per-layer host views (strided for ``page_first``) and
-    ``data_ptrs`` a ``torch.uint64`` table of their addresses on the device
-    pool's device. Host memory is pinned when CUDA is available, which the
-    ``kernel`` io backend needs to reach it from the GPU.
+    ``data_refs``: the per-layer host views; ``data_ptrs``: their addresses
+    (``torch.uint64``) on the device pool's device.
     """
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
@@ -133,10 +131,8 @@ class CudaMLAHostPool(CudaTokenHostPool, TokenRowHostPool):
 class CudaMHAHostPool(CudaTokenHostPool, MHATokenHostPool):
     """Host (L2) copy of a per-layer MHA device pool, for the ``cuda`` backend.
 
-    ``k_data_ptrs`` / ``v_data_ptrs`` are ``torch.uint64`` tables of the
-    per-layer host views' addresses on the device pool's device (strided views
-    for the page-first layouts), as in SGLang's MHA host pool. Host memory is
-    pinned when CUDA is available, which the ``kernel`` io backend needs.
+    ``k_data_ptrs`` / ``v_data_ptrs``: the per-layer host views' addresses
+    (``torch.uint64``) on the device pool's device, as in SGLang's MHA host pool.
     """
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
