@@ -1,13 +1,11 @@
 """The ``*_direct`` transfers of ``sgl_cuda.kvcacheio``: slice copies, no kernels.
 
-Index pairs are merged into runs where both sides step by +1 (whole pages for
-the page-first-direct forms), and each run is one slice copy per layer, or
-one gather/scatter per layer when runs are short; the limits and the
-cross-device policy come from a ``CopyTuning`` (``sgl_core.backend``; default:
-the accelerator side's preset). With CUDA >= 12.8 and an opt-in, the pieces
-go in one batched copy-engine call instead (``sgl_cuda._copy_engine``).
-Checked: what is O(1) to check; unchecked: bounds, duplicates, layer shapes
-(the host pools check those first).
+Index pairs merge into runs where both sides step by +1 (whole pages for the
+page-first-direct forms): one slice copy per run and layer, or one
+gather/scatter per layer when runs are short (``tuning``: a ``CopyTuning``,
+default the accelerator side's preset); with CUDA >= 12.8 and an opt-in
+``mode`` (``sgl_cuda._copy_engine``) one batched copy-engine call. Checked:
+what is O(1) to check; unchecked: bounds, duplicates, layer shapes.
 """
 
 from __future__ import annotations
@@ -77,16 +75,8 @@ def transfer_kv_direct(
 ) -> None:
     """Row ``src_layers[l][src_indices[i]]`` -> ``dst_layers[l][dst_indices[i]]`` for every l.
 
-    Index pairs are merged into runs where both sides step by +1; each run is
-    one slice copy per layer. When runs are short on average (scattered
-    tokens) each layer is one gather and one scatter instead. Any pairing
-    works; ``page_size`` is accepted for the upstream signature and only
-    checked to be positive. Unchecked: bounds, duplicates, layer shapes.
-
-    With CUDA >= 12.8 and long runs, every (layer, run) piece goes in one
-    batched copy-engine call (``mode``: see ``sgl_cuda._copy_engine``).
-    ``tuning`` (default: the device's preset, ``sgl_core.backend.tuning_for``)
-    sets what counts as a short run and the cross-device copy policy.
+    Any pairing works; ``page_size`` is accepted for the upstream signature
+    and only checked to be positive.
     """
     _check_page_size(page_size)
     copy_mode = _copy_engine.resolve_mode(mode)
@@ -181,11 +171,7 @@ def transfer_kv_per_layer_direct_pf_lf(
     ``src_ptrs`` holds the page-first-direct buffer(s) ``(page_num, layer_num,
     page_size, ...)`` (one for MLA); ``dst_ptrs`` the per-layer destination
     buffer(s) for layers ``layer_id, layer_id + 1, ...`` (one per layer and
-    component). Each run of consecutive pages on both sides is one slice copy.
-    Indices must be whole, aligned pages (only the count is checked here);
-    unchecked: bounds, duplicates, page alignment of each run. With CUDA >= 12.8
-    all pieces go in one batched copy-engine call (``mode``: see
-    ``sgl_cuda._copy_engine``).
+    component). Indices must be whole, aligned pages (only the count is checked).
     """
     ps = _check_page_size(page_size)
     copy_mode = _copy_engine.resolve_mode(mode)
@@ -210,11 +196,7 @@ def transfer_kv_all_layer_direct_lf_pf(
     """Per-layer device -> page-first-direct host, every layer, whole pages.
 
     ``src_ptrs`` holds the per-layer buffers (``k_layers + v_layers`` for two
-    components); ``dst_ptrs`` the page-first-direct buffer(s). Each run of
-    consecutive pages on both sides is one slice copy per layer. Unchecked:
-    bounds, duplicates, page alignment of each run. With CUDA >= 12.8 all
-    pieces go in one batched copy-engine call (``mode``: see
-    ``sgl_cuda._copy_engine``).
+    components); ``dst_ptrs`` the page-first-direct buffer(s).
     """
     ps = _check_page_size(page_size)
     copy_mode = _copy_engine.resolve_mode(mode)
