@@ -213,3 +213,33 @@ def test_repeated_load_revalidates_whatever_changed() -> None:
     assert dev_ik is not None
     assert host_ik is not None
     assert torch.equal(as_bytes(dev_ik[1, [3, 4]]), as_bytes(host_ik[[1, 2], 1]))
+
+
+@pytest.mark.parametrize(("limit", "path"), [(None, "gather_step"), (1, "memmove_step")])
+def test_cpu_load_gathers_only_pages_below_the_load_limit(
+    monkeypatch: pytest.MonkeyPatch, limit: int | None, path: str
+) -> None:
+    """Short runs of pages under ``by_address_min_block_bytes``: a per-layer CPU load copies
+    them by address from ``load_gather_below_run_bytes`` on, and gathers below it."""
+    used: list[str] = []
+
+    def recorded(name: str) -> Any:
+        real = getattr(_transfer, name)
+
+        def step(*a: Any) -> Any:
+            used.append(name)
+            return real(*a)
+
+        return step
+
+    for name in ("gather_step", "memmove_step"):
+        monkeypatch.setattr(_transfer, name, recorded(name))
+    src, host = pools(4, CopyTuning(load_gather_below_run_bytes=limit))
+    hp, dp = [5, 1, 9, 3], [2, 8, 4, 0]
+    host.backup_from_device_all_layer(src, page_indices(hp, PS), page_indices(dp, PS), IO)
+    dst, _ = pools(5)
+    host.load_to_device_per_layer(dst, page_indices(hp, PS), page_indices(dp, PS), 1, IO)
+    assert used and set(used) == {path}
+    rows = [1, 1, dst.indexer_slot(1), dst.indexer_slot(1)]
+    for now, want, row in zip(dst.components, src.components, rows, strict=True):
+        assert torch.equal(as_bytes(now[row, dp]), as_bytes(want[row, dp]))

@@ -40,6 +40,7 @@ import torch
 
 from sgl_ascend import _npu
 from sgl_core.backend import (
+    NEVER,
     CopyTuning,
     HostSide,
     IndexRuns,
@@ -161,7 +162,11 @@ def _cpu_steps(
 ) -> list[Step]:
     """A CPU load's copy steps: by address (big pages), gathers (short runs) or run copies."""
     threads = tuning.copy_threads
-    if per_page >= tuning.by_address_min_block_bytes:
+    limit = tuning.by_address_min_block_bytes
+    if limit != NEVER and tuning.load_gather_below_run_bytes is not None:
+        # pages a gather would copy twice (select, then scatter) go by address from there
+        limit = min(limit, tuning.load_gather_below_run_bytes)
+    if per_page >= limit:
         blocks = _row_addresses(triples, plan)
         if blocks is not None:
             return [memmove_step(*blocks, threads)]
