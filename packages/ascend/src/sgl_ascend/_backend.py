@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sgl_ascend import _npu
-from sgl_ascend._device_kinds import AscendMHADevicePool, AscendMLADevicePool
-from sgl_ascend._engine_pool import engine_view
+from sgl_ascend._device_kinds import AscendMHADevicePool, AscendMLADevicePool, engine_view
 from sgl_ascend._host_pool import AscendMHAHostPool, AscendMLAHostPool
 from sgl_core.backend import CopyTuning, IOBackend, MLADevicePool, PoolBackend
 

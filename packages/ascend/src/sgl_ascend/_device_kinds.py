@@ -1,15 +1,16 @@
-"""The Ascend device pools' kinds: their components and engine accessors only.
+"""The Ascend device pools' kinds (components and engine accessors), and :func:`engine_view`.
 
-Storage, component views and index checks are ``AscendDevicePool``'s
-(``sgl_ascend._device_pool``). :class:`AscendMLADevicePool` keeps ``k_buffer``
-(nope, or the whole engine-packed ``kv_cache_dim`` row, then ``v_buffer`` is
-None), ``v_buffer`` (rope) and the optional indexer buffers;
-:class:`AscendMHADevicePool` keeps K and V as the Ascend serving engine
-allocates them for MHA models (page 0 is its padding page; for GQA
-``head_num`` is the number of KV heads). Shapes: docs/design.md, device pools.
+Shapes: docs/design.md, device pools. :func:`engine_view` sees SGLang
+0.5.23's NPU pools as a pool of their kind whose buffers *are* the engine's
+tensors, cached per pool so a host pool's load memo recognizes it; another
+shape or dtype, or an NPU DSA indexer, is a ``PoolMismatchError``.
 """
 
 from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any
 
 import torch
 
@@ -19,15 +20,18 @@ from sgl_core.backend import (
     IndexerConfig,
     IndexerRows,
     MHADevicePoolBase,
+    MHAPoolGeometry,
     MLADevicePoolBase,
+    MLAPoolGeometry,
     byte_view,
     check_layer_id,
     check_raw_rows,
     mha_spec,
     mla_pool_spec,
 )
+from sgl_core.errors import PoolMismatchError
 
-__all__ = ["AscendMHADevicePool", "AscendMLADevicePool"]
+__all__ = ["AscendMHADevicePool", "AscendMLADevicePool", "engine_view"]
 
 
 class AscendMLADevicePool(AscendDevicePool, MLADevicePoolBase, IndexerRows):
@@ -153,3 +157,70 @@ class AscendMHADevicePool(AscendDevicePool, MHADevicePoolBase):
             self._rows(self.k_buffer, layer_id).index_select(0, loc).view(self.dtype),
             self._rows(self.v_buffer, layer_id).index_select(0, loc).view(self.dtype),
         )
+
+
+_views: weakref.WeakKeyDictionary[Any, AscendDevicePool] = weakref.WeakKeyDictionary()
+
+#: Per kind (told by ``kv_lora_rank``): the view's class, its geometry and the numbers it reads.
+_KINDS: dict[bool, tuple[type[AscendDevicePool], Any, tuple[str, ...]]] = {
+    True: (AscendMLADevicePool, MLAPoolGeometry, ("kv_lora_rank", "qk_rope_head_dim")),
+    False: (AscendMHADevicePool, MHAPoolGeometry, ("head_num", "head_dim", "v_head_dim")),
+}
+
+
+def _tensor(pool: Any, c: Component, shape: tuple[int, ...]) -> torch.Tensor:
+    name = c.device_name
+    t = getattr(pool, name, None)
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != c.dtype:
+        got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise PoolMismatchError(
+            f"{type(pool).__name__}.{name} must be a {shape} {c.dtype} tensor "
+            f"(the Ascend layer-major layout), got {got}"
+        )
+    if not t.is_contiguous():
+        raise PoolMismatchError(f"{type(pool).__name__}.{name} is not contiguous")
+    return t
+
+
+def _view(pool: Any) -> AscendDevicePool:
+    """A pool of the engine pool's kind over its own tensors (allocates nothing)."""
+    if getattr(pool, "index_k_buffer", None) is not None:
+        raise PoolMismatchError(
+            f"{type(pool).__name__} has an indexer cache: its index keys are not mirrored"
+        )
+    cls, geometry, names = _KINDS[hasattr(pool, "kv_lora_rank")]
+    k = pool.k_buffer
+    view = cls.__new__(cls)
+    geometry.__init__(
+        view,
+        dtype=pool.dtype,
+        device=k.device if isinstance(k, torch.Tensor) else torch.device("cpu"),
+        **{n: int(getattr(pool, n)) for n in ("size", "page_size", "layer_num", *names)},
+    )
+    view._build(view._kv_split(), lambda c, shape: _tensor(pool, c, shape))
+    return view
+
+
+def _is_engine_pool(pool: Any) -> bool:
+    """An engine's pool (``device`` a str, as SGLang's) with one 5-D K tensor."""
+    k = getattr(pool, "k_buffer", None)
+    return isinstance(getattr(pool, "device", None), str) and isinstance(k, torch.Tensor)
+
+
+def engine_view(pool: Any) -> Any:
+    """``pool`` itself, or the cached Ascend view of an SGLang NPU pool (see the module)."""
+    if isinstance(pool, AscendDevicePool) or not _is_engine_pool(pool):
+        return pool
+    try:
+        cached = _views.get(pool)
+    except TypeError:
+        cached = None
+    if cached is not None and cached.k_buffer is pool.k_buffer:
+        return cached
+    try:
+        view = _view(pool)
+    except AttributeError as exc:
+        raise PoolMismatchError(f"{type(pool).__name__} is not an NPU KV pool: {exc}") from None
+    with contextlib.suppress(TypeError):  # not weak-referenceable: no caching
+        _views[pool] = view
+    return view

@@ -1,14 +1,8 @@
 """The one device-pool implementation of the Ascend backend: a contiguous tensor per component.
 
-A pool's rows are the components of its KV spec (:func:`kv_split_spec`), each
-one contiguous, row-major 5-D tensor ``<name>_buffer`` of shape
-``(rows, page_num, page_size, heads, dim)``, where ``rows`` are the model
-layers or the indexer slots (docs/design.md, device pools).
-``page_num = size // page_size + 1``: token slots ``[0, size + page_size)``
-are valid. There is no ``data_ptrs`` table and no per-layer list: code that
-needs one of those must not receive this pool. The kinds
-(``sgl_ascend._device_kinds``) add only their constructor arguments and
-engine accessors.
+Each component of the kv-split spec is one row-major 5-D ``<name>_buffer``
+(docs/design.md, device pools); there is no ``data_ptrs`` table and no
+per-layer list: code that needs one of those must not receive this pool.
 """
 
 from __future__ import annotations
@@ -58,7 +52,7 @@ def kv_split_spec(spec: KVSpec, kv: tuple[Component, ...]) -> KvSplitSpec:
     return KvSplitSpec(spec.kind, spec.layer_num, spec.dtype, kv + subset, spec.identity)
 
 
-#: ``(component, shape) -> its tensor``: allocated, or an engine's own (``_engine_pool``).
+#: ``(component, shape) -> its tensor``: allocated, or an engine's own (``engine_view``).
 TensorSource = Callable[[Component, tuple[int, ...]], torch.Tensor]
 
 

@@ -1,14 +1,8 @@
 """The one host pool of the Ascend backend: layout ``page_first_kv_split``, io ``kernel_ascend``.
 
-Host tensors are page-major mirrors of the device pool's components, one
-``<component>_buffer`` each, ``(page_num, rows, page_size, heads, dim)``; a
-page is one memory object per component, in component order (flat pages,
-page meta and byte offsets: docs/design.md, host layouts). For MHA that is
-also the Ascend serving engine's ``page_first_direct`` host page: that name
-builds the same pool (the L3 page format records the name, so pages of the
-two names miss each other). Transfers move whole pages only (page-aligned
-runs, validated by the ``sgl_core`` base before any byte moves); a load
-leaves every other row of the device pool untouched.
+Page-major mirrors of the device pool's components (docs/design.md, host
+layouts). For MHA that is also the Ascend engine's ``page_first_direct`` host
+page: that name builds the same pool (the L3 format records the name).
 """
 
 from __future__ import annotations
@@ -19,9 +13,8 @@ from typing import ClassVar, TypeVar
 import torch
 
 from sgl_ascend import _npu
-from sgl_ascend._device_kinds import AscendMHADevicePool, AscendMLADevicePool
+from sgl_ascend._device_kinds import AscendMHADevicePool, AscendMLADevicePool, engine_view
 from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec
-from sgl_ascend._engine_pool import engine_view
 from sgl_ascend._transfer import KvSplitMover
 from sgl_core.backend import (
     CopyTuning,

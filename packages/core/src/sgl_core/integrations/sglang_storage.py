@@ -1,16 +1,9 @@
 """An SGLang (0.5.23) HiCache storage backend over our L3 page stores.
 
-SGLang loads it with its ``dynamic`` storage backend (``module_path``
-``sgl_core.integrations.sglang_storage``, ``class_name`` ``SGLangPageStorage``;
-the extra config keys are in docs/sglang.md). The host pools SGLang
-registers must be ours, wrapped by
-:func:`sgl_core.integrations.sglang.wrap_host_pool`.
-
-SGLang's factory accepts only subclasses of its ``HiCacheStorage``. This
-module does not import sglang to define the class: when sglang is installed,
-importing the module registers :class:`SGLangPageStorage` as a virtual
-subclass of ``HiCacheStorage`` (an ABC). Where sglang is missing the module
-still imports and the class works on its own.
+Loaded by SGLang's ``dynamic`` backend (docs/sglang.md). Importing this
+module registers :class:`SGLangPageStorage` as a virtual ``HiCacheStorage``
+when sglang is importable (its factory accepts only subclasses); without
+sglang the class works on its own.
 """
 
 from __future__ import annotations

@@ -11,9 +11,8 @@ deliberate differences, are listed in ``docs/sglang.md``.
 from __future__ import annotations
 
 from sgl_core.backends._public import publish_names as _publish_names
-from sgl_core.integrations.sglang._builder import kv_host_pool_builder
+from sgl_core.integrations.sglang._builder import indexer_host_pool_builder, kv_host_pool_builder
 from sgl_core.integrations.sglang._host import SGLangHostPool, wrap_host_pool
-from sgl_core.integrations.sglang._indexer_builder import indexer_host_pool_builder
 from sgl_core.integrations.sglang._indexer_pool import SGLangIndexerHostPool
 from sgl_core.kv.device._engine_views import as_device_pool, as_mha_device_pool
 

@@ -2,20 +2,24 @@
 
 :class:`SGLangHostPool` carries the members that SGLang's controllers, L2
 engine and storage backends read from a host pool, with SGLang's meaning, on
-any of our host pools (docs/sglang.md lists them). The L3 page members live
-in :mod:`._host_pages`. Every transfer is still validated in full by our pool
+any of our host pools (docs/sglang.md lists them). L3 flat pages and page
+meta are in SGLang's order: MLA pages as ``MLATokenToKVPoolHost``'s; MHA
+pages as ``MHATokenToKVPoolHost``'s (a flat page is K then V; ``layer_first``
+page meta lists each layer's K object then its V object, where our MHA pools
+list all K layers, then all V layers). Every transfer is still validated in full by our pool
 (SGLang does not): a bad index raises an ``sgl_core.errors`` exception and
 changes nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
 
 from sgl_core.errors import ArgumentTypeError
-from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, SGLangPageMembers
+from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, page_index
 from sgl_core.kv._enums import HostLayout
 from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
 from sgl_core.kv.device._paged_indexer import ForeignPagedIndexerPool, IndexerPagesView
@@ -37,7 +41,7 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
+class SGLangHostPool(SGLangEntryMembers):
     """One of our host pools, seen as an SGLang ``HostKVCache`` (MLA or MHA/GQA).
 
     Attributes SGLang reads as plain values are plain values here; the
@@ -179,6 +183,38 @@ class SGLangHostPool(SGLangEntryMembers, SGLangPageMembers):
         self._base.load_to_device_per_layer(
             self._device(device_pool), host_indices, device_indices, layer_id, io
         )
+
+    # ------------------------------------------------------------ L3 pages
+    def get_data_page(self, index: object, flat: bool = True) -> torch.Tensor:
+        page: torch.Tensor = self.pool.get_data_page(page_index(index), flat)
+        return page
+
+    def set_from_flat_data_page(self, index: object, data_page: torch.Tensor) -> None:
+        self.pool.set_from_flat_data_page(page_index(index), data_page)
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        page: torch.Tensor = self.pool.get_dummy_flat_data_page()
+        return page
+
+    def get_page_buffer_meta(
+        self, indices: torch.Tensor | Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        ptrs, sizes = self.pool.get_page_buffer_meta(indices)
+        ptrs, sizes = list(ptrs), list(sizes)
+        if self.is_mha and self._layout is HostLayout.LAYER_FIRST:
+            # Ours, per page: K of every layer, then V of every layer. SGLang's:
+            # K and V of layer 0, then of layer 1, ... (same objects, reordered).
+            n = self.layer_num
+            order = [p * 2 * n + part * n + layer
+                     for p in range(len(ptrs) // (2 * n))
+                     for layer in range(n) for part in (0, 1)]  # fmt: skip
+            ptrs = [ptrs[i] for i in order]
+            sizes = [sizes[i] for i in order]
+        return ptrs, sizes
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        infos: tuple[list[int], list[int], list[int]] = self.pool.get_contiguous_buf_infos()
+        return infos
 
 
 def wrap_host_pool(

@@ -1,9 +1,5 @@
-"""The L3 page members of :class:`~sgl_core.integrations.sglang.SGLangHostPool`.
-
-Flat pages and page meta in SGLang 0.5.23's order: MLA pages as
-``MLATokenToKVPoolHost``'s; MHA pages as ``MHATokenToKVPoolHost``'s (a flat
-page is K then V; ``layer_first`` page meta lists each layer's K object then
-its V object, where our MHA pools list all K layers, then all V layers).
+"""What SGLang 0.5.23's ``HostPoolGroup`` entries of ours share: the members
+both spell alike (:class:`SGLangEntryMembers`) and :func:`page_index`.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLay
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._memory import HOST_PAGE_BYTES
 
-__all__ = ["SGLangEntryMembers", "SGLangPageMembers", "page_index"]
+__all__ = ["SGLangEntryMembers", "page_index"]
 
 
 def page_index(index: object) -> int:
@@ -33,51 +29,6 @@ def page_index(index: object) -> int:
     if isinstance(index, bool) or not isinstance(index, numbers.Integral):
         raise ArgumentTypeError(f"index must be an int, got {type(index).__name__}")
     return int(index)
-
-
-class SGLangPageMembers:
-    """Mixin: SGLang's L3 page calls on the wrapped pool (``self.pool``)."""
-
-    if TYPE_CHECKING:
-        pool: Any
-        page_size: int
-        page_num: int
-        layer_num: int
-        _layout: HostLayout
-
-        @property
-        def is_mha(self) -> bool: ...
-
-    def get_data_page(self, index: object, flat: bool = True) -> torch.Tensor:
-        page: torch.Tensor = self.pool.get_data_page(page_index(index), flat)
-        return page
-
-    def set_from_flat_data_page(self, index: object, data_page: torch.Tensor) -> None:
-        self.pool.set_from_flat_data_page(page_index(index), data_page)
-
-    def get_dummy_flat_data_page(self) -> torch.Tensor:
-        page: torch.Tensor = self.pool.get_dummy_flat_data_page()
-        return page
-
-    def get_page_buffer_meta(
-        self, indices: torch.Tensor | Sequence[int]
-    ) -> tuple[list[int], list[int]]:
-        ptrs, sizes = self.pool.get_page_buffer_meta(indices)
-        ptrs, sizes = list(ptrs), list(sizes)
-        if self.is_mha and self._layout is HostLayout.LAYER_FIRST:
-            # Ours, per page: K of every layer, then V of every layer. SGLang's:
-            # K and V of layer 0, then of layer 1, ... (same objects, reordered).
-            n = self.layer_num
-            order = [p * 2 * n + part * n + layer
-                     for p in range(len(ptrs) // (2 * n))
-                     for layer in range(n) for part in (0, 1)]  # fmt: skip
-            ptrs = [ptrs[i] for i in order]
-            sizes = [sizes[i] for i in order]
-        return ptrs, sizes
-
-    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
-        infos: tuple[list[int], list[int], list[int]] = self.pool.get_contiguous_buf_infos()
-        return infos
 
 
 class SGLangEntryMembers:

@@ -5,11 +5,12 @@ SGLang's ``_DsaStrategy`` builds a ``HostPoolGroup`` whose ``INDEXER`` entry
 index pages: per page and indexer layer one ``uint8`` row of ``page_size``
 keys then ``page_size`` float32 scales. :class:`SGLangIndexerHostPool` is
 that entry on one of our host pools built over ``IndexerPagesView``; its
-builder, :func:`indexer_host_pool_builder`, is in ``_indexer_builder``.
+builder, :func:`indexer_host_pool_builder`, is in ``_builder``.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,19 +18,54 @@ import torch
 
 from sgl_core.errors import (
     ArgumentTypeError,
+    IndexDTypeError,
+    IndexShapeError,
     LayerIndexError,
     PageAlignmentError,
     PoolMismatchError,
 )
 from sgl_core.integrations.sglang._host import SGLangHostPool
 from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, page_index
-from sgl_core.integrations.sglang._indexer_pages import indexer_pages, page_runs
 from sgl_core.kv._enums import HostLayout
 from sgl_core.kv.device._indexer import SCALE_BYTES
 from sgl_core.kv.device._paged_indexer import IndexerPagesView
 from sgl_core.kv.host._host_kinds import MLAHostPoolBase
 
-__all__ = ["SGLangIndexerHostPool"]
+__all__ = ["SGLangIndexerHostPool", "indexer_pages", "page_runs"]
+
+_views: weakref.WeakKeyDictionary[Any, IndexerPagesView] = weakref.WeakKeyDictionary()
+
+
+def indexer_pages(pool: Any) -> IndexerPagesView:
+    """The engine pool's cached ``IndexerPagesView`` (one per pool, so load memos match)."""
+    view = _views.get(pool)
+    if view is None or view.wrapped is not pool:
+        view = IndexerPagesView(pool)
+        _views[pool] = view
+    return view
+
+
+def page_runs(indices: object, page_size: int, name: str) -> torch.Tensor:
+    """The pages of ``indices``: whole, aligned runs of ``page_size`` token indices."""
+    if not isinstance(indices, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(indices).__name__}")
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise IndexDTypeError(f"{name} must be int32 or int64, got {indices.dtype}")
+    if indices.dim() != 1:
+        raise IndexShapeError(f"{name} must be 1-D, got shape {tuple(indices.shape)}")
+    if indices.numel() % page_size:
+        raise PageAlignmentError(
+            f"{name}: {indices.numel()} indices are not whole pages of {page_size} tokens "
+            "(the indexer moves whole pages)"
+        )
+    runs = indices.to("cpu", torch.int64).view(-1, page_size)
+    starts = runs[:, 0]
+    expected = starts[:, None] + torch.arange(page_size)
+    if bool((starts % page_size).any()) or not torch.equal(runs, expected):
+        raise PageAlignmentError(
+            f"{name} must be runs of whole, aligned pages of {page_size} tokens"
+        )
+    return starts // page_size
 
 
 class SGLangIndexerHostPool(SGLangEntryMembers):

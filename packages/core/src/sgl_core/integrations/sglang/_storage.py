@@ -1,17 +1,9 @@
-"""An SGLang (0.5.23) HiCache storage backend over our L3 page stores.
+"""``SGLangPageStorage``: SGLang 0.5.23's ``HiCacheStorage`` (v1, generic, v2) on our stores.
 
-SGLang loads it with its ``dynamic`` storage backend (see
-:mod:`sgl_core.integrations.sglang_storage` and ``docs/sglang.md``).
-``interface_v1: 1`` makes SGLang's controller use the zero-copy calls
-(``batch_get_v1``/``batch_set_v1``: pages move between the store and host-pool
-slots directly); the generic flat-page calls serve ``interface_v1: 0``; the v2
-calls (:mod:`._storage_v2`) serve the entries of SGLang's ``HostPoolGroup``.
-
-Store keys are SGLang's page hashes (see ``page_keys(..., scheme="sglang")``)
-suffixed with the model name, the shard (:func:`shard_key_parts`), the host
-layout (pages of different byte orders never meet) and, for a pool other than
-the anchor, the pool's name: a page of another model, layout, shard or pool is
-a miss, never a wrong hit.
+Store keys are SGLang's page hashes suffixed with the model name, the shard
+(:func:`shard_key_parts`), the host layout and, for a pool other than the
+anchor, the pool's name: a page of another model, layout, shard or pool is a
+miss, never a wrong hit.
 """
 
 from __future__ import annotations

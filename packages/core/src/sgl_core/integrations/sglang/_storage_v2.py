@@ -1,13 +1,7 @@
 """SGLang 0.5.23's v2 (host pool group) storage calls of ``SGLangPageStorage``.
 
-SGLang's ``HybridCacheController`` registers every ``HostPoolGroup`` entry
-with ``register_mem_host_pool_v2`` and moves side pools (e.g. DeepSeek-V3.2's
-``indexer``) with ``batch_exists_v2`` / ``batch_get_v2`` / ``batch_set_v2``,
-one ``PoolTransfer`` per pool; the hit policies are SGLang's (docs/sglang.md).
-Each registered pool has its own store and key suffix, so pages of two pools
-never meet. Every call is checked in full (pool names, keys, host indices)
-before any byte moves; a bad call raises ``PageStoreArgumentError`` and moves
-nothing.
+Each registered pool has its own store and key suffix; every call is checked
+in full before any byte moves (a bad call raises ``PageStoreArgumentError``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """vLLM's canonical KV blocks as rows of one of our host pools (no vLLM import).
 
-vLLM hands an offloading worker its KV caches canonically: tensors of shape
-``(num_blocks, page_size_bytes)`` (``int8``), one per layer for the models
-here, where row ``b`` is every byte of block ``b`` of that layer (K and V
-heads for MHA/GQA, the latent row for MLA: kinds are data here). We see those
-tensors as one per-layer device pool whose page is **one block**: a token row
-of ``page_size_bytes`` bytes read as the model's KV dtype, layer ``l`` being
-tensor ``l``. vLLM's block 0 is its null block, which is exactly the padding
-page our device pools keep at slot 0, so device slot ``b`` is vLLM block ``b``.
-
-A host pool of the selected backend (``get_backend``) over that view holds
-``num_chunks * blocks_per_chunk`` pages; vLLM's CPU chunk ``c`` is host pages
-``c * blocks_per_chunk ...``. Every argument is checked before a byte moves;
-the host pool then checks its indices again (bounds, duplicates) before it
-copies, and a rejected call leaves the KV caches and the host pool unchanged.
+vLLM's ``(num_blocks, page_size_bytes)`` tensors, one per layer, are one
+device pool whose page is one block; vLLM's null block 0 is our padding
+page, so device slot ``b`` is vLLM block ``b``, and CPU chunk ``c`` is host
+pages ``c * blocks_per_chunk ...`` (docs/vllm.md). Every argument is checked
+before a byte moves; a rejected call changes nothing.
 """
 
 from __future__ import annotations

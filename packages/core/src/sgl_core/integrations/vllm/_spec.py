@@ -1,17 +1,9 @@
 """``SglOffloadingSpec``: vLLM's ``OffloadingSpec`` over our host pools and movers.
 
-vLLM's ``OffloadingConnector`` finds the spec by ``spec_name`` in
-``spec_module_path`` and asserts ``issubclass(spec, OffloadingSpec)``. This
-module imports nothing from vLLM at import time (an import-linter contract
-forbids it in all of sgl_core): vLLM's classes are reached with ``importlib``
-inside the calls, and the spec and worker are registered as *virtual*
-subclasses of vLLM's ``OffloadingSpec`` / ``OffloadingWorker`` as soon as
-vLLM's base module is loaded (always the case when vLLM loads this module).
-
-Scheduler side: vLLM's own ``CPUOffloadingManager`` (LRU or ARC, store
-threshold, events, metrics), sized as vLLM's CPU spec sizes it. Worker side:
-:class:`SglOffloadingWorker`, moving whole blocks with our host pool of the
-backend that discovery selects (docs/vllm.md).
+Imports nothing from vLLM at import time (an import-linter contract): the spec
+and worker become *virtual* subclasses of vLLM's ``OffloadingSpec`` /
+``OffloadingWorker`` once vLLM's base module is loaded. The scheduler side is
+vLLM's own ``CPUOffloadingManager`` (docs/vllm.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """``SglPageStoreTier``: our L3 page stores as vLLM 0.33's secondary offloading tier.
 
-vLLM's ``TieringOffloadingSpec`` hands each secondary tier a memoryview of
-its CPU primary tier's chunk rows (docs/vllm.md). This module imports nothing
-from vLLM at import time (an import-linter contract forbids it): the tier is
-registered as a *virtual* subclass of vLLM's ``SecondaryTierManager`` once
-vLLM's offloading base is loaded, and vLLM's classes are reached with
-``importlib`` inside the calls.
-
-Each chunk row is one page of our store under the
-:class:`~sgl_core.l3.PageFormat` of :class:`ChunkRows`, so a chunk of another
-model, dtype or block layout is a miss, never a hit. A read is checked
-(format digest, key digest, length, CRC-32) before a byte reaches the primary
-row, or, for Mooncake's zero-copy read, the row's old bytes are put back
-(``restore_on_failed_get``); a bad record is a failed promotion, which vLLM
-turns into a miss (``complete_write(..., False)``).
+Imports nothing from vLLM at import time (an import-linter contract): the tier
+becomes a *virtual* ``SecondaryTierManager`` once vLLM's offloading base is
+loaded. Each chunk row is one page under :class:`ChunkRows`' page format, so a
+chunk of another model, dtype or layout is a miss; reads are verified before
+a byte reaches the primary row (docs/vllm.md).
 """
 
 from __future__ import annotations
