@@ -13,7 +13,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import threading
 import uuid
 import weakref
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from pathlib import Path
 from sgl_core.l3._errors import PageStoreArgumentError, PageStoreRootError
 from sgl_core.l3._file_disk import PAGE_NAME, TMP_SUFFIX, check_root, hold_root, tmp_state
 from sgl_core.l3._format import PageFormat
+from sgl_core.l3._pages import StoreState
 from sgl_core.l3._protocol import PageStoreStats
 
 __all__ = ["FileIndex"]
@@ -29,7 +29,7 @@ __all__ = ["FileIndex"]
 logger = logging.getLogger(__name__)
 
 
-class FileIndex:
+class FileIndex(StoreState):
     """The directory, its page index and counters (the file store's base)."""
 
     def __init__(self, root: str | os.PathLike[str], capacity_bytes: int | None) -> None:
@@ -55,15 +55,13 @@ class FileIndex:
         fd = hold_root(self._root, exclusive=capacity_bytes is not None)
         self._release = weakref.finalize(self, os.close, fd)
         self._capacity = capacity_bytes
-        self._lock = threading.RLock()
+        super().__init__()
         # name -> file bytes, least recently used first: pages this store knows are on disk.
         self._lru: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._committed = 0  # sum of self._lru
         self._reserved = 0  # this store's writes in flight (temp files)
         self._foreign_tmp: dict[Path, int] = {}  # temp files of other live writers
         self._own_tmp: set[Path] = set()  # this store's temp files (counted in _reserved)
-        self._counts: collections.Counter[str] = collections.Counter()
-        self._errors: collections.Counter[str] = collections.Counter()
         self._scan()
 
     @property

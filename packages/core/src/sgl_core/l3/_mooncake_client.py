@@ -8,7 +8,6 @@ store being down is a miss). The page transfers are in ``_mooncake_store``.
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import logging
 import threading
@@ -16,9 +15,10 @@ from typing import Any
 
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
 from sgl_core.l3._errors import MooncakeSetupError, PageStoreNotReadyError
-from sgl_core.l3._format import PageFormat, page_format
+from sgl_core.l3._format import page_format
 from sgl_core.l3._mooncake_config import MooncakeConfig
 from sgl_core.l3._mooncake_lib import StoreClient, error_name
+from sgl_core.l3._pages import StoreState
 from sgl_core.l3._record import HEADER_SIZE
 
 __all__ = ["MooncakeClient"]
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 _SCRATCH_PAGES = 64
 
 
-class MooncakeClient:
+class MooncakeClient(StoreState):
     """A set-up Mooncake client with the host pool's buffers registered (the store's base)."""
 
     def __init__(self, config: MooncakeConfig, *, client: Any | None = None) -> None:
@@ -49,25 +49,16 @@ class MooncakeClient:
                 f"{config.master_server_address!r}, metadata {config.metadata_server!r}",
                 rc,
             )
-        self._lock = threading.Lock()
-        self._host: KVHostPool | None = None
-        self._format: PageFormat | None = None
+        super().__init__()
         self._registered: list[int] = []
         # Registered header scratch buffers (one per thread), kept alive until close().
         self._scratch_regs: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._closed = False
         self._tls = threading.local()
-        self._counts: collections.Counter[str] = collections.Counter()
-        self._errors: collections.Counter[str] = collections.Counter()
 
     @property
     def config(self) -> MooncakeConfig:
         return self._config
-
-    @property
-    def page_format(self) -> PageFormat | None:
-        """The registered pool's :class:`~sgl_core.l3.PageFormat` (``None`` before)."""
-        return self._format
 
     # ------------------------------------------------------------------ setup
     def register_host_pool(self, host: KVHostPool) -> None:
@@ -103,11 +94,6 @@ class MooncakeClient:
         if self._closed:
             raise PageStoreNotReadyError("this MooncakePageStore is closed")
 
-    def _snapshot(self) -> tuple[KVHostPool | None, PageFormat | None]:
-        self._check_open()
-        with self._lock:
-            return self._host, self._format
-
     def _header_scratch(self, pages: int) -> int:
         """Address of this thread's registered scratch for ``pages`` page headers."""
         need = pages * HEADER_SIZE
@@ -133,8 +119,7 @@ class MooncakeClient:
         return addr
 
     def _count_error(self, code: int, n: int = 1) -> None:
-        with self._lock:
-            self._errors[error_name(code)] += n
+        self._error(error_name(code), n)
 
     def _call(self, what: str, fn: Any, *args: Any) -> list[int] | None:
         """Run a batch call; an exception from the client becomes ``None`` plus a log line."""
@@ -142,8 +127,7 @@ class MooncakeClient:
             result: list[int] = fn(*args)
         except Exception as exc:  # the native client may raise on a lost connection
             logger.warning("MooncakePageStore: %s raised %r", what, exc)
-            with self._lock:
-                self._errors["exception"] += 1
+            self._error("exception")
             return None
         return result
 
