@@ -1,8 +1,6 @@
 """The page index of :class:`~sgl_core.l3.FilePageStore`: LRU order, byte accounting, eviction.
 
-One lock guards the index and the counters, and every rename and unlink of a
-page file (see the store's module docstring for the capacity and crash
-rules this implements).
+One lock guards the index, the counters, and every rename and unlink of a page file.
 """
 
 from __future__ import annotations
@@ -147,11 +145,13 @@ class FileIndex(StoreState):
     def _on_disk(self) -> int:
         return self._committed + self._reserved + sum(self._foreign_tmp.values())
 
+    def _forget(self, name: str) -> None:
+        """Drop a page from the index, not its file (lock held)."""
+        self._committed -= self._lru.pop(name, 0)
+
     def _drop(self, name: str) -> None:
         """Forget a page and delete its file (lock held)."""
-        size = self._lru.pop(name, None)
-        if size is not None:
-            self._committed -= size
+        self._forget(name)
         with contextlib.suppress(OSError):
             self._file(name).unlink()
 

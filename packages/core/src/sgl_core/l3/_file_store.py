@@ -1,16 +1,10 @@
-"""``FilePageStore``: the embedded L3 default, a directory of one file per page.
+"""``FilePageStore``: the embedded L3 default, one file per page (docs/design.md section 8).
 
-Format, commits, capacity and root locking: docs/design.md section 8. A
-page is ``<root>/pages/<xx>/<name>``, ``name`` being ``sha256(format digest |
-0x00 | page key)`` in hex (``xx`` its first two characters): a
-:class:`~sgl_core.l3._record.PageHeader` (with the payload's CRC-32), then
-the page's objects. A bad file is a miss, counted as ``"corrupt"`` and
-deleted (only if it is still the file that was read). Temp files whose
-writer (holding an ``flock`` until the rename) is gone are removed on open
-and by ``clear()``; live writers' temp files count toward the capacity.
+A page file is a :class:`~sgl_core.l3._record.PageHeader` (with the
+payload's CRC-32), then the page's objects. A bad file is a miss, counted as
+``"corrupt"`` and deleted (only if it is still the file that was read).
 Files of the old ``<root>/objects/`` format are neither read nor counted.
-One lock guards the index, the counters and every rename and unlink of a
-page file; page bytes are read and written outside it.
+Page bytes are read and written outside the store lock.
 """
 
 from __future__ import annotations
@@ -131,9 +125,7 @@ class FilePageStore(FileIndex):
             path.parent.mkdir(exist_ok=True)
             with self._lock:
                 os.replace(tmp, path)
-                old = self._lru.pop(name, None)
-                if old is not None:
-                    self._committed -= old
+                self._forget(name)
                 self._lru[name] = size
                 self._committed += size
                 self._reserved -= size
@@ -165,9 +157,7 @@ class FilePageStore(FileIndex):
         except FileNotFoundError:
             with self._lock:
                 self._errors["missing"] += 1
-                size = self._lru.pop(name, None)  # removed behind this store's back
-                if size is not None:
-                    self._committed -= size
+                self._forget(name)  # removed behind this store's back
             return None
         except OSError as exc:
             logger.warning("FilePageStore: opening %s failed: %s", path, exc)

@@ -1,16 +1,10 @@
-"""``MooncakePageStore``: host-pool pages in the Mooncake distributed store.
+"""``MooncakePageStore``: host-pool pages in the Mooncake store (docs/design.md section 8).
 
-Keys, record and checksum: docs/design.md section 8 (:func:`mooncake_key`,
-:mod:`sgl_core.l3._protocol`). The host buffers and a small header scratch
-are registered with ``register_buffer``; a page moves zero-copy with one
-multi-buffer put/get. Mooncake keeps the first whole object put under a key,
-so concurrent writers leave one writer's page. ``batch_set`` skips pages
-that exist; ``batch_get`` fetches only existing pages, so a missing page
-writes no byte. With ``restore_on_failed_get`` (default) the fetched pages'
-host bytes are saved first and put back for any page whose transfer or
-header check fails; turn it off when failed slots are garbage anyway. The
-store being down (``RPC_FAIL`` ...) is a ``False`` / ``0`` result and a log
-line; setup failures raise :class:`~sgl_core.l3.MooncakeSetupError`.
+Mooncake keeps the first whole object put under a key, so concurrent writers
+leave one writer's page. ``batch_set`` skips pages that exist; ``batch_get``
+fetches only existing pages, so a missing page writes no byte. With
+``restore_on_failed_get`` (default) the fetched pages' host bytes are saved
+first and put back for any page whose transfer or header check fails.
 """
 
 from __future__ import annotations
@@ -18,13 +12,11 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from sgl_core.l3._format import PageFormat
-from sgl_core.l3._mooncake_client import MooncakeClient
-from sgl_core.l3._mooncake_config import MooncakeConfig, mooncake_key
+from sgl_core.l3._mooncake_client import MooncakeClient, MooncakeConfig, mooncake_key
 from sgl_core.l3._mooncake_lib import OBJECT_ALREADY_EXISTS, error_name
 from sgl_core.l3._pages import Page, check_keys
 from sgl_core.l3._protocol import PageStoreStats
@@ -61,12 +53,11 @@ class MooncakePageStore(MooncakeClient):
         return fmt, pages, mkeys, self._exist_codes(mkeys) if pages else []
 
     def _transfer(
-        self, what: str, fn: Any, scratch: int, pages: list[Page], mkeys: list[str], idx: list[int]
+        self, what: str, scratch: int, pages: list[Page], mkeys: list[str], idx: list[int]
     ) -> list[int]:
         """One multi-buffer call for pages ``idx`` (header ``t`` at ``scratch``); -1s if raised."""
         rcs = self._call(
             what,
-            fn,
             [mkeys[i] for i in idx],
             [[scratch + t * HEADER_SIZE, *pages[i].ptrs] for t, i in enumerate(idx)],
             [[HEADER_SIZE, *pages[i].sizes] for i in idx],
@@ -90,8 +81,7 @@ class MooncakePageStore(MooncakeClient):
                 crc = pages[i].crc32() if self._config.verify_checksum else None
                 header = PageHeader.new(fmt.digest, pages[i].key, pages[i].nbytes, crc)
                 header.pack_into(headers.cast("B"), t * HEADER_SIZE)
-            put = self._client.batch_put_from_multi_buffers
-            rcs = self._transfer("batch_put_from_multi_buffers", put, scratch, pages, mkeys, todo)
+            rcs = self._transfer("batch_put_from_multi_buffers", scratch, pages, mkeys, todo)
             for i, rc in zip(todo, rcs, strict=True):
                 if rc in (0, OBJECT_ALREADY_EXISTS):
                     ok[i] = True
@@ -130,8 +120,7 @@ class MooncakePageStore(MooncakeClient):
             restore = self._config.restore_on_failed_get
             saved = self._save([pages[i] for i in fetch]) if restore else {}
             scratch = self._header_scratch(len(fetch))
-            get = self._client.batch_get_into_multi_buffers
-            rcs = self._transfer("batch_get_into_multi_buffers", get, scratch, pages, mkeys, fetch)
+            rcs = self._transfer("batch_get_into_multi_buffers", scratch, pages, mkeys, fetch)
             view = memoryview((ctypes.c_char * (len(fetch) * HEADER_SIZE)).from_address(scratch))
             bad_keys = []
             for f, (i, rc) in enumerate(zip(fetch, rcs, strict=True)):
@@ -158,7 +147,7 @@ class MooncakePageStore(MooncakeClient):
             if bad_keys:
                 # Forced: this read holds a lease on them. A concurrent reader of
                 # one of them fails its own header check (or its transfer).
-                self._call("batch_remove", self._client.batch_remove, bad_keys, True)
+                self._call("batch_remove", bad_keys, True)
         return self._tally("get", pages, ok)
 
     # ------------------------------------------------------------ management
@@ -172,12 +161,7 @@ class MooncakePageStore(MooncakeClient):
         fmt = self._ready("remove")
         if not key_list:
             return 0
-        codes = self._call(
-            "batch_remove",
-            self._client.batch_remove,
-            [mooncake_key(k, fmt) for k in key_list],
-            True,
-        )
+        codes = self._call("batch_remove", [mooncake_key(k, fmt) for k in key_list], True)
         return sum(1 for c in codes or [] if c == 0)
 
     def clear(self) -> None:
