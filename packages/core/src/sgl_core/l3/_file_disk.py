@@ -10,7 +10,6 @@ shared by unbounded stores, exclusive by a bounded one (``hold_root``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import re
@@ -24,17 +23,12 @@ __all__ = [
     "check_root",
     "fsync_dir",
     "hold_root",
-    "host_view",
     "tmp_state",
     "write_all",
 ]
 
 PAGE_NAME = re.compile(r"[0-9a-f]{64}")
 TMP_SUFFIX = ".tmp"
-
-
-def host_view(ptr: int, size: int) -> memoryview:
-    return memoryview((ctypes.c_char * size).from_address(ptr)).cast("B")
 
 
 def check_root(root: object) -> Path:

@@ -1,8 +1,6 @@
 """The page index of :class:`~sgl_core.l3.FilePageStore`: LRU order, byte accounting, eviction.
 
-One lock guards the index and the counters, and every rename and unlink of a
-page file (see the store's module docstring for the capacity and crash
-rules this implements).
+One lock guards the index, the counters, and every rename and unlink of a page file.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import threading
 import uuid
 import weakref
 from collections.abc import Iterator
@@ -22,6 +19,7 @@ from pathlib import Path
 from sgl_core.l3._errors import PageStoreArgumentError, PageStoreRootError
 from sgl_core.l3._file_disk import PAGE_NAME, TMP_SUFFIX, check_root, hold_root, tmp_state
 from sgl_core.l3._format import PageFormat
+from sgl_core.l3._pages import StoreState
 from sgl_core.l3._protocol import PageStoreStats
 
 __all__ = ["FileIndex"]
@@ -29,7 +27,7 @@ __all__ = ["FileIndex"]
 logger = logging.getLogger(__name__)
 
 
-class FileIndex:
+class FileIndex(StoreState):
     """The directory, its page index and counters (the file store's base)."""
 
     def __init__(self, root: str | os.PathLike[str], capacity_bytes: int | None) -> None:
@@ -55,15 +53,13 @@ class FileIndex:
         fd = hold_root(self._root, exclusive=capacity_bytes is not None)
         self._release = weakref.finalize(self, os.close, fd)
         self._capacity = capacity_bytes
-        self._lock = threading.RLock()
+        super().__init__()
         # name -> file bytes, least recently used first: pages this store knows are on disk.
         self._lru: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._committed = 0  # sum of self._lru
         self._reserved = 0  # this store's writes in flight (temp files)
         self._foreign_tmp: dict[Path, int] = {}  # temp files of other live writers
         self._own_tmp: set[Path] = set()  # this store's temp files (counted in _reserved)
-        self._counts: collections.Counter[str] = collections.Counter()
-        self._errors: collections.Counter[str] = collections.Counter()
         self._scan()
 
     @property
@@ -149,11 +145,13 @@ class FileIndex:
     def _on_disk(self) -> int:
         return self._committed + self._reserved + sum(self._foreign_tmp.values())
 
+    def _forget(self, name: str) -> None:
+        """Drop a page from the index, not its file (lock held)."""
+        self._committed -= self._lru.pop(name, 0)
+
     def _drop(self, name: str) -> None:
         """Forget a page and delete its file (lock held)."""
-        size = self._lru.pop(name, None)
-        if size is not None:
-            self._committed -= size
+        self._forget(name)
         with contextlib.suppress(OSError):
             self._file(name).unlink()
 

@@ -1,16 +1,10 @@
-"""``FilePageStore``: the embedded L3 default, a directory of one file per page.
+"""``FilePageStore``: the embedded L3 default, one file per page (docs/design.md section 8).
 
-Format, commits, capacity and root locking: docs/design.md section 8. A
-page is ``<root>/pages/<xx>/<name>``, ``name`` being ``sha256(format digest |
-0x00 | page key)`` in hex (``xx`` its first two characters): a
-:class:`~sgl_core.l3._record.PageHeader` (with the payload's CRC-32), then
-the page's objects. A bad file is a miss, counted as ``"corrupt"`` and
-deleted (only if it is still the file that was read). Temp files whose
-writer (holding an ``flock`` until the rename) is gone are removed on open
-and by ``clear()``; live writers' temp files count toward the capacity.
+A page file is a :class:`~sgl_core.l3._record.PageHeader` (with the
+payload's CRC-32), then the page's objects. A bad file is a miss, counted as
+``"corrupt"`` and deleted (only if it is still the file that was read).
 Files of the old ``<root>/objects/`` format are neither read nor counted.
-One lock guards the index, the counters and every rename and unlink of a
-page file; page bytes are read and written outside it.
+Page bytes are read and written outside the store lock.
 """
 
 from __future__ import annotations
@@ -27,11 +21,10 @@ from pathlib import Path
 import torch
 
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
-from sgl_core.l3._errors import PageStoreNotReadyError
-from sgl_core.l3._file_disk import fsync_dir, host_view, write_all
+from sgl_core.l3._file_disk import fsync_dir, write_all
 from sgl_core.l3._file_index import FileIndex
 from sgl_core.l3._format import PageFormat, page_format
-from sgl_core.l3._pages import Page, check_keys, resolve_pages
+from sgl_core.l3._pages import Page, check_keys
 from sgl_core.l3._record import HEADER_SIZE, PageHeader
 
 __all__ = ["FilePageStore"]
@@ -50,15 +43,8 @@ class FilePageStore(FileIndex):
         fsync: bool = False,
     ) -> None:
         self._fsync = fsync
-        self._host: KVHostPool | None = None
-        self._format: PageFormat | None = None
         self._staging = threading.local()
         super().__init__(root, capacity_bytes)
-
-    @property
-    def page_format(self) -> PageFormat | None:
-        """The registered pool's :class:`PageFormat` (``None`` before registration)."""
-        return self._format
 
     def register_host_pool(self, host: KVHostPool) -> None:
         """Bind ``host``; its :class:`PageFormat` selects which stored pages it can read."""
@@ -69,59 +55,44 @@ class FilePageStore(FileIndex):
 
     def _path(self, page_key: str) -> Path:
         """The file of ``page_key`` for the registered pool's format (tests and tools)."""
-        with self._lock:
-            fmt = self._format
-        if fmt is None:
-            raise PageStoreNotReadyError("call register_host_pool(host) first")
-        return self._file(self._name(fmt, page_key))
+        return self._file(self._name(self._ready("locating a page file"), page_key))
 
-    def _snapshot(self) -> tuple[KVHostPool | None, PageFormat | None]:
-        with self._lock:
-            return self._host, self._format
+    def _whole(self, name: str, size: int) -> bool:
+        """Whether page file ``name`` is on disk at its full ``size``."""
+        try:
+            return self._file(name).stat().st_size == size
+        except OSError:
+            return False
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Consecutive keys, from the first, whose page file is on disk whole (by size)."""
         key_list = check_keys(keys)
-        _, fmt = self._snapshot()
-        if fmt is None:
-            raise PageStoreNotReadyError("call register_host_pool(host) before batch_exists")
+        fmt = self._ready("batch_exists")
         want = HEADER_SIZE + fmt.page_bytes
-        hits = 0
-        for key in key_list:
-            try:
-                if self._file(self._name(fmt, key)).stat().st_size != want:
-                    break
-            except OSError:
-                break
-            hits += 1
-        return hits
+        return next(
+            (i for i, k in enumerate(key_list) if not self._whole(self._name(fmt, k), want)),
+            len(key_list),
+        )
 
     def batch_set(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Write each page whole (skipping pages already whole on disk); one bool per key."""
-        host, fmt = self._snapshot()
-        pages = resolve_pages(host, fmt, keys, host_indices)
-        assert fmt is not None  # resolve_pages raised otherwise
-        return [self._set_page(fmt, page) for page in pages]
+        fmt, pages = self._resolve(keys, host_indices)
+        ok, moved = [], []
+        for page in pages:
+            name = self._name(fmt, page.key)
+            skip = self._whole(name, HEADER_SIZE + page.nbytes)
+            if skip:
+                self._adopt(name)
+            ok.append(skip or self._set_page(fmt, page, name))
+            moved.append(not skip)
+        return self._tally("set", pages, ok, moved)
 
-    def _set_page(self, fmt: PageFormat, page: Page) -> bool:
-        name = self._name(fmt, page.key)
-        path = self._file(name)
+    def _set_page(self, fmt: PageFormat, page: Page, name: str) -> bool:
         size = HEADER_SIZE + page.nbytes
-        try:
-            whole = path.stat().st_size == size
-        except OSError:
-            whole = False
-        if whole:
-            self._adopt(name)
-            with self._lock:
-                self._counts["pages_skipped"] += 1
-                self._counts["pages_set"] += 1
-            return True
         with self._lock:
             if not self._make_room(size, protect=name):
-                self._counts["pages_set_failed"] += 1
                 self._errors["no_space"] += 1
                 return False
             self._reserved += size
@@ -130,13 +101,11 @@ class FilePageStore(FileIndex):
             committed = self._write_and_commit(fmt, page, name, size)
         except OSError as exc:
             logger.warning("FilePageStore: writing page %r failed: %s", page.key, exc)
-            with self._lock:
-                self._errors["io_error"] += 1
+            self._error("io_error")
         finally:
             if not committed:
                 with self._lock:
                     self._reserved -= size
-                    self._counts["pages_set_failed"] += 1
         return committed
 
     def _write_and_commit(self, fmt: PageFormat, page: Page, name: str, size: int) -> bool:
@@ -148,22 +117,18 @@ class FilePageStore(FileIndex):
         path = self._file(name)
         fd, tmp = self._open_tmp(name)
         try:
-            views = [host_view(ptr, n) for ptr, n in zip(page.ptrs, page.sizes, strict=True)]
-            header = PageHeader.new(fmt.digest, page.key, page.nbytes, page.crc32()).pack()
+            views = page.views()
+            header = PageHeader.new(fmt.digest, page.key, page.nbytes, page.crc32(views)).pack()
             write_all(fd, [memoryview(header), *views])
             if self._fsync:
                 os.fsync(fd)
             path.parent.mkdir(exist_ok=True)
             with self._lock:
                 os.replace(tmp, path)
-                old = self._lru.pop(name, None)
-                if old is not None:
-                    self._committed -= old
+                self._forget(name)
                 self._lru[name] = size
                 self._committed += size
                 self._reserved -= size
-                self._counts["pages_set"] += 1
-                self._counts["bytes_set"] += page.nbytes
         except BaseException:
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -192,14 +157,11 @@ class FilePageStore(FileIndex):
         except FileNotFoundError:
             with self._lock:
                 self._errors["missing"] += 1
-                size = self._lru.pop(name, None)  # removed behind this store's back
-                if size is not None:
-                    self._committed -= size
+                self._forget(name)  # removed behind this store's back
             return None
         except OSError as exc:
             logger.warning("FilePageStore: opening %s failed: %s", path, exc)
-            with self._lock:
-                self._errors["io_error"] += 1
+            self._error("io_error")
             return None
         buf = self._staging_buffer(want)
         view = memoryview(buf).cast("B")[:want]
@@ -220,8 +182,7 @@ class FilePageStore(FileIndex):
                         problem = f"short read: {got} of {want} bytes"
             except OSError as exc:
                 logger.warning("FilePageStore: reading %s failed: %s", path, exc)
-                with self._lock:
-                    self._errors["io_error"] += 1
+                self._error("io_error")
                 return None
             if problem is None:
                 problem = PageHeader.check(
@@ -236,25 +197,16 @@ class FilePageStore(FileIndex):
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Read and verify each page whole, then copy it into the host pool; one bool per key."""
-        host, fmt = self._snapshot()
-        pages = resolve_pages(host, fmt, keys, host_indices)
-        assert fmt is not None  # resolve_pages raised otherwise
-        results = []
+        fmt, pages = self._resolve(keys, host_indices)
+        ok = []
         for page in pages:
             name = self._name(fmt, page.key)
             base = self._read_page(fmt, page, name)
-            if base is None:
-                with self._lock:
-                    self._counts["pages_get_failed"] += 1
-                results.append(False)
-                continue
-            off = base + HEADER_SIZE
-            for ptr, size in zip(page.ptrs, page.sizes, strict=True):
-                ctypes.memmove(ptr, off, size)
-                off += size
-            self._adopt(name)
-            with self._lock:
-                self._counts["pages_get"] += 1
-                self._counts["bytes_get"] += page.nbytes
-            results.append(True)
-        return results
+            if base is not None:
+                off = base + HEADER_SIZE
+                for ptr, size in zip(page.ptrs, page.sizes, strict=True):
+                    ctypes.memmove(ptr, off, size)
+                    off += size
+                self._adopt(name)
+            ok.append(base is not None)
+        return self._tally("get", pages, ok)

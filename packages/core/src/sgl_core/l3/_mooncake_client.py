@@ -1,34 +1,78 @@
 """The Mooncake client side of :class:`~sgl_core.l3.MooncakePageStore`.
 
-Setup, registration of the host pool's buffers and of per-thread header
-scratch, and the batch-call wrapper that turns a client exception or a
-negative code into a counted error and a log line (never an exception: the
-store being down is a miss). The page transfers are in ``_mooncake_store``.
+Config and object keys, setup, buffer registration, and batch calls whose
+exceptions or negative codes become counted errors and a log line (the
+store being down is a miss).
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
+import dataclasses
 import logging
 import threading
 from typing import Any
 
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
-from sgl_core.l3._errors import MooncakeSetupError, PageStoreNotReadyError
+from sgl_core.l3._errors import MooncakeSetupError, PageStoreArgumentError, PageStoreNotReadyError
 from sgl_core.l3._format import PageFormat, page_format
-from sgl_core.l3._mooncake_config import MooncakeConfig
 from sgl_core.l3._mooncake_lib import StoreClient, error_name
+from sgl_core.l3._pages import StoreState
 from sgl_core.l3._record import HEADER_SIZE
 
-__all__ = ["MooncakeClient"]
+__all__ = ["MooncakeClient", "MooncakeConfig", "mooncake_key"]
 
 logger = logging.getLogger(__name__)
 
 _SCRATCH_PAGES = 64
 
 
-class MooncakeClient:
+def mooncake_key(page_key: str, fmt: PageFormat) -> str:
+    """The Mooncake object key of ``page_key`` stored by a pool of format ``fmt``."""
+    return f"{page_key}#sglpg2.{fmt.fingerprint}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MooncakeConfig:
+    """How a :class:`MooncakePageStore` joins a Mooncake store.
+
+    ``master_server_address``: ``host:port`` of ``mooncake_master``.
+    ``metadata_server``: ``"P2PHANDSHAKE"`` (no metadata service; default) or
+    a metadata URL such as ``"http://127.0.0.1:8080/metadata"``.
+    ``local_hostname``: the address peers reach this client at.
+    ``global_segment_size``: bytes this process contributes to the shared
+    pool (0: a pure client that stores into other processes' segments).
+    ``local_buffer_size``: Mooncake's staging buffer, unused by zero-copy
+    calls. ``protocol``: ``"tcp"`` (``"rdma"`` with ``rdma_devices``).
+    ``verify_checksum``: write and check a CRC-32 of every page
+    (docs/design.md section 8); pages written without one are misses for a
+    store that checks. ``restore_on_failed_get``: see ``MooncakePageStore``.
+    """
+
+    master_server_address: str = "127.0.0.1:50051"
+    metadata_server: str = "P2PHANDSHAKE"
+    local_hostname: str = "127.0.0.1"
+    protocol: str = "tcp"
+    rdma_devices: str = ""
+    global_segment_size: int = 0
+    local_buffer_size: int = 0
+    restore_on_failed_get: bool = True
+    verify_checksum: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("global_segment_size", "local_buffer_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PageStoreArgumentError(f"{name} must be an int >= 0, got {value!r}")
+        if ":" not in self.master_server_address:
+            raise PageStoreArgumentError(
+                f"master_server_address must be host:port, got {self.master_server_address!r}"
+            )
+        if self.protocol not in ("tcp", "rdma"):
+            raise PageStoreArgumentError(f"protocol must be 'tcp' or 'rdma', got {self.protocol!r}")
+
+
+class MooncakeClient(StoreState):
     """A set-up Mooncake client with the host pool's buffers registered (the store's base)."""
 
     def __init__(self, config: MooncakeConfig, *, client: Any | None = None) -> None:
@@ -49,25 +93,16 @@ class MooncakeClient:
                 f"{config.master_server_address!r}, metadata {config.metadata_server!r}",
                 rc,
             )
-        self._lock = threading.Lock()
-        self._host: KVHostPool | None = None
-        self._format: PageFormat | None = None
+        super().__init__()
         self._registered: list[int] = []
         # Registered header scratch buffers (one per thread), kept alive until close().
         self._scratch_regs: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._closed = False
         self._tls = threading.local()
-        self._counts: collections.Counter[str] = collections.Counter()
-        self._errors: collections.Counter[str] = collections.Counter()
 
     @property
     def config(self) -> MooncakeConfig:
         return self._config
-
-    @property
-    def page_format(self) -> PageFormat | None:
-        """The registered pool's :class:`~sgl_core.l3.PageFormat` (``None`` before)."""
-        return self._format
 
     # ------------------------------------------------------------------ setup
     def register_host_pool(self, host: KVHostPool) -> None:
@@ -78,17 +113,21 @@ class MooncakeClient:
         with self._lock:
             self._unregister()
             for base, total in zip(bases, totals, strict=True):
-                rc = self._client.register_buffer(int(base), int(total))
-                if rc != 0:
+                try:
+                    self._register(int(base), int(total), f"({int(base):#x}, {int(total)})")
+                except MooncakeSetupError:
                     self._unregister()
-                    raise MooncakeSetupError(
-                        f"register_buffer({int(base):#x}, {int(total)}) failed with "
-                        f"{error_name(rc)} ({rc})",
-                        rc,
-                    )
+                    raise
                 self._registered.append(int(base))
             self._host = host
             self._format = fmt
+
+    def _register(self, addr: int, size: int, what: str) -> None:
+        rc = self._client.register_buffer(addr, size)
+        if rc != 0:
+            raise MooncakeSetupError(
+                f"register_buffer{what} failed with {error_name(rc)} ({rc})", rc
+            )
 
     def _unregister(self) -> None:
         for base in self._registered:
@@ -103,11 +142,6 @@ class MooncakeClient:
         if self._closed:
             raise PageStoreNotReadyError("this MooncakePageStore is closed")
 
-    def _snapshot(self) -> tuple[KVHostPool | None, PageFormat | None]:
-        self._check_open()
-        with self._lock:
-            return self._host, self._format
-
     def _header_scratch(self, pages: int) -> int:
         """Address of this thread's registered scratch for ``pages`` page headers."""
         need = pages * HEADER_SIZE
@@ -118,12 +152,7 @@ class MooncakeClient:
         addr = ctypes.addressof(new)
         with self._lock:
             self._check_open()
-            rc = self._client.register_buffer(addr, len(new))
-            if rc != 0:
-                raise MooncakeSetupError(
-                    f"register_buffer of the header scratch failed with {error_name(rc)} ({rc})",
-                    rc,
-                )
+            self._register(addr, len(new), " of the header scratch")
             self._scratch_regs[addr] = new
             if buf is not None:
                 old = ctypes.addressof(buf)
@@ -133,22 +162,20 @@ class MooncakeClient:
         return addr
 
     def _count_error(self, code: int, n: int = 1) -> None:
-        with self._lock:
-            self._errors[error_name(code)] += n
+        self._error(error_name(code), n)
 
-    def _call(self, what: str, fn: Any, *args: Any) -> list[int] | None:
-        """Run a batch call; an exception from the client becomes ``None`` plus a log line."""
+    def _call(self, what: str, *args: Any) -> list[int] | None:
+        """Run client batch call ``what``; an exception becomes ``None`` plus a log line."""
         try:
-            result: list[int] = fn(*args)
+            result: list[int] = getattr(self._client, what)(*args)
         except Exception as exc:  # the native client may raise on a lost connection
             logger.warning("MooncakePageStore: %s raised %r", what, exc)
-            with self._lock:
-                self._errors["exception"] += 1
+            self._error("exception")
             return None
         return result
 
     def _exist_codes(self, obj_keys: list[str]) -> list[int] | None:
-        codes = self._call("batch_is_exist", self._client.batch_is_exist, obj_keys)
+        codes = self._call("batch_is_exist", obj_keys)
         if codes is None:
             return None
         bad = [c for c in codes if c < 0]

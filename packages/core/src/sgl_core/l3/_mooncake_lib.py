@@ -178,13 +178,6 @@ def master_binary() -> str:
     return found
 
 
-def _ints(values: Any, n: int, what: str) -> list[int]:
-    out = [int(v) for v in values]
-    if len(out) != n:
-        raise MooncakeUnavailableError(f"{what} answered {len(out)} results for {n} keys")
-    return out
-
-
 class StoreClient:
     """Typed, thin wrapper of ``mooncake.store.MooncakeDistributedStore``.
 
@@ -228,48 +221,41 @@ class StoreClient:
     def batch_put_from(
         self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
     ) -> list[int]:
-        return _ints(
-            self._store.batch_put_from(list(keys), list(ptrs), list(sizes)),
-            len(keys),
-            "batch_put_from",
-        )
-
-    def batch_get_into(
-        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
-    ) -> list[int]:
-        return _ints(
-            self._store.batch_get_into(list(keys), list(ptrs), list(sizes)),
-            len(keys),
-            "batch_get_into",
-        )
+        return self._batch("batch_put_from", keys, list(ptrs), list(sizes))
 
     def batch_put_from_multi_buffers(
         self, keys: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
     ) -> list[int]:
-        return _ints(
-            self._store.batch_put_from_multi_buffers(
-                list(keys), [list(p) for p in ptrs], [list(s) for s in sizes]
-            ),
-            len(keys),
-            "batch_put_from_multi_buffers",
-        )
+        return self._multi("batch_put_from_multi_buffers", keys, ptrs, sizes)
 
     def batch_get_into_multi_buffers(
         self, keys: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
     ) -> list[int]:
-        return _ints(
-            self._store.batch_get_into_multi_buffers(
-                list(keys), [list(p) for p in ptrs], [list(s) for s in sizes]
-            ),
-            len(keys),
-            "batch_get_into_multi_buffers",
-        )
+        return self._multi("batch_get_into_multi_buffers", keys, ptrs, sizes)
+
+    def _multi(
+        self,
+        name: str,
+        keys: Sequence[str],
+        ptrs: Sequence[Sequence[int]],
+        sizes: Sequence[Sequence[int]],
+    ) -> list[int]:
+        return self._batch(name, keys, [list(p) for p in ptrs], [list(s) for s in sizes])
+
+    def _batch(self, name: str, keys: Sequence[str], *args: Any) -> list[int]:
+        """``name(keys, *args)``: one int per key (else ``MooncakeUnavailableError``)."""
+        out = [int(v) for v in getattr(self._store, name)(list(keys), *args)]
+        if len(out) != len(keys):
+            raise MooncakeUnavailableError(
+                f"{name} answered {len(out)} results for {len(keys)} keys"
+            )
+        return out
 
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
-        return _ints(self._store.batch_remove(list(keys), force), len(keys), "batch_remove")
+        return self._batch("batch_remove", keys, force)
 
     def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
-        return _ints(self._store.batch_is_exist(list(keys)), len(keys), "batch_is_exist")
+        return self._batch("batch_is_exist", keys)
 
     def remove(self, key: str, force: bool = False) -> int:
         return int(self._store.remove(key, force))

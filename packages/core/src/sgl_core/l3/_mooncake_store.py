@@ -1,16 +1,10 @@
-"""``MooncakePageStore``: host-pool pages in the Mooncake distributed store.
+"""``MooncakePageStore``: host-pool pages in the Mooncake store (docs/design.md section 8).
 
-Keys, record and checksum: docs/design.md section 8 (:func:`mooncake_key`,
-:mod:`sgl_core.l3._protocol`). The host buffers and a small header scratch
-are registered with ``register_buffer``; a page moves zero-copy with one
-multi-buffer put/get. Mooncake keeps the first whole object put under a key,
-so concurrent writers leave one writer's page. ``batch_set`` skips pages
-that exist; ``batch_get`` fetches only existing pages, so a missing page
-writes no byte. With ``restore_on_failed_get`` (default) the fetched pages'
-host bytes are saved first and put back for any page whose transfer or
-header check fails; turn it off when failed slots are garbage anyway. The
-store being down (``RPC_FAIL`` ...) is a ``False`` / ``0`` result and a log
-line; setup failures raise :class:`~sgl_core.l3.MooncakeSetupError`.
+Mooncake keeps the first whole object put under a key, so concurrent writers
+leave one writer's page. ``batch_set`` skips pages that exist; ``batch_get``
+fetches only existing pages, so a missing page writes no byte. With
+``restore_on_failed_get`` (default) the fetched pages' host bytes are saved
+first and put back for any page whose transfer or header check fails.
 """
 
 from __future__ import annotations
@@ -21,14 +15,12 @@ from collections.abc import Sequence
 
 import torch
 
-from sgl_core.l3._errors import PageStoreNotReadyError
-from sgl_core.l3._mooncake_client import MooncakeClient
-from sgl_core.l3._mooncake_config import MooncakeConfig, mooncake_key
+from sgl_core.l3._format import PageFormat
+from sgl_core.l3._mooncake_client import MooncakeClient, MooncakeConfig, mooncake_key
 from sgl_core.l3._mooncake_lib import OBJECT_ALREADY_EXISTS, error_name
-from sgl_core.l3._mooncake_pages import fetched_problem, pack_headers, restore_page, save_pages
-from sgl_core.l3._pages import check_keys, resolve_pages
+from sgl_core.l3._pages import Page, check_keys
 from sgl_core.l3._protocol import PageStoreStats
-from sgl_core.l3._record import HEADER_SIZE
+from sgl_core.l3._record import HEADER_SIZE, PageHeader
 
 __all__ = ["MooncakeConfig", "MooncakePageStore", "mooncake_key"]
 
@@ -44,9 +36,7 @@ class MooncakePageStore(MooncakeClient):
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Consecutive keys, from the first, whose page object is in the store."""
         key_list = check_keys(keys)
-        host, fmt = self._snapshot()
-        if host is None or fmt is None:
-            raise PageStoreNotReadyError("call register_host_pool(host) before batch_exists")
+        fmt = self._ready("batch_exists")
         if not key_list:
             return 0
         codes = self._exist_codes([mooncake_key(k, fmt) for k in key_list])
@@ -54,123 +44,111 @@ class MooncakePageStore(MooncakeClient):
             return 0
         return next((i for i, c in enumerate(codes) if c != 1), len(codes))
 
+    def _prepare(
+        self, keys: Sequence[str], host_indices: object
+    ) -> tuple[PageFormat, list[Page], list[str], list[int] | None]:
+        """The pages of a batch call, their object keys and ``batch_is_exist`` codes."""
+        fmt, pages = self._resolve(keys, host_indices)
+        mkeys = [mooncake_key(p.key, fmt) for p in pages]
+        return fmt, pages, mkeys, self._exist_codes(mkeys) if pages else []
+
+    def _transfer(
+        self, what: str, scratch: int, pages: list[Page], mkeys: list[str], idx: list[int]
+    ) -> list[int]:
+        """One multi-buffer call for pages ``idx`` (header ``t`` at ``scratch``); -1s if raised."""
+        rcs = self._call(
+            what,
+            [mkeys[i] for i in idx],
+            [[scratch + t * HEADER_SIZE, *pages[i].ptrs] for t, i in enumerate(idx)],
+            [[HEADER_SIZE, *pages[i].sizes] for i in idx],
+        )
+        return rcs if rcs is not None else [-1] * len(idx)
+
     def batch_set(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Put each missing page whole from host memory; True where the page is stored."""
-        host, fmt = self._snapshot()
-        pages = resolve_pages(host, fmt, keys, host_indices)
-        assert fmt is not None  # resolve_pages raised otherwise
-        if not pages:
-            return []
-        mkeys = [mooncake_key(p.key, fmt) for p in pages]
-        codes = self._exist_codes(mkeys)
+        fmt, pages, mkeys, codes = self._prepare(keys, host_indices)
         if codes is None or all(c < 0 for c in codes):
             # The store cannot answer: do not push bytes into it blindly.
-            with self._lock:
-                self._counts["pages_set_failed"] += len(pages)
-            return [False] * len(pages)
+            return self._tally("set", pages, [False] * len(pages))
         ok = [c == 1 for c in codes]
         todo = [i for i, c in enumerate(codes) if c != 1]
         if todo:
             scratch = self._header_scratch(len(todo))
-            pack_headers(scratch, fmt, [pages[i] for i in todo], self._config.verify_checksum)
-            put = self._call(
-                "batch_put_from_multi_buffers",
-                self._client.batch_put_from_multi_buffers,
-                [mkeys[i] for i in todo],
-                [[scratch + t * HEADER_SIZE, *pages[i].ptrs] for t, i in enumerate(todo)],
-                [[HEADER_SIZE, *pages[i].sizes] for i in todo],
-            )
-            for i, rc in zip(todo, put if put is not None else [-1] * len(todo), strict=True):
+            headers = memoryview((ctypes.c_char * (len(todo) * HEADER_SIZE)).from_address(scratch))
+            for t, i in enumerate(todo):
+                crc = pages[i].crc32() if self._config.verify_checksum else None
+                header = PageHeader.new(fmt.digest, pages[i].key, pages[i].nbytes, crc)
+                header.pack_into(headers.cast("B"), t * HEADER_SIZE)
+            rcs = self._transfer("batch_put_from_multi_buffers", scratch, pages, mkeys, todo)
+            for i, rc in zip(todo, rcs, strict=True):
                 if rc in (0, OBJECT_ALREADY_EXISTS):
                     ok[i] = True
                 else:
                     self._count_error(rc)
-        results = []
-        with self._lock:
-            for i, page in enumerate(pages):
-                results.append(ok[i])
-                if ok[i]:
-                    self._counts["pages_set"] += 1
-                    if codes[i] == 1:
-                        self._counts["pages_skipped"] += 1
-                    else:
-                        self._counts["bytes_set"] += page.nbytes
-                else:
-                    self._counts["pages_set_failed"] += 1
-        return results
+        return self._tally("set", pages, ok, [c != 1 for c in codes])
+
+    def _save(self, pages: list[Page]) -> dict[int, int]:
+        """Save the pages' host bytes in this thread's scratch; ``{ptr: scratch address}``."""
+        need = sum(p.nbytes for p in pages)
+        buf: ctypes.Array[ctypes.c_char] | None = getattr(self._tls, "buf", None)
+        if buf is None or len(buf) < need:
+            buf = ctypes.create_string_buffer(need)
+            self._tls.buf = buf
+        where: dict[int, int] = {}
+        off = ctypes.addressof(buf)
+        for page in pages:
+            for ptr, size in zip(page.ptrs, page.sizes, strict=True):
+                ctypes.memmove(off, ptr, size)
+                where[ptr] = off
+                off += size
+        return where
 
     def batch_get(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Read whole pages into host memory; a failed page leaves its host bytes unchanged."""
-        host, fmt = self._snapshot()
-        pages = resolve_pages(host, fmt, keys, host_indices)
-        assert fmt is not None  # resolve_pages raised otherwise
-        if not pages:
-            return []
-        mkeys = [mooncake_key(p.key, fmt) for p in pages]
-        codes = self._exist_codes(mkeys)
-        present = [codes is not None and codes[i] == 1 for i in range(len(pages))]
-        if codes is not None:
-            missing = sum(1 for c in codes if c == 0)
-            if missing:
-                with self._lock:
-                    self._errors["OBJECT_NOT_FOUND"] += missing
-        fetch = [i for i, here in enumerate(present) if here]
-        fetched_ok: dict[int, bool] = {}
+        fmt, pages, mkeys, codes = self._prepare(keys, host_indices)
+        ok = [False] * len(pages)
+        if codes is None:
+            return self._tally("get", pages, ok)
+        if missing := codes.count(0):
+            self._error("OBJECT_NOT_FOUND", missing)
+        fetch = [i for i, c in enumerate(codes) if c == 1]
         if fetch:
+            restore = self._config.restore_on_failed_get
+            saved = self._save([pages[i] for i in fetch]) if restore else {}
             scratch = self._header_scratch(len(fetch))
-            saved = (
-                save_pages(self._tls, [pages[i] for i in fetch])
-                if self._config.restore_on_failed_get
-                else None
-            )
-            got = self._call(
-                "batch_get_into_multi_buffers",
-                self._client.batch_get_into_multi_buffers,
-                [mkeys[i] for i in fetch],
-                [[scratch + f * HEADER_SIZE, *pages[i].ptrs] for f, i in enumerate(fetch)],
-                [[HEADER_SIZE, *pages[i].sizes] for i in fetch],
-            )
+            rcs = self._transfer("batch_get_into_multi_buffers", scratch, pages, mkeys, fetch)
             view = memoryview((ctypes.c_char * (len(fetch) * HEADER_SIZE)).from_address(scratch))
             bad_keys = []
-            for f, i in enumerate(fetch):
+            for f, (i, rc) in enumerate(zip(fetch, rcs, strict=True)):
                 page = pages[i]
-                rc = got[f] if got is not None else -1
-                whole = rc == HEADER_SIZE + page.nbytes
-                if not whole:
+                ok[i] = rc == HEADER_SIZE + page.nbytes
+                if not ok[i]:
                     self._count_error(rc if rc < 0 else _SIZE_MISMATCH)
                 else:
                     raw = view[f * HEADER_SIZE : (f + 1) * HEADER_SIZE].cast("B")
-                    problem = fetched_problem(raw, fmt, page, self._config.verify_checksum)
+                    crc = page.crc32 if self._config.verify_checksum else None
+                    problem = PageHeader.check(raw, fmt.digest, page.key, page.nbytes, crc)
                     if problem is not None:
-                        whole = False
+                        ok[i] = False
                         logger.warning(
                             "MooncakePageStore: page %r is corrupt (%s); removing it",
                             page.key,
                             problem,
                         )
-                        with self._lock:
-                            self._errors["corrupt"] += 1
+                        self._error("corrupt")
                         bad_keys.append(mkeys[i])
-                fetched_ok[i] = whole
-                if not whole and saved is not None:
-                    restore_page(page, saved)
+                if not ok[i] and restore:
+                    for ptr, size in zip(page.ptrs, page.sizes, strict=True):
+                        ctypes.memmove(ptr, saved[ptr], size)
             if bad_keys:
                 # Forced: this read holds a lease on them. A concurrent reader of
                 # one of them fails its own header check (or its transfer).
-                self._call("batch_remove", self._client.batch_remove, bad_keys, True)
-        results = [fetched_ok.get(i, False) for i in range(len(pages))]
-        with self._lock:
-            for page, whole in zip(pages, results, strict=True):
-                if whole:
-                    self._counts["pages_get"] += 1
-                    self._counts["bytes_get"] += page.nbytes
-                else:
-                    self._counts["pages_get_failed"] += 1
-        return results
+                self._call("batch_remove", bad_keys, True)
+        return self._tally("get", pages, ok)
 
     # ------------------------------------------------------------ management
     def remove(self, keys: Sequence[str]) -> int:
@@ -180,17 +158,10 @@ class MooncakePageStore(MooncakeClient):
         may then fail (a miss); it never returns bytes of another page.
         """
         key_list = check_keys(keys)
-        _, fmt = self._snapshot()
-        if fmt is None:
-            raise PageStoreNotReadyError("call register_host_pool(host) before remove")
+        fmt = self._ready("remove")
         if not key_list:
             return 0
-        codes = self._call(
-            "batch_remove",
-            self._client.batch_remove,
-            [mooncake_key(k, fmt) for k in key_list],
-            True,
-        )
+        codes = self._call("batch_remove", [mooncake_key(k, fmt) for k in key_list], True)
         return sum(1 for c in codes or [] if c == 0)
 
     def clear(self) -> None:

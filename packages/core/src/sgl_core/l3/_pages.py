@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from sgl_core.l3._errors import (
 )
 from sgl_core.l3._format import PageFormat
 
-__all__ = ["Page", "check_keys", "host_index_tensor", "resolve_pages"]
+__all__ = ["Page", "StoreState", "check_keys", "host_index_tensor", "resolve_pages"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +47,18 @@ class Page:
     def nbytes(self) -> int:
         return sum(self.sizes)
 
-    def crc32(self) -> int:
-        """CRC-32 of the page's objects in host memory, in order."""
+    def views(self) -> list[memoryview]:
+        """The page's objects in host memory, in order (byte views)."""
+        return [
+            memoryview((ctypes.c_char * size).from_address(ptr)).cast("B")
+            for ptr, size in zip(self.ptrs, self.sizes, strict=True)
+        ]
+
+    def crc32(self, views: list[memoryview] | None = None) -> int:
+        """CRC-32 of the page's objects (``views``: :meth:`views`, if already built)."""
         crc = 0
-        for ptr, size in zip(self.ptrs, self.sizes, strict=True):
-            crc = zlib.crc32(memoryview((ctypes.c_char * size).from_address(ptr)).cast("B"), crc)
+        for view in self.views() if views is None else views:
+            crc = zlib.crc32(view, crc)
         return crc
 
 
@@ -156,3 +164,60 @@ def resolve_pages(
             )
         )
     return out
+
+
+class StoreState:
+    """What both page stores share: one lock, the bound pool and its format, the counters."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._host: KVHostPool | None = None
+        self._format: PageFormat | None = None
+        self._counts: Counter[str] = Counter()
+        self._errors: Counter[str] = Counter()
+
+    @property
+    def page_format(self) -> PageFormat | None:
+        """The registered pool's :class:`~sgl_core.l3.PageFormat` (``None`` before)."""
+        return self._format
+
+    def _check_open(self) -> None:
+        """Raise if the store is closed (only a Mooncake store closes)."""
+
+    def _snapshot(self) -> tuple[KVHostPool | None, PageFormat | None]:
+        self._check_open()
+        with self._lock:
+            return self._host, self._format
+
+    def _ready(self, what: str) -> PageFormat:
+        """The registered format; ``PageStoreNotReadyError`` (naming ``what``) before one."""
+        _, fmt = self._snapshot()
+        if fmt is None:
+            raise PageStoreNotReadyError(f"call register_host_pool(host) before {what}")
+        return fmt
+
+    def _resolve(self, keys: Sequence[str], host_indices: object) -> tuple[PageFormat, list[Page]]:
+        host, fmt = self._snapshot()
+        pages = resolve_pages(host, fmt, keys, host_indices)
+        assert fmt is not None  # resolve_pages raised otherwise
+        return fmt, pages
+
+    def _error(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self._errors[reason] += n
+
+    def _tally(
+        self, op: str, pages: list[Page], ok: list[bool], moved: list[bool] | None = None
+    ) -> list[bool]:
+        """Count ``op`` ("set"/"get") results; ``moved[i]`` False: page ``i`` was already stored."""
+        with self._lock:
+            for i, (page, hit) in enumerate(zip(pages, ok, strict=True)):
+                if not hit:
+                    self._counts[f"pages_{op}_failed"] += 1
+                    continue
+                self._counts[f"pages_{op}"] += 1
+                if moved is None or moved[i]:
+                    self._counts[f"bytes_{op}"] += page.nbytes
+                else:
+                    self._counts["pages_skipped"] += 1
+        return ok

@@ -1,17 +1,7 @@
 """The :class:`PageStore` contract and its statistics record.
 
-A page store moves whole host-pool pages (HiCache L2) to a third tier and
-back, never touching a device. It sees the pool only through
-``get_page_buffer_meta(indices)`` (address and size of each memory object of
-each whole page; their concatenation is ``get_data_page(start)``; the object
-count follows the layout and is derived from the lengths) and
-``get_contiguous_buf_infos()`` (buffers for zero-copy registration).
-
 The semantics every store keeps are docs/design.md section 8 ("Contract"),
-checked by ``tests/l3/test_l3_conformance.py`` and
-``tests/l3/test_l3_faults.py``: a hit is exactly one committed write of the
-page by a pool of the same :class:`~sgl_core.l3.PageFormat`; ``host_indices``
-are checked like a transfer's indices; misuse raises before any byte moves.
+checked by ``tests/l3/test_l3_conformance.py`` and ``tests/l3/test_l3_faults.py``.
 """
 
 from __future__ import annotations
