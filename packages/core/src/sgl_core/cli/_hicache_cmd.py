@@ -15,7 +15,7 @@ from sgl_core.cli._hicache import run_case
 from sgl_core.cli._hicache_models import MODELS
 from sgl_core.cli._hicache_plan import Plan, plan_run
 from sgl_core.cli._hicache_table import batch_lines, io_note, legend, summarize, target_lines
-from sgl_core.cli._report import Progress, Record, machine_info, print_table, write_json
+from sgl_core.cli._report import Progress, Record, print_table, write_json
 from sgl_core.kv._enums import HostLayout
 from sgl_core.transfer.copy._calibrate import copy_calibration
 
@@ -209,9 +209,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         calibration = [dataclasses.asdict(c) for c in copy_calibration()]
         write_json(
-            args.json, machine_info(), records, command="hicache", quick=plan.quick,
-            background_load=busy, copy_calibration=calibration,
-        )  # fmt: skip
+            args.json,
+            records,
+            command="hicache",
+            quick=plan.quick,
+            background_load=busy,
+            copy_calibration=calibration,
+        )
         print(f"wrote {args.json}")
     if args.plot:
         from sgl_core.cli._plot import plot_hicache

@@ -93,9 +93,11 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def write_json(path: str, machine: dict[str, Any], records: Sequence[Record], **extra: Any) -> None:
-    doc = {"machine": machine, "records": [r.to_json() for r in records], **extra}
-    Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+def write_json(path: str, records: Sequence[Any], **extra: Any) -> None:
+    """``{machine, records, **extra}``; a record is a dict or has ``to_json()``."""
+    rows = [r if isinstance(r, dict) else r.to_json() for r in records]
+    doc = {"machine": machine_info(), "records": rows, **extra}
+    Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
 
 
 class Progress:
