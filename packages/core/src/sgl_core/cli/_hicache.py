@@ -122,23 +122,17 @@ class _Bench:
         return ops
 
     # --------------------------------------------------------- verification
-    def _clear_targets(self) -> None:
-        t = self.backup_t
-        for b_comps, l_comps in zip(self.backup_t.layers, self.load_t.layers, strict=True):
-            for (_, pages), (rows, _) in zip(b_comps, l_comps, strict=True):
+    def verify(
+        self, backup: Callable[[], None], load: Callable[[], None], t: Transfer
+    ) -> tuple[bool, bool]:
+        """Round trip through ``backup`` then ``load`` with ``t``'s host pool.
+
+        Returns (host bit-exact, device bit-exact); the targets are zeroed first.
+        """
+        for comps in t.layers:
+            for rows, pages in comps:
                 pages[t.host_page, t.host_offset] = 0
                 rows.index_fill_(0, self.d_dst, 0)
-
-    def verify(
-        self, backup: Callable[[], None], load: Callable[[], None], t: Transfer | None = None
-    ) -> tuple[bool, bool]:
-        """Round trip through ``backup`` then ``load``; (host bit-exact, device bit-exact)."""
-        self._clear_targets()
-        if t is not None:  # another host pool (fixed): clear its pages too
-            for comps in t.layers:
-                for _, pages in comps:
-                    pages[t.host_page, t.host_offset] = 0
-        t = t or self.backup_t
         backup()
         host_ok = all(
             _same_bits(pages[t.host_page, t.host_offset].to(rows.device), rows[self.d_src])
@@ -163,12 +157,9 @@ def run_case(case: Case, cfg: HicacheConfig, progress: Progress) -> list[Record]
     bench = _Bench(case, cfg)
     ops = bench.ops(cfg.baselines, cfg.copy_threads)
     checks: dict[str, tuple[bool, bool]] = {}
-    for impl in ("sgl", *cfg.baselines):
-        checks[impl] = bench.verify(ops[(impl, "backup")], ops[(impl, "load")])
-    if bench.fixed is not None:
-        checks["fixed"] = bench.verify(
-            ops[("fixed", "backup")], ops[("fixed", "load")], bench.fixed_t
-        )
+    for impl in ("sgl", *cfg.baselines, *(["fixed"] if bench.fixed is not None else [])):
+        t = bench.fixed_t if impl == "fixed" else bench.backup_t
+        checks[impl] = bench.verify(ops[(impl, "backup")], ops[(impl, "load")], t)
     engine_threads = torch.get_num_threads()
     # untimed before each op: the reference copies at their thread count, the rest as set
     prepare = {
