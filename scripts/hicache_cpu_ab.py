@@ -62,17 +62,18 @@ def _narrow_v_pools(v_head_dim: int) -> None:
     _hicache = _cli_module("_hicache")
     original = _hicache.create_device_pool
 
-    def create(backend: Any, shape: Any, **kw: Any) -> Any:
+    def create(backend: Any, cfg: Any, **kw: Any) -> Any:
+        shape = _cli_module("_hicache_models").MODELS[cfg.model]
         if not shape.is_mha:
-            return original(backend, shape, **kw)
+            return original(backend, cfg, **kw)
         return backend.create_mha_device_pool(
             size=kw["size"],
             page_size=kw["page_size"],
-            dtype=kw["dtype"],
+            dtype=cfg.dtype,
             head_num=shape.head_num,
             head_dim=shape.head_dim,
-            layer_num=kw["layers"],
-            device=kw["device"],
+            layer_num=cfg.layers,
+            device=cfg.device,
             v_head_dim=v_head_dim,
         )
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sgl_core.cli import _background, _hicache_cmd
-from sgl_core.cli._background import BusyProcesses
+from sgl_core.cli import _hicache_cmd
+from sgl_core.cli._hicache_cmd import BusyProcesses
 from sgl_core.cli.main import main
 
 TINY = ["--backend", "torch", "--layers", "2", "--pages", "2", "--repeats", "2", "--warmup", "0"]
@@ -25,7 +25,7 @@ class Spawned:
 
         def popen(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
             proc = real(*args, **kwargs)  # type: ignore[call-overload]
-            if _background.BUSY_CODE in proc.args:  # not platform's own `uname`
+            if _hicache_cmd.BUSY_CODE in proc.args:  # not platform's own `uname`
                 self.procs.append(proc)
             return proc  # type: ignore[no-any-return]
 
@@ -130,7 +130,7 @@ def test_the_reference_copy_is_the_faster_thread_count(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     from sgl_core.backends._discovery import get_backend
     from sgl_core.cli._hicache import run_case
-    from sgl_core.cli._hicache_cases import Case, HicacheConfig
+    from sgl_core.cli._hicache_models import Case, HicacheConfig
     from sgl_core.cli._report import Progress
     from sgl_core.kv._enums import HostLayout, IOBackend
 

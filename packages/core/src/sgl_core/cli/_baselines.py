@@ -4,7 +4,8 @@
 write (``index_copy_`` / ``index_put_``) on the destination, token by token.
 ``per_page``: per layer, a Python loop over pages with one slice copy each,
 like the upstream engine's ``direct`` path. Both run on any pool pair through
-:func:`sgl_core.cli._views.layer_components`.
+the host pool's ``layer_views`` (``sgl_core.backend.LayerViews``): per layer,
+``(device_rows, host_pages)`` per component.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from collections.abc import Callable
 
 import torch
 
-from sgl_core.cli._views import Component, layer_components
 from sgl_core.kv.protocols._kv_protocols import MLADevicePool, MLAHostPool
+from sgl_core.kv.protocols._protocols import LayerViews
 
 __all__ = ["BASELINES", "Transfer", "contiguous_copy", "per_page", "per_token"]
+
+Component = tuple[torch.Tensor, torch.Tensor]
 
 
 class Transfer:
@@ -36,8 +39,10 @@ class Transfer:
         ps = host.page_size
         self.host_page = host_indices // ps
         self.host_offset = host_indices % ps
+        if not isinstance(host, LayerViews):
+            raise TypeError(f"{type(host).__name__} shows no layer views (layer_views)")
         self.layers: list[list[Component]] = [
-            layer_components(dev, host, layer) for layer in range(dev.layer_num)
+            host.layer_views(dev, layer) for layer in range(dev.layer_num)
         ]
         self.page_pairs = list(
             zip(host_indices[::ps].tolist(), device_indices[::ps].tolist(), strict=True)

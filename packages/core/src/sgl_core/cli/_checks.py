@@ -31,13 +31,6 @@ __all__ = [
     "check_positive",
 ]
 
-EXIT_STATUS = (
-    "exit status: 0 = every result was verified (bit-exact round trips, checked MoE "
-    "outputs), whether or not the performance goals printed at the end were met; "
-    "1 = a verification failed; 2 = bad usage or argument (one line on stderr, "
-    "checked before any work starts)."
-)
-
 
 def exit_status(verified: str) -> str:
     """The exit-status epilog of one command, naming what that command verifies."""
@@ -46,6 +39,9 @@ def exit_status(verified: str) -> str:
         "performance goal printed at the end was met; 1 = a verification failed; 2 = bad "
         "usage or argument (one line on stderr, checked before any work starts)."
     )
+
+
+EXIT_STATUS = exit_status("bit-exact round trips, checked MoE outputs")
 
 
 # Leave this much host memory to the rest of the machine when sizing a run.

@@ -11,10 +11,8 @@ from typing import Any
 import torch
 
 from sgl_core.cli._baselines import BASELINES, Transfer, contiguous_copy
-from sgl_core.cli._hicache_cases import Case, HicacheConfig, list_cases
-from sgl_core.cli._hicache_models import MODELS, create_device_pool
-from sgl_core.cli._report import Progress, Record
-from sgl_core.cli._timing import median, time_interleaved
+from sgl_core.cli._hicache_models import Case, HicacheConfig, create_device_pool, list_cases
+from sgl_core.cli._report import Progress, Record, median, time_interleaved
 from sgl_core.transfer.copy._tuning import tuning_for
 
 __all__ = ["Case", "HicacheConfig", "list_cases", "run_case"]
@@ -42,20 +40,7 @@ class _Bench:
         n = cfg.batch_tokens(ps)
         self.case = case
         self.tokens = n
-        self.dev = create_device_pool(
-            case.backend,
-            MODELS[cfg.model],
-            size=2 * n,
-            page_size=ps,
-            dtype=cfg.dtype,
-            layers=cfg.layers,
-            kv_lora_rank=cfg.kv_lora_rank,
-            qk_rope_head_dim=cfg.qk_rope_head_dim,
-            device=cfg.device,
-            kv_cache_dim=cfg.kv_cache_dim,
-            index_head_dim=cfg.index_head_dim,
-            with_index_k_scale=cfg.with_index_k_scale,
-        )
+        self.dev = create_device_pool(case.backend, cfg, size=2 * n, page_size=ps)
         self.host: Any = case.backend.create_host_pool(
             self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
         )
@@ -84,10 +69,7 @@ class _Bench:
         self.backup_t = Transfer(self.dev, self.host, self.h_idx, self.d_src)
         self.load_t = Transfer(self.dev, self.host, self.h_idx, self.d_dst)
         if self.fixed is not None:
-            self.fixed_t = (
-                Transfer(self.dev, self.fixed, self.h_idx, self.d_src),
-                Transfer(self.dev, self.fixed, self.h_idx, self.d_dst),
-            )
+            self.fixed_t = Transfer(self.dev, self.fixed, self.h_idx, self.d_src)
         _fill_random(self.dev, self.backup_t, cfg.seed)
         self.nbytes = n * sum(
             rows.shape[1] * rows.element_size()
@@ -98,25 +80,16 @@ class _Bench:
         self.copy_dev, self.copy_host = contiguous_copy(self.nbytes, device, pin=pin)
 
     # ------------------------------------------------------------------ ops
-    def sgl_backup(self) -> None:
-        self.host.backup_from_device_all_layer(
+    def sgl_backup(self, host: Any = None) -> None:
+        """All layers in one call, into ``host`` (default: the calibrated pool)."""
+        (host or self.host).backup_from_device_all_layer(
             self.dev, self.h_idx, self.d_src, self.case.io_backend
         )
 
-    def sgl_load(self) -> None:
+    def sgl_load(self, host: Any = None) -> None:
+        """One call per layer, from ``host`` (default: the calibrated pool)."""
         for layer in range(self.dev.layer_num):
-            self.host.load_to_device_per_layer(
-                self.dev, self.h_idx, self.d_dst, layer, self.case.io_backend
-            )
-
-    def fixed_backup(self) -> None:
-        self.fixed.backup_from_device_all_layer(
-            self.dev, self.h_idx, self.d_src, self.case.io_backend
-        )
-
-    def fixed_load(self) -> None:
-        for layer in range(self.dev.layer_num):
-            self.fixed.load_to_device_per_layer(
+            (host or self.host).load_to_device_per_layer(
                 self.dev, self.h_idx, self.d_dst, layer, self.case.io_backend
             )
 
@@ -130,9 +103,9 @@ class _Bench:
         self, baselines: tuple[str, ...], copy_threads: tuple[int, ...]
     ) -> dict[tuple[str, str], Callable[[], None]]:
         ops: dict[tuple[str, str], Callable[[], None]] = {}
-        for direction, copy, sgl, fixed in (
-            ("backup", self.copy_backup, self.sgl_backup, self.fixed_backup),
-            ("load", self.copy_load, self.sgl_load, self.fixed_load),
+        for direction, copy, sgl in (
+            ("backup", self.copy_backup, self.sgl_backup),
+            ("load", self.copy_load, self.sgl_load),
         ):
             # the reference copy at each torch thread count, most threads first: an OpenMP
             # team's threads spin for a while after it, so the op right after a multi-thread
@@ -141,7 +114,7 @@ class _Bench:
                 ops[(f"copy@{n}", direction)] = copy
             ops[("sgl", direction)] = sgl
             if self.fixed is not None:
-                ops[("fixed", direction)] = fixed
+                ops[("fixed", direction)] = functools.partial(sgl, self.fixed)
         for name in baselines:
             fn = BASELINES[name]
             ops[(name, "backup")] = functools.partial(fn, self.backup_t, to_host=True)
@@ -149,23 +122,17 @@ class _Bench:
         return ops
 
     # --------------------------------------------------------- verification
-    def _clear_targets(self) -> None:
-        t = self.backup_t
-        for b_comps, l_comps in zip(self.backup_t.layers, self.load_t.layers, strict=True):
-            for (_, pages), (rows, _) in zip(b_comps, l_comps, strict=True):
+    def verify(
+        self, backup: Callable[[], None], load: Callable[[], None], t: Transfer
+    ) -> tuple[bool, bool]:
+        """Round trip through ``backup`` then ``load`` with ``t``'s host pool.
+
+        Returns (host bit-exact, device bit-exact); the targets are zeroed first.
+        """
+        for comps in t.layers:
+            for rows, pages in comps:
                 pages[t.host_page, t.host_offset] = 0
                 rows.index_fill_(0, self.d_dst, 0)
-
-    def verify(
-        self, backup: Callable[[], None], load: Callable[[], None], t: Transfer | None = None
-    ) -> tuple[bool, bool]:
-        """Round trip through ``backup`` then ``load``; (host bit-exact, device bit-exact)."""
-        self._clear_targets()
-        if t is not None:  # another host pool (fixed): clear its pages too
-            for comps in t.layers:
-                for _, pages in comps:
-                    pages[t.host_page, t.host_offset] = 0
-        t = t or self.backup_t
         backup()
         host_ok = all(
             _same_bits(pages[t.host_page, t.host_offset].to(rows.device), rows[self.d_src])
@@ -190,10 +157,9 @@ def run_case(case: Case, cfg: HicacheConfig, progress: Progress) -> list[Record]
     bench = _Bench(case, cfg)
     ops = bench.ops(cfg.baselines, cfg.copy_threads)
     checks: dict[str, tuple[bool, bool]] = {}
-    for impl in ("sgl", *cfg.baselines):
-        checks[impl] = bench.verify(ops[(impl, "backup")], ops[(impl, "load")])
-    if bench.fixed is not None:
-        checks["fixed"] = bench.verify(bench.fixed_backup, bench.fixed_load, bench.fixed_t[0])
+    for impl in ("sgl", *cfg.baselines, *(["fixed"] if bench.fixed is not None else [])):
+        t = bench.fixed_t if impl == "fixed" else bench.backup_t
+        checks[impl] = bench.verify(ops[(impl, "backup")], ops[(impl, "load")], t)
     engine_threads = torch.get_num_threads()
     # untimed before each op: the reference copies at their thread count, the rest as set
     prepare = {

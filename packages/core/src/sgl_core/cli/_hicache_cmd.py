@@ -1,25 +1,34 @@
-"""The ``hicache`` subcommand: parse, check and plan (``_hicache_plan``), run, report."""
+"""The ``hicache`` subcommand: parse, check and plan (``_hicache_plan``), run, report.
+
+``--background-load N`` measures a second time beside N busy processes: each
+a Python loop that spins one core, as a serving host's other processes do
+(scheduler, tokenizer, other ranks). They are bounded three ways: the context
+manager kills them on exit (also on Ctrl-C and errors), each exits by itself
+after ``max_s`` seconds, and each exits when its parent is gone.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
+import subprocess
+import sys
 import time
+from types import TracebackType
 
 import torch
 
-from sgl_core.cli._background import BusyProcesses
 from sgl_core.cli._checks import EXIT_STATUS, CliParser
 from sgl_core.cli._hicache import run_case
 from sgl_core.cli._hicache_models import MODELS
 from sgl_core.cli._hicache_plan import Plan, plan_run
 from sgl_core.cli._hicache_table import batch_lines, io_note, legend, summarize, target_lines
-from sgl_core.cli._report import Progress, Record, machine_info, print_table, write_json
+from sgl_core.cli._report import Progress, Record, print_table, write_json
 from sgl_core.kv._enums import HostLayout
 from sgl_core.transfer.copy._calibrate import copy_calibration
 
-__all__ = ["add_parser", "run"]
+__all__ = ["BUSY_CODE", "BusyProcesses", "add_parser", "run"]
 
 
 def _int_list(text: str) -> list[int]:
@@ -170,6 +179,59 @@ def _calibration_lines() -> list[str]:
     return [f"  copy calibration: {c.key}: {c.source}, {c.reason}" for c in choices]
 
 
+BUSY_CODE = """
+import os, sys, time
+end = time.monotonic() + float(sys.argv[1])
+parent = int(sys.argv[2])
+while time.monotonic() < end and os.getppid() == parent:
+    for _ in range(20000):
+        pass
+"""
+
+
+class BusyProcesses:
+    """``with BusyProcesses(n):`` runs ``n`` bounded busy processes for the block."""
+
+    def __init__(self, count: int, max_s: float = 3600.0) -> None:
+        self.count = count
+        self.max_s = max_s
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> BusyProcesses:
+        try:
+            for _ in range(self.count):
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", BUSY_CODE, str(self.max_s), str(os.getpid())],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,  # Ctrl-C reaches us; we stop them
+                    )
+                )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Kill and reap every process started (idempotent)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            proc.wait()
+        self.procs.clear()
+
+
 def run(args: argparse.Namespace) -> int:
     plan = plan_run(args)  # every argument is checked here, before any work
     for note in plan.notes:
@@ -209,9 +271,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         calibration = [dataclasses.asdict(c) for c in copy_calibration()]
         write_json(
-            args.json, machine_info(), records, command="hicache", quick=plan.quick,
-            background_load=busy, copy_calibration=calibration,
-        )  # fmt: skip
+            args.json,
+            records,
+            command="hicache",
+            quick=plan.quick,
+            background_load=busy,
+            copy_calibration=calibration,
+        )
         print(f"wrote {args.json}")
     if args.plot:
         from sgl_core.cli._plot import plot_hicache

@@ -1,4 +1,4 @@
-"""Model shapes ``sgl-bench hicache --model`` measures: the MLA default and MHA/GQA models.
+"""What ``sgl-bench hicache`` measures: model shapes, the run's configuration and its cases.
 
 An MLA model is ``(layers, kv_lora_rank, qk_rope_head_dim)``; an MHA model
 ``(layers, KV heads, head_dim)`` with V as wide as K. The numbers are each
@@ -15,7 +15,15 @@ import torch
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv.protocols._protocols import Backend
 
-__all__ = ["MODELS", "ModelShape", "create_device_pool", "pairs_of"]
+__all__ = [
+    "MODELS",
+    "Case",
+    "HicacheConfig",
+    "ModelShape",
+    "create_device_pool",
+    "list_cases",
+    "pairs_of",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,44 +71,109 @@ def pairs_of(backend: Backend, mha: bool) -> dict[HostLayout, frozenset[IOBacken
     return dict(backend.supported_mha_pairs if mha else backend.supported_pairs)
 
 
-def create_device_pool(
-    backend: Backend,
-    shape: ModelShape,
-    *,
-    size: int,
-    page_size: int,
-    dtype: torch.dtype,
-    layers: int,
-    kv_lora_rank: int,
-    qk_rope_head_dim: int,
-    device: str | None,
-    kv_cache_dim: int | None = None,
-    index_head_dim: int | None = None,
-    with_index_k_scale: bool = False,
-) -> Any:
+def create_device_pool(backend: Backend, cfg: HicacheConfig, *, size: int, page_size: int) -> Any:
     """A device pool of the model's kind (MLA dims may be overridden by hidden options).
 
     Typed ``Any``: the bench drives pools of either kind through the same calls.
     """
+    shape = MODELS[cfg.model]
     if shape.is_mha:
         return backend.create_mha_device_pool(
             size=size,
             page_size=page_size,
-            dtype=dtype,
+            dtype=cfg.dtype,
             head_num=shape.head_num,
             head_dim=shape.head_dim,
-            layer_num=layers,
-            device=device,
+            layer_num=cfg.layers,
+            device=cfg.device,
         )
     return backend.create_device_pool(
         size=size,
         page_size=page_size,
-        dtype=dtype,
-        kv_lora_rank=kv_lora_rank,
-        qk_rope_head_dim=qk_rope_head_dim,
-        layer_num=layers,
-        device=device,
-        kv_cache_dim=kv_cache_dim,
-        index_head_dim=index_head_dim,
-        with_index_k_scale=with_index_k_scale,
+        dtype=cfg.dtype,
+        kv_lora_rank=cfg.kv_lora_rank,
+        qk_rope_head_dim=cfg.qk_rope_head_dim,
+        layer_num=cfg.layers,
+        device=cfg.device,
+        kv_cache_dim=cfg.kv_cache_dim,
+        index_head_dim=cfg.index_head_dim,
+        with_index_k_scale=cfg.with_index_k_scale,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class HicacheConfig:
+    """Model shape and run size (defaults: DeepSeek-V3 MLA cache in bf16)."""
+
+    layers: int = 61
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    dtype: torch.dtype = torch.bfloat16
+    tokens: int = 4096  # tokens moved per call, unless ``pages`` is given
+    pages: int | None = None  # pages moved per call
+    warmup: int = 1
+    repeats: int = 5
+    budget_s: float = 4.0  # per op: slow baselines stop repeating after this
+    baselines: tuple[str, ...] = ("per_token", "per_page")
+    shuffle_host: bool = False  # random host pages instead of host.alloc() slots
+    seed: int = 0
+    device: str | None = None
+    model: str = "deepseek-v3"  # a key of MODELS; MHA models ignore the MLA dims above
+    kv_cache_dim: int | None = None  # packed rows of ``dtype`` (DeepSeek-V3.2: 656 uint8)
+    index_head_dim: int | None = None  # the DSA indexer cache, on every layer
+    with_index_k_scale: bool = False
+    compare_fixed: bool = False  # also time "fixed": the old preset (ATen's threads), interleaved
+    copy_threads: tuple[int, ...] = (1,)  # the reference: the fastest of these torch thread counts
+
+    @property
+    def is_mha(self) -> bool:
+        return MODELS[self.model].is_mha
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one token over every layer (MLA row or K and V, indexer included)."""
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        shape = MODELS[self.model]
+        if shape.is_mha:
+            return self.layers * 2 * shape.head_num * shape.head_dim * itemsize
+        dim = self.kv_cache_dim or self.kv_lora_rank + self.qk_rope_head_dim
+        index = (self.index_head_dim or 0) * itemsize + (4 if self.with_index_k_scale else 0)
+        return self.layers * (dim * itemsize + index)
+
+    def batch_tokens(self, page_size: int) -> int:
+        if self.pages is not None:
+            return self.pages * page_size
+        return max(page_size, self.tokens // page_size * page_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    backend: Backend
+    layout: HostLayout
+    io_backend: IOBackend
+    page_size: int
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.backend.name} {self.layout.value}/{self.io_backend.value} page {self.page_size}"
+        )
+
+
+def list_cases(
+    backends: list[Backend],
+    layouts: set[HostLayout] | None,
+    page_sizes: list[int],
+    mha: bool = False,
+) -> list[Case]:
+    cases: list[Case] = []
+    for backend in backends:
+        for page_size in page_sizes:
+            for layout, ios in pairs_of(backend, mha).items():
+                if layouts is not None and layout not in layouts:
+                    continue
+                cases.extend(
+                    Case(backend, layout, io, page_size)
+                    for io in sorted(ios, key=lambda i: i.value)
+                )
+    return cases

@@ -23,8 +23,7 @@ from sgl_core.cli._checks import (
     check_plot_available,
     check_positive,
 )
-from sgl_core.cli._hicache import Case, HicacheConfig, list_cases
-from sgl_core.cli._hicache_models import MODELS, pairs_of
+from sgl_core.cli._hicache_models import MODELS, Case, HicacheConfig, list_cases, pairs_of
 from sgl_core.errors import BackendUnavailableError
 from sgl_core.kv.protocols._protocols import Backend, EmulatedWithoutDevice
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import time
-from pathlib import Path
 
 from sgl_core.backends._torch_backend import backend as torch_backend
 from sgl_core.cli._checks import (
@@ -17,7 +15,7 @@ from sgl_core.cli._checks import (
     check_positive,
     exit_status,
 )
-from sgl_core.cli._report import machine_info, print_table
+from sgl_core.cli._report import print_table, write_json
 from sgl_core.kv._enums import HostLayout
 
 __all__ = ["add_parser", "left_out_stores", "run"]
@@ -111,13 +109,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"stores left out: {', '.join(sorted(skipped))} (reasons above)")
     print(f"wall time: {time.perf_counter() - started:.1f} s")
     if args.json:
-        doc = {
-            "machine": machine_info(),
-            "notes": notes,
-            "records": records,
-            "left_out": skipped,
-        }
-        Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+        write_json(args.json, records, notes=notes, left_out=skipped)
         print(f"wrote {args.json}")
     ok = all(r.get("verified", True) is not False for r in records)
     return 0 if ok else 1

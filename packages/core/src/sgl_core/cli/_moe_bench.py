@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from sgl_core.cli._timing import median, time_interleaved
+from sgl_core.cli._report import median, time_interleaved
 from sgl_core.errors import BackendUnavailableError
 from sgl_core.moe._bench_case import MoEBenchCase, moe_bench_factories
 from sgl_core.moe._moe import MoEWeights, TorchMoEMethod, maybe_fuse_routed_scale_and_shared_add

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
 
 import torch
 
@@ -24,7 +23,7 @@ from sgl_core.cli._moe_bench import (
     check_torch_moe,
     device_cases,
 )
-from sgl_core.cli._report import interpreted_note, machine_info, print_table
+from sgl_core.cli._report import interpreted_note, print_table, write_json
 
 __all__ = ["add_parser", "run"]
 
@@ -120,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"verified: {'yes' if ok else 'NO'}")
     print(f"wall time: {time.perf_counter() - started:.1f} s")
     if args.json:
-        _write(args.json, records, quick=args.quick)
+        write_json(args.json, records, quick=args.quick)
         print(f"wrote {args.json}")
     if args.plot:
         from sgl_core.cli._plot import plot_moe
@@ -128,11 +127,3 @@ def run(args: argparse.Namespace) -> int:
         plot_moe(records, args.plot)
         print(f"wrote {args.plot}")
     return 0 if ok else 1
-
-
-def _write(path: str, records: list[MoERecord], **extra: Any) -> None:
-    import json
-    from pathlib import Path
-
-    doc = {"machine": machine_info(), "records": [r.to_json() for r in records], **extra}
-    Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

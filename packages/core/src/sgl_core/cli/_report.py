@@ -1,4 +1,4 @@
-"""Records, machine facts, progress and summary tables (``rich`` when installed)."""
+"""Interleaved timing, records, machine facts, progress, tables (``rich`` when installed)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import dataclasses
 import json
 import os
 import platform
+import statistics
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import torch
 
@@ -19,9 +21,14 @@ __all__ = [
     "Record",
     "interpreted_note",
     "machine_info",
+    "median",
     "print_table",
+    "sync",
+    "time_interleaved",
     "write_json",
 ]
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclasses.dataclass
@@ -93,9 +100,11 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def write_json(path: str, machine: dict[str, Any], records: Sequence[Record], **extra: Any) -> None:
-    doc = {"machine": machine, "records": [r.to_json() for r in records], **extra}
-    Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+def write_json(path: str, records: Sequence[Any], **extra: Any) -> None:
+    """``{machine, records, **extra}``; a record is a dict or has ``to_json()``."""
+    rows = [r if isinstance(r, dict) else r.to_json() for r in records]
+    doc = {"machine": machine_info(), "records": rows, **extra}
+    Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
 
 
 class Progress:
@@ -153,3 +162,53 @@ def print_table(
     for cells in (header, *rows):
         line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
         print(line.rstrip(), file=stream)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued work on ``device`` (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median(samples: list[float]) -> float:
+    return float(statistics.median(samples)) if samples else float("nan")
+
+
+def time_interleaved(
+    ops: Mapping[K, Callable[[], None]],
+    *,
+    warmup: int,
+    repeats: int,
+    budget_s: float,
+    device: torch.device,
+    on_step: Callable[[], None] | None = None,
+    prepare: Mapping[K, Callable[[], None]] | None = None,
+) -> dict[K, list[float]]:
+    """Seconds per call of every op, measured round-robin.
+
+    Each round runs every op once, so slow drifts of the machine (other
+    processes, frequency, page cache) hit all ops alike. The first ``warmup``
+    rounds are not recorded. An op that has spent more than ``budget_s`` and
+    has one recorded sample sits out later rounds (slow baselines).
+    ``prepare[key]``, if given, runs untimed before each call of ``ops[key]``
+    (e.g. to restore inputs an in-place op consumed).
+    """
+    samples: dict[K, list[float]] = {key: [] for key in ops}
+    spent: dict[K, float] = dict.fromkeys(ops, 0.0)
+    for round_no in range(warmup + repeats):
+        for key, fn in ops.items():
+            if round_no > warmup and samples[key] and spent[key] > budget_s:
+                continue
+            if prepare is not None and key in prepare:
+                prepare[key]()
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            elapsed = time.perf_counter() - start
+            spent[key] += elapsed
+            if round_no >= warmup:
+                samples[key].append(elapsed)
+        if on_step is not None:
+            on_step()
+    return samples

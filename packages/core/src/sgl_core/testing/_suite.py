@@ -1,21 +1,10 @@
 """The backend conformance suite: one behaviour contract for every backend and KV kind.
 
-A backend package runs it against itself by subclassing::
-
-    from sgl_core.testing import BackendConformanceSuite
-
-    class TestMyBackend(BackendConformanceSuite):
-        backend_name = "mine"
-
-Each check runs every KV kind of ``kinds`` (MLA, packed MLA, MLA with the
-DSA indexer on a subset of layers, packed DSA rows, MHA with V as wide as K
-and with narrower V: ``sgl_core.testing._kinds.KINDS``) on every (layout, io
-backend) pair the backend declares for that kind (``supported_pairs``,
-``supported_mha_pairs``; a backend without MHA pools runs the MLA kinds).
-Override :meth:`make_device_pool` / :meth:`make_mha_device_pool` to pass
-backend-specific options. The portable ``torch`` backend passes this suite
-and is its oracle: every check compares raw bytes read back through the
-public pool API.
+A backend subclasses it with ``backend_name`` set; docs/design.md (section 4)
+lists the kinds and pairs each check runs and what it checks. Override
+:meth:`make_device_pool` / :meth:`make_mha_device_pool` to pass
+backend-specific options. The ``torch`` backend passes it and is its oracle:
+every check compares raw bytes read back through the public pool API.
 """
 
 from __future__ import annotations

@@ -36,15 +36,8 @@ class RowChecks(MisuseChecks):
     """Raw-row accessors, packed rows, indexer configuration and page identity."""
 
     def pool(self, backend: Backend, **options: Any) -> MLADevicePool:
-        return backend.create_device_pool(
-            size=self.device_pages * 16,
-            page_size=16,
-            dtype=options.pop("dtype", self.dtype),
-            kv_lora_rank=self.kv_lora_rank,
-            qk_rope_head_dim=self.qk_rope_head_dim,
-            layer_num=self.layer_num,
-            **options,
-        )
+        args = self.device_pool_args(**options)
+        return backend.create_device_pool(size=self.device_pages * 16, page_size=16, **args)
 
     def dsa_pool(self, backend: Backend, **options: Any) -> MLADevicePool:
         """A DeepSeek-V3.2-shaped pool: 656-byte uint8 rows, fp8-byte keys, fp32 scales."""

@@ -34,15 +34,8 @@ class ValueChecks(SuiteBase):
     """Rows of another dtype or shape, meta rows and integer layer ids, on every accessor."""
 
     def value_pool(self, backend: Backend, **options: Any) -> MLADevicePool:
-        dev = backend.create_device_pool(
-            size=2 * PAGE,
-            page_size=PAGE,
-            dtype=options.pop("dtype", self.dtype),
-            kv_lora_rank=self.kv_lora_rank,
-            qk_rope_head_dim=self.qk_rope_head_dim,
-            layer_num=self.layer_num,
-            **options,
-        )
+        args = self.device_pool_args(**options)
+        dev = backend.create_device_pool(size=2 * PAGE, page_size=PAGE, **args)
         fill_device_random(dev, 31)
         return dev
 
