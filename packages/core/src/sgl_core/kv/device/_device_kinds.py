@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import torch
 
 from sgl_core.errors import PoolMismatchError
-from sgl_core.kv._shapes import MHAShape, MLAShape
+from sgl_core.kv._shapes import MHADims, MHAShape, MLAShape
 from sgl_core.kv.device._indexer import IndexerConfig, check_indexer
 from sgl_core.kv.device._slot_geometry import SlotGeometry, check_pool_geometry
 
@@ -102,7 +102,7 @@ class MLADevicePoolBase(MLAPoolGeometry):
         )
 
 
-class MHAPoolGeometry(SlotGeometry):
+class MHAPoolGeometry(MHADims, SlotGeometry):
     """Geometry every MHA device pool reports (the ``MHADevicePool`` properties)."""
 
     shape: MHAShape
@@ -123,18 +123,6 @@ class MHAPoolGeometry(SlotGeometry):
         v_dim = head_dim if v_head_dim is None else v_head_dim
         self.shape = MHAShape(layer_num, head_num, head_dim, v_dim, dtype)
         self._set_slots(size, page_size, device)
-
-    @property
-    def head_num(self) -> int:
-        return self.shape.head_num
-
-    @property
-    def head_dim(self) -> int:
-        return self.shape.head_dim
-
-    @property
-    def v_head_dim(self) -> int:
-        return self.shape.v_head_dim
 
 
 class MHADevicePoolBase(MHAPoolGeometry):
