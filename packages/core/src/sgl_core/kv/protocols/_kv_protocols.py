@@ -10,23 +10,64 @@ device pool is MHA when it reports ``head_num`` and no ``kv_lora_rank``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeVar, Union, runtime_checkable
 
 import torch
+from typing_extensions import NotRequired, TypedDict
 
 from sgl_core.kv._enums import HostLayout, IOBackend
 
 __all__ = [
     "DevicePoolGeometry",
+    "HostPoolOptions",
     "KVHostPool",
     "MHADevicePool",
     "MHAHostPool",
+    "MHAPoolArgs",
     "MLADevicePool",
     "MLAHostPool",
+    "MLAPoolArgs",
     "PoolShape",
     "is_mha_device_pool",
 ]
+
+
+class _PoolArgs(TypedDict):
+    size: int
+    page_size: int
+    dtype: torch.dtype
+    layer_num: int
+    device: NotRequired[str | torch.device | None]
+
+
+class MLAPoolArgs(_PoolArgs):
+    """The keyword arguments of an MLA (or DSA) device pool (``Backend.create_device_pool``)."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    kv_cache_dim: NotRequired[int | None]
+    index_head_dim: NotRequired[int | None]
+    indexer_layer_ids: NotRequired[Iterable[int] | None]
+    with_index_k_scale: NotRequired[bool]
+
+
+class MHAPoolArgs(_PoolArgs):
+    """The keyword arguments of an MHA/GQA device pool (``Backend.create_mha_device_pool``)."""
+
+    head_num: int
+    head_dim: int
+    v_head_dim: NotRequired[int | None]
+
+
+class HostPoolOptions(TypedDict):
+    """The keyword arguments of ``Backend.create_host_pool`` after the device pool."""
+
+    layout: HostLayout | str
+    host_to_device_ratio: NotRequired[float]
+    host_size_gb: NotRequired[float]
+    pin_memory: NotRequired[bool | None]
+    io_backend: NotRequired[IOBackend | str | None]
 
 
 @runtime_checkable
