@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from typing_extensions import Unpack
 
 from sgl_core.errors import PoolMismatchError
 from sgl_core.kv._shapes import MHADims, MHAShape, MLAShape
 from sgl_core.kv.device._indexer import IndexerConfig, check_indexer
 from sgl_core.kv.device._slot_geometry import SlotGeometry, check_pool_geometry
+from sgl_core.kv.protocols._kv_protocols import MHAGeometryArgs, MLAGeometryArgs
 
 __all__ = ["MHADevicePoolBase", "MHAPoolGeometry", "MLADevicePoolBase", "MLAPoolGeometry"]
 
@@ -64,29 +66,14 @@ class MLADevicePoolBase(MLAPoolGeometry):
     def __init__(
         self,
         *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        layer_num: int,
         device: str | torch.device | None = None,
-        kv_cache_dim: int | None = None,
         index_head_dim: int | None = None,
         indexer_layer_ids: Iterable[int] | None = None,
         with_index_k_scale: bool = False,
+        **geometry: Unpack[MLAGeometryArgs],
     ) -> None:
-        super().__init__(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            kv_lora_rank=kv_lora_rank,
-            qk_rope_head_dim=qk_rope_head_dim,
-            layer_num=layer_num,
-            device=self._pool_device(device),
-            kv_cache_dim=kv_cache_dim,
-        )
-        cfg = check_indexer(index_head_dim, indexer_layer_ids, with_index_k_scale, layer_num)
+        super().__init__(device=self._pool_device(device), **geometry)
+        cfg = check_indexer(index_head_dim, indexer_layer_ids, with_index_k_scale, self.layer_num)
         self._allocate(cfg)
 
     def _allocate(self, indexer: IndexerConfig | None) -> None:
@@ -129,27 +116,9 @@ class MHADevicePoolBase(MHAPoolGeometry):
     """The engine constructor of an MHA/GQA device pool; storage is ``_allocate``'s."""
 
     def __init__(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        head_num: int,
-        head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        v_head_dim: int | None = None,
+        self, *, device: str | torch.device | None = None, **geometry: Unpack[MHAGeometryArgs]
     ) -> None:
-        super().__init__(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            head_num=head_num,
-            head_dim=head_dim,
-            layer_num=layer_num,
-            device=self._pool_device(device),
-            v_head_dim=v_head_dim,
-        )
+        super().__init__(device=self._pool_device(device), **geometry)
         self._allocate()
 
     def _allocate(self) -> None:

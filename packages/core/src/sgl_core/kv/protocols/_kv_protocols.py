@@ -23,9 +23,11 @@ __all__ = [
     "HostPoolOptions",
     "KVHostPool",
     "MHADevicePool",
+    "MHAGeometryArgs",
     "MHAHostPool",
     "MHAPoolArgs",
     "MLADevicePool",
+    "MLAGeometryArgs",
     "MLAHostPool",
     "MLAPoolArgs",
     "PoolShape",
@@ -33,31 +35,42 @@ __all__ = [
 ]
 
 
-class _PoolArgs(TypedDict):
+class _GeometryArgs(TypedDict):
     size: int
     page_size: int
     dtype: torch.dtype
     layer_num: int
-    device: NotRequired[str | torch.device | None]
 
 
-class MLAPoolArgs(_PoolArgs):
-    """The keyword arguments of an MLA (or DSA) device pool (``Backend.create_device_pool``)."""
+class MLAGeometryArgs(_GeometryArgs):
+    """The keyword arguments of an MLA pool's geometry (``MLAPoolGeometry``)."""
 
     kv_lora_rank: int
     qk_rope_head_dim: int
     kv_cache_dim: NotRequired[int | None]
+
+
+class MLAPoolArgs(MLAGeometryArgs):
+    """The keyword arguments of an MLA (or DSA) device pool (``Backend.create_device_pool``)."""
+
+    device: NotRequired[str | torch.device | None]
     index_head_dim: NotRequired[int | None]
     indexer_layer_ids: NotRequired[Iterable[int] | None]
     with_index_k_scale: NotRequired[bool]
 
 
-class MHAPoolArgs(_PoolArgs):
-    """The keyword arguments of an MHA/GQA device pool (``Backend.create_mha_device_pool``)."""
+class MHAGeometryArgs(_GeometryArgs):
+    """The keyword arguments of an MHA pool's geometry (``MHAPoolGeometry``)."""
 
     head_num: int
     head_dim: int
     v_head_dim: NotRequired[int | None]
+
+
+class MHAPoolArgs(MHAGeometryArgs):
+    """The keyword arguments of an MHA/GQA device pool (``Backend.create_mha_device_pool``)."""
+
+    device: NotRequired[str | torch.device | None]
 
 
 class HostPoolOptions(TypedDict):
