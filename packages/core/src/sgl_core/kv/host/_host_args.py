@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from sgl_core.errors import (
     ArgumentTypeError,
@@ -26,6 +26,8 @@ from sgl_core.kv._validation import differing_fields
 from sgl_core.kv.protocols._kv_protocols import DevicePoolGeometry
 
 __all__ = ["HostArguments", "describe_pairs", "size_argument"]
+
+ChoiceT = TypeVar("ChoiceT", HostLayout, IOBackend)
 
 # Leave this much host memory to the rest of the process when sizing pools.
 _MEMORY_HEADROOM = 1 << 30
@@ -126,12 +128,7 @@ class HostArguments:
         self, layout: HostLayout | str, io_backend: IOBackend | str | None
     ) -> HostLayout:
         pairs = type(self).supported_pairs
-        try:
-            parsed = HostLayout.parse(layout, argument="layout")
-        except ValueError as exc:
-            raise UnsupportedLayoutError(
-                f"{exc}; supported pairs: {describe_pairs(pairs)}"
-            ) from None
+        parsed = self._parse(HostLayout, layout, "layout")
         if parsed not in pairs:
             raise UnsupportedLayoutError(
                 f"layout={parsed.value!r} is not supported by {type(self).__name__}; "
@@ -141,14 +138,16 @@ class HostArguments:
             self._check_io_backend(parsed, io_backend)
         return parsed
 
+    def _parse(self, kind: type[ChoiceT], value: object, argument: str) -> ChoiceT:
+        try:
+            return kind.parse(value, argument=argument)
+        except ValueError as exc:
+            pairs = describe_pairs(type(self).supported_pairs)
+            raise UnsupportedLayoutError(f"{exc}; supported pairs: {pairs}") from None
+
     def _check_io_backend(self, layout: HostLayout, io_backend: IOBackend | str) -> IOBackend:
         pairs = type(self).supported_pairs
-        try:
-            parsed = IOBackend.parse(io_backend, argument="io_backend")
-        except ValueError as exc:
-            raise UnsupportedLayoutError(
-                f"{exc}; supported pairs: {describe_pairs(pairs)}"
-            ) from None
+        parsed = self._parse(IOBackend, io_backend, "io_backend")
         if parsed not in pairs[layout]:
             raise UnsupportedLayoutError(
                 f"io_backend={parsed.value!r} does not run layout={layout.value!r}; "
