@@ -1,13 +1,9 @@
 """The two kinds' device-pool geometry and the engine constructor every backend's pools share.
 
-``MLAPoolGeometry`` / ``MHAPoolGeometry`` are the geometry every device pool
-of a kind reports: backend authors subclass them, call ``__init__`` first,
-then allocate their buffers (override ``device`` to report the buffers' own
-device). ``MLADevicePoolBase`` / ``MHADevicePoolBase`` add the constructor an
-engine calls, one signature per kind for the torch, cuda and Ascend pools
-alike: it resolves ``device`` with the backend's ``_pool_device``, checks the
-geometry (and the DSA indexer arguments), then calls the backend's
-``_allocate``.
+Backend authors subclass ``MLAPoolGeometry`` / ``MHAPoolGeometry`` (geometry
+only) or ``MLADevicePoolBase`` / ``MHADevicePoolBase`` (the engine's
+constructor: ``device`` resolved by the backend's ``_pool_device``, geometry
+and indexer checked, then the backend's ``_allocate``).
 """
 
 from __future__ import annotations

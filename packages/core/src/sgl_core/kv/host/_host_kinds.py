@@ -1,11 +1,7 @@
 """The kind layers of the host-pool base: how an MLA or MHA device pool's spec is read.
 
-Everything else (sizes, checks, page formats, validation, dispatch) is
-``HostPoolBase``'s and reads the spec. A kind layer adds the device-pool
-view ``create_host_pool`` made, the kind's shape object (``MLAShape``,
-``MHAShape``, engine-visible through ``pool.shape``) and the engine
-accessors that name the kind's numbers (``kv_cache_dim``; ``head_num``,
-``head_dim``, ``v_head_dim``).
+Everything else is ``HostPoolBase``'s; a kind adds the device-pool view, its
+shape (``pool.shape``) and the engine accessors naming the kind's numbers.
 """
 
 from __future__ import annotations
