@@ -23,6 +23,7 @@ from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._memory import available_host_bytes
 from sgl_core.kv._spec import KVSpec
 from sgl_core.kv._validation import differing_fields
+from sgl_core.kv.device._slot_geometry import PoolSizes
 from sgl_core.kv.protocols._kv_protocols import DevicePoolGeometry
 
 __all__ = ["HostArguments", "describe_pairs", "size_argument"]
@@ -50,7 +51,7 @@ def describe_pairs(pairs: Mapping[HostLayout, frozenset[IOBackend]]) -> str:
     )
 
 
-class HostArguments:
+class HostArguments(PoolSizes):
     """Layout, io backend and size checks; the class's ``movers`` and ``supported_pairs``."""
 
     #: Per host layout this class builds: each io backend it runs and its mover factory.
@@ -67,8 +68,6 @@ class HostArguments:
         if movers is not None:
             cls.supported_pairs = {layout: frozenset(ios) for layout, ios in movers.items()}
 
-    _page_size: int
-
     spec: KVSpec
     default_io_backend: IOBackend | None
     _layout: HostLayout
@@ -80,14 +79,6 @@ class HostArguments:
         raise NotImplementedError
 
     def _check_device_pool_kind(self, device_pool: Any) -> None:
-        raise NotImplementedError
-
-    @property
-    def layer_num(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def dtype(self) -> Any:
         raise NotImplementedError
 
     # ------------------------------------------------------------ the device

@@ -56,7 +56,7 @@ class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
         return self.shape.kv_cache_dim
 
 
-class MHAHostPoolBase(MHADims, HostPoolBase[MHADevicePool, MHAShape]):
+class MHAHostPoolBase(HostPoolBase[MHADevicePool, MHAShape], MHADims):
     """Common behaviour of MHA host pools (see ``sgl_core.MHAHostPool``)."""
 
     #: Per host layout this class builds: each io backend it runs and its mover factory.
