@@ -127,17 +127,19 @@ class MLADevicePool(DevicePoolGeometry, Protocol):
         ...
 
 
-@runtime_checkable
-class MHADevicePool(DevicePoolGeometry, Protocol):
-    """An accelerator-side MHA/GQA KV cache: a K and a V row per token per layer
-    (GQA: ``head_num`` is the number of KV heads on this rank)."""
-
+class _MHADims(Protocol):
     @property
     def head_num(self) -> int: ...
     @property
     def head_dim(self) -> int: ...
     @property
     def v_head_dim(self) -> int: ...
+
+
+@runtime_checkable
+class MHADevicePool(DevicePoolGeometry, _MHADims, Protocol):
+    """An accelerator-side MHA/GQA KV cache: a K and a V row per token per layer
+    (GQA: ``head_num`` is the number of KV heads on this rank)."""
 
     def set_kv_buffer(
         self,
@@ -256,15 +258,8 @@ class MLAHostPool(_HostPool[MLADevicePool], Protocol):
 
 
 @runtime_checkable
-class MHAHostPool(_HostPool[MHADevicePool], Protocol):
+class MHAHostPool(_HostPool[MHADevicePool], _MHADims, Protocol):
     """A host pool of MHA/GQA device pools: the same contract, with the kind's numbers."""
-
-    @property
-    def head_num(self) -> int: ...
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def v_head_dim(self) -> int: ...
 
 
 #: A host pool of either kind: what L3 page stores accept (they read only the
