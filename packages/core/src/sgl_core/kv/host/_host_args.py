@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from sgl_core.errors import (
@@ -25,6 +25,7 @@ from sgl_core.kv._spec import KVSpec
 from sgl_core.kv._validation import differing_fields
 from sgl_core.kv.device._slot_geometry import PoolSizes
 from sgl_core.kv.protocols._kv_protocols import DevicePoolGeometry
+from sgl_core.transfer._transfer import MoverFactory
 
 __all__ = ["HostArguments", "describe_pairs", "size_argument"]
 
@@ -55,7 +56,7 @@ class HostArguments(PoolSizes):
     """Layout, io backend and size checks; the class's ``movers`` and ``supported_pairs``."""
 
     #: Per host layout this class builds: each io backend it runs and its mover factory.
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]]
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
     #: Host layouts this class builds, each with the io backends it runs (from ``movers``).
     supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
 

@@ -6,18 +6,16 @@ shape (``pool.shape``) and the engine accessors naming the kind's numbers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import ClassVar, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from sgl_core.errors import PoolMismatchError
-from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._shapes import MHADims, MHAShape, MLAShape
 from sgl_core.kv._spec import KVSpec, mha_spec
 from sgl_core.kv.device._engine_views import as_device_pool, as_mha_device_pool
 from sgl_core.kv.device._indexer import indexer_of, mla_pool_spec
 from sgl_core.kv.host._host_pool import HostPoolBase
 from sgl_core.kv.protocols._kv_protocols import MHADevicePool, MLADevicePool
-from sgl_core.transfer._transfer import MoverFactory
 
 __all__ = ["MHAHostPoolBase", "MLAHostPoolBase"]
 
@@ -37,9 +35,6 @@ def _read_shape(
 class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
     """Common behaviour of MLA host pools (see ``sgl_core.MLAHostPool``)."""
 
-    #: Per host layout this class builds: each io backend it runs and its mover factory.
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
-
     def _as_device_pool(self, device_pool: MLADevicePool) -> MLADevicePool:
         # The same view create_host_pool made: SGLang's pool moves its own bytes.
         return as_device_pool(device_pool)
@@ -58,9 +53,6 @@ class MLAHostPoolBase(HostPoolBase[MLADevicePool, MLAShape]):
 
 class MHAHostPoolBase(HostPoolBase[MHADevicePool, MHAShape], MHADims):
     """Common behaviour of MHA host pools (see ``sgl_core.MHAHostPool``)."""
-
-    #: Per host layout this class builds: each io backend it runs and its mover factory.
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
 
     def _as_device_pool(self, device_pool: MHADevicePool) -> MHADevicePool:
         # The same view create_host_pool made: SGLang's pool moves its own bytes.
