@@ -1,18 +1,9 @@
-"""What ``sgl_core`` promises to backend authors.
+"""What ``sgl_core`` promises to backend authors (docs/design.md section 2).
 
-``sgl_core`` (its ``__all__``) is the API a serving engine uses. This module
-is the interface a *device package* builds on: everything ``sgl_cuda`` and
-``sgl_ascend`` use from core comes from here, and an import-linter contract
-forbids them from importing any private ``sgl_core._*`` module. A name here
-is kept stable like the engine API; private modules may change shape freely.
-docs/design.md section 2 ("The backend-author interface") lists its groups:
-discovery and bench hooks, protocols and enums, the KV model (``KVSpec``),
-pool bases and geometry, the mover seam, validation helpers, devices and
-memory, and the copy kit with its one tuning object (``CopyTuning``).
-
-The conformance suite a backend runs against itself is
-``sgl_core.testing.BackendConformanceSuite`` (it needs the ``testing``
-extra, so it is not imported here).
+Everything ``sgl_cuda`` and ``sgl_ascend`` use from core comes from here (an
+import-linter contract forbids them any private ``sgl_core._*`` module); a
+name here is kept stable like the engine API. The conformance suite a backend
+runs is ``sgl_core.testing.BackendConformanceSuite`` (``testing`` extra).
 """
 
 from __future__ import annotations

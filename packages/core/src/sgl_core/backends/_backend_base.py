@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, Generic, TypeVar, overload
+from collections.abc import Callable, Mapping
+from typing import ClassVar, Generic, TypeVar, overload
 
-import torch
+from typing_extensions import Unpack
 
 from sgl_core.errors import UnsupportedLayoutError
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv.device._engine_views import as_device_pool, as_mha_device_pool
 from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core.kv.protocols._kv_protocols import (
+    HostPoolOptions,
     MHADevicePool,
     MHAHostPool,
+    MHAPoolArgs,
     MLADevicePool,
+    MLAPoolArgs,
     is_mha_device_pool,
 )
 from sgl_core.transfer.copy._tuning import CopyTuning
@@ -107,21 +110,7 @@ class PoolBackend(Generic[DeviceT, HostT]):
         ranked = [io for io in self.io_preference if io in ios]
         return (ranked or sorted(ios, key=lambda io: io.value))[0]
 
-    def create_device_pool(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        kv_cache_dim: int | None = None,
-        index_head_dim: int | None = None,
-        indexer_layer_ids: Iterable[int] | None = None,
-        with_index_k_scale: bool = False,
-    ) -> DeviceT:
+    def create_device_pool(self, **args: Unpack[MLAPoolArgs]) -> DeviceT:
         """An MLA (or DeepSeek-V3.2 DSA) device pool of this backend.
 
         ``size`` tokens (a whole number of ``page_size`` pages) per layer, plus
@@ -134,32 +123,9 @@ class PoolBackend(Generic[DeviceT, HostT]):
         backend's default device. Raises ``PoolSizeError`` (sizes, or a pool
         that does not fit), ``DeviceError`` (an unusable device).
         """
-        return self._device_pool_class(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            kv_lora_rank=kv_lora_rank,
-            qk_rope_head_dim=qk_rope_head_dim,
-            layer_num=layer_num,
-            device=device,
-            kv_cache_dim=kv_cache_dim,
-            index_head_dim=index_head_dim,
-            indexer_layer_ids=indexer_layer_ids,
-            with_index_k_scale=with_index_k_scale,
-        )
+        return self._device_pool_class(**args)
 
-    def create_mha_device_pool(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        head_num: int,
-        head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        v_head_dim: int | None = None,
-    ) -> MHADevicePool:
+    def create_mha_device_pool(self, **args: Unpack[MHAPoolArgs]) -> MHADevicePool:
         """An MHA/GQA device pool of this backend: K and V rows per token per layer.
 
         Slots as ``create_device_pool``'s (the padding page, page 0, included).
@@ -172,53 +138,23 @@ class PoolBackend(Generic[DeviceT, HostT]):
         factory = self._mha_device_pool_class
         if factory is None:
             raise self._no_mha()
-        return factory(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            head_num=head_num,
-            head_dim=head_dim,
-            layer_num=layer_num,
-            device=device,
-            v_head_dim=v_head_dim,
-        )
+        return factory(**args)
 
     def _no_mha(self) -> UnsupportedLayoutError:
         return UnsupportedLayoutError(f"backend {self.name!r} builds no MHA pools")
 
     @overload
     def create_host_pool(
-        self,
-        device_pool: MHADevicePool,
-        *,
-        layout: HostLayout | str,
-        host_to_device_ratio: float = 2.0,
-        host_size_gb: float = 0.0,
-        pin_memory: bool | None = None,
-        io_backend: IOBackend | str | None = None,
+        self, device_pool: MHADevicePool, **options: Unpack[HostPoolOptions]
     ) -> MHAHostPool: ...
 
     @overload
     def create_host_pool(
-        self,
-        device_pool: MLADevicePool,
-        *,
-        layout: HostLayout | str,
-        host_to_device_ratio: float = 2.0,
-        host_size_gb: float = 0.0,
-        pin_memory: bool | None = None,
-        io_backend: IOBackend | str | None = None,
+        self, device_pool: MLADevicePool, **options: Unpack[HostPoolOptions]
     ) -> HostT: ...
 
     def create_host_pool(
-        self,
-        device_pool: MLADevicePool | MHADevicePool,
-        *,
-        layout: HostLayout | str,
-        host_to_device_ratio: float = 2.0,
-        host_size_gb: float = 0.0,
-        pin_memory: bool | None = None,
-        io_backend: IOBackend | str | None = None,
+        self, device_pool: MLADevicePool | MHADevicePool, **options: Unpack[HostPoolOptions]
     ) -> HostT | MHAHostPool:
         """A host pool of ``device_pool``'s kind (MHA or MLA), checked against its pairs.
 
@@ -231,19 +167,12 @@ class PoolBackend(Generic[DeviceT, HostT]):
         when given, is checked against ``layout`` and becomes the pool's
         ``default_io_backend`` for transfers that omit theirs.
         """
-        args: dict[str, Any] = {
-            "layout": layout,
-            "host_to_device_ratio": host_to_device_ratio,
-            "host_size_gb": host_size_gb,
-            "pin_memory": pin_memory,
-            "io_backend": io_backend,
-        }
         # An engine's own pool (e.g. SGLang's, whose ``device`` is a str) is
         # normalized here, at the boundary, so host pools see only the protocol.
         if is_mha_device_pool(device_pool):
             host = self._mha_host_pool_class
             if host is None:
                 raise self._no_mha()
-            pool: MHAHostPool = host(as_mha_device_pool(device_pool), **args, tuning=self.tuning)
+            pool: MHAHostPool = host(as_mha_device_pool(device_pool), **options, tuning=self.tuning)
             return pool
-        return self._host_pool_class(as_device_pool(device_pool), **args, tuning=self.tuning)
+        return self._host_pool_class(as_device_pool(device_pool), **options, tuning=self.tuning)

@@ -13,7 +13,7 @@ import torch
 
 from sgl_core.kv._spec import KVSpec, mha_spec, mla_spec
 
-__all__ = ["MHAShape", "MLAShape"]
+__all__ = ["MHADims", "MHAShape", "MLAShape"]
 
 
 class _Sized:
@@ -111,3 +111,21 @@ class MHAShape(_Sized):
     def v_row_bytes(self) -> int:
         """Bytes of one token's V row of one layer."""
         return self.spec.component("v").row_bytes
+
+
+class MHADims:
+    """The MHA numbers of a pool (device or host), read off its ``shape``."""
+
+    shape: MHAShape
+
+    @property
+    def head_num(self) -> int:
+        return self.shape.head_num
+
+    @property
+    def head_dim(self) -> int:
+        return self.shape.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.shape.v_head_dim

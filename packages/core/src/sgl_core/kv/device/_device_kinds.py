@@ -1,13 +1,9 @@
 """The two kinds' device-pool geometry and the engine constructor every backend's pools share.
 
-``MLAPoolGeometry`` / ``MHAPoolGeometry`` are the geometry every device pool
-of a kind reports: backend authors subclass them, call ``__init__`` first,
-then allocate their buffers (override ``device`` to report the buffers' own
-device). ``MLADevicePoolBase`` / ``MHADevicePoolBase`` add the constructor an
-engine calls, one signature per kind for the torch, cuda and Ascend pools
-alike: it resolves ``device`` with the backend's ``_pool_device``, checks the
-geometry (and the DSA indexer arguments), then calls the backend's
-``_allocate``.
+Backend authors subclass ``MLAPoolGeometry`` / ``MHAPoolGeometry`` (geometry
+only) or ``MLADevicePoolBase`` / ``MHADevicePoolBase`` (the engine's
+constructor: ``device`` resolved by the backend's ``_pool_device``, geometry
+and indexer checked, then the backend's ``_allocate``).
 """
 
 from __future__ import annotations
@@ -15,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from typing_extensions import Unpack
 
 from sgl_core.errors import PoolMismatchError
-from sgl_core.kv._shapes import MHAShape, MLAShape
+from sgl_core.kv._shapes import MHADims, MHAShape, MLAShape
 from sgl_core.kv.device._indexer import IndexerConfig, check_indexer
 from sgl_core.kv.device._slot_geometry import SlotGeometry, check_pool_geometry
+from sgl_core.kv.protocols._kv_protocols import MHAGeometryArgs, MLAGeometryArgs
 
 __all__ = ["MHADevicePoolBase", "MHAPoolGeometry", "MLADevicePoolBase", "MLAPoolGeometry"]
 
@@ -64,29 +62,14 @@ class MLADevicePoolBase(MLAPoolGeometry):
     def __init__(
         self,
         *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        layer_num: int,
         device: str | torch.device | None = None,
-        kv_cache_dim: int | None = None,
         index_head_dim: int | None = None,
         indexer_layer_ids: Iterable[int] | None = None,
         with_index_k_scale: bool = False,
+        **geometry: Unpack[MLAGeometryArgs],
     ) -> None:
-        super().__init__(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            kv_lora_rank=kv_lora_rank,
-            qk_rope_head_dim=qk_rope_head_dim,
-            layer_num=layer_num,
-            device=self._pool_device(device),
-            kv_cache_dim=kv_cache_dim,
-        )
-        cfg = check_indexer(index_head_dim, indexer_layer_ids, with_index_k_scale, layer_num)
+        super().__init__(device=self._pool_device(device), **geometry)
+        cfg = check_indexer(index_head_dim, indexer_layer_ids, with_index_k_scale, self.layer_num)
         self._allocate(cfg)
 
     def _allocate(self, indexer: IndexerConfig | None) -> None:
@@ -102,7 +85,7 @@ class MLADevicePoolBase(MLAPoolGeometry):
         )
 
 
-class MHAPoolGeometry(SlotGeometry):
+class MHAPoolGeometry(MHADims, SlotGeometry):
     """Geometry every MHA device pool reports (the ``MHADevicePool`` properties)."""
 
     shape: MHAShape
@@ -124,44 +107,14 @@ class MHAPoolGeometry(SlotGeometry):
         self.shape = MHAShape(layer_num, head_num, head_dim, v_dim, dtype)
         self._set_slots(size, page_size, device)
 
-    @property
-    def head_num(self) -> int:
-        return self.shape.head_num
-
-    @property
-    def head_dim(self) -> int:
-        return self.shape.head_dim
-
-    @property
-    def v_head_dim(self) -> int:
-        return self.shape.v_head_dim
-
 
 class MHADevicePoolBase(MHAPoolGeometry):
     """The engine constructor of an MHA/GQA device pool; storage is ``_allocate``'s."""
 
     def __init__(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        head_num: int,
-        head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        v_head_dim: int | None = None,
+        self, *, device: str | torch.device | None = None, **geometry: Unpack[MHAGeometryArgs]
     ) -> None:
-        super().__init__(
-            size=size,
-            page_size=page_size,
-            dtype=dtype,
-            head_num=head_num,
-            head_dim=head_dim,
-            layer_num=layer_num,
-            device=self._pool_device(device),
-            v_head_dim=v_head_dim,
-        )
+        super().__init__(device=self._pool_device(device), **geometry)
         self._allocate()
 
     def _allocate(self) -> None:

@@ -1,12 +1,8 @@
 """The per-layer device pools of the torch backend (and, subclassed, cuda), both kinds.
 
-Their constructor is their kind's (``sgl_core.kv.device._device_kinds``);
-``PerLayerMLADevicePool`` and ``PerLayerMHADevicePool`` keep their spec's components as per-layer
-tensors (``sgl_core.kv.device._device_rows``) and add the kind's engine accessors:
-``set_mla_kv_buffer`` / ``get_mla_kv_buffer`` and the raw-row ``set_kv_rows``
-/ ``get_kv_rows`` (MLA, with the DSA indexer's ``set_index_k_buffer``), and
-``set_kv_buffer`` / ``get_kv_buffer`` (MHA: K and V rows, SGLang's
-``MHATokenToKVPool`` field names).
+Their constructor is their kind's (``_device_kinds``); they keep their spec's
+components as per-layer tensors (``_device_rows``) and add the kind's engine
+accessors (MHA: SGLang's ``MHATokenToKVPool`` field names).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Device pools built by a serving engine (MLA and MHA), normalized at our boundary.
 
-SGLang's ``MLATokenToKVPool`` / ``MHATokenToKVPool`` have every member our
-host pools read (sizes, ``dtype``, per-layer buffer lists) except that their
-``device`` is a ``str`` and their KV accessors take the engine's
-attention-layer objects, not layer ids. The views here (made by
-``sgl_core.kv.device._engine_views``) report a ``torch.device``, follow our
-device-pool protocols and share the engine's lists, so every transfer reads
-and writes the engine's own tensors.
+SGLang's pools report ``device`` as a ``str`` and take attention-layer
+objects in their accessors; these views (made by ``_engine_views``) follow
+our protocols over the engine's own per-layer lists, so transfers move the
+engine's tensors.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The sparse-attention (DSA/NSA) indexer cache of per-layer MLA device pools.
 
-DeepSeek-V3.2-style models keep, besides the MLA KV row, an indexer key per
-token for some layers (``indexer_layer_ids``): ``index_head_dim`` elements of
-the pool's dtype (fp8 bytes in practice) and, optionally, one float32 scale.
-A per-layer device pool holds them as one tensor per *indexer slot* (the
-position of a model layer in ``indexer_layer_ids``)::
-
-    index_k_buffer[slot]        (size + page_size, 1, index_head_dim)   pool dtype
-    index_k_scale_buffer[slot]  (size + page_size, 1, 1)                float32
-
-:class:`IndexerConfig` is the configuration a host pool mirrors and checks
-(``PoolMismatchError`` when a device pool's differs); the Ascend backend's
-contiguous pools report the same three public attributes.
+Buffers, slots and what a host pool mirrors: docs/design.md section 5a
+(DeepSeek-V3.2 rows). :class:`IndexerConfig` is that mirrored configuration
+(``PoolMismatchError`` when a device pool's differs).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from sgl_core.kv._validation import (
 from sgl_core.kv.device._devices import check_fits, usable_device
 from sgl_core.kv.protocols._kv_protocols import PoolShape
 
-__all__ = ["SlotGeometry", "check_pool_geometry"]
+__all__ = ["PoolSizes", "SlotGeometry", "check_pool_geometry"]
 
 
 def check_pool_geometry(size: int, page_size: int) -> None:
@@ -34,14 +34,36 @@ def check_pool_geometry(size: int, page_size: int) -> None:
         raise PoolSizeError(f"size={size} is not a multiple of page_size={page_size}")
 
 
-class SlotGeometry:
+class PoolSizes:
+    """``size``, ``page_size``, ``layer_num`` and ``dtype`` of a pool (device or host)."""
+
+    shape: PoolShape
+    _size: int
+    _page_size: int
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def layer_num(self) -> int:
+        return self.shape.layer_num
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shape.dtype
+
+
+class SlotGeometry(PoolSizes):
     """Sizes, slots, dtype and device of a device pool; the row shape is the subclass's.
 
     A subclass checks ``check_pool_geometry(size, page_size)`` first, sets
     ``shape``, then calls ``_set_slots`` (which refuses a pool that cannot fit).
     """
-
-    shape: PoolShape
 
     def _pool_device(self, device: str | torch.device | None) -> torch.device:
         """The device ``device`` names for this backend's pools (None: its default)."""
@@ -57,14 +79,6 @@ class SlotGeometry:
         return pool_repr(self, {"device": self.device})
 
     @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def page_size(self) -> int:
-        return self._page_size
-
-    @property
     def page_num(self) -> int:
         """Pages per layer, the padding page included."""
         return (self._size + self._page_size) // self._page_size
@@ -73,14 +87,6 @@ class SlotGeometry:
     def slot_count(self) -> int:
         """Addressable token slots, padding page included."""
         return self._size + self._page_size
-
-    @property
-    def layer_num(self) -> int:
-        return self.shape.layer_num
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.shape.dtype
 
     @property
     def device(self) -> torch.device:

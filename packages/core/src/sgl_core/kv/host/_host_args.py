@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
 
 from sgl_core.errors import (
     ArgumentTypeError,
@@ -23,9 +23,13 @@ from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._memory import available_host_bytes
 from sgl_core.kv._spec import KVSpec
 from sgl_core.kv._validation import differing_fields
+from sgl_core.kv.device._slot_geometry import PoolSizes
 from sgl_core.kv.protocols._kv_protocols import DevicePoolGeometry
+from sgl_core.transfer._transfer import MoverFactory
 
 __all__ = ["HostArguments", "describe_pairs", "size_argument"]
+
+ChoiceT = TypeVar("ChoiceT", HostLayout, IOBackend)
 
 # Leave this much host memory to the rest of the process when sizing pools.
 _MEMORY_HEADROOM = 1 << 30
@@ -48,11 +52,11 @@ def describe_pairs(pairs: Mapping[HostLayout, frozenset[IOBackend]]) -> str:
     )
 
 
-class HostArguments:
+class HostArguments(PoolSizes):
     """Layout, io backend and size checks; the class's ``movers`` and ``supported_pairs``."""
 
     #: Per host layout this class builds: each io backend it runs and its mover factory.
-    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, Callable[[Any], Any]]]]
+    movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]]
     #: Host layouts this class builds, each with the io backends it runs (from ``movers``).
     supported_pairs: ClassVar[Mapping[HostLayout, frozenset[IOBackend]]]
 
@@ -65,8 +69,6 @@ class HostArguments:
         if movers is not None:
             cls.supported_pairs = {layout: frozenset(ios) for layout, ios in movers.items()}
 
-    _page_size: int
-
     spec: KVSpec
     default_io_backend: IOBackend | None
     _layout: HostLayout
@@ -78,14 +80,6 @@ class HostArguments:
         raise NotImplementedError
 
     def _check_device_pool_kind(self, device_pool: Any) -> None:
-        raise NotImplementedError
-
-    @property
-    def layer_num(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def dtype(self) -> Any:
         raise NotImplementedError
 
     # ------------------------------------------------------------ the device
@@ -126,12 +120,7 @@ class HostArguments:
         self, layout: HostLayout | str, io_backend: IOBackend | str | None
     ) -> HostLayout:
         pairs = type(self).supported_pairs
-        try:
-            parsed = HostLayout.parse(layout, argument="layout")
-        except ValueError as exc:
-            raise UnsupportedLayoutError(
-                f"{exc}; supported pairs: {describe_pairs(pairs)}"
-            ) from None
+        parsed = self._parse(HostLayout, layout, "layout")
         if parsed not in pairs:
             raise UnsupportedLayoutError(
                 f"layout={parsed.value!r} is not supported by {type(self).__name__}; "
@@ -141,14 +130,16 @@ class HostArguments:
             self._check_io_backend(parsed, io_backend)
         return parsed
 
+    def _parse(self, kind: type[ChoiceT], value: object, argument: str) -> ChoiceT:
+        try:
+            return kind.parse(value, argument=argument)
+        except ValueError as exc:
+            pairs = describe_pairs(type(self).supported_pairs)
+            raise UnsupportedLayoutError(f"{exc}; supported pairs: {pairs}") from None
+
     def _check_io_backend(self, layout: HostLayout, io_backend: IOBackend | str) -> IOBackend:
         pairs = type(self).supported_pairs
-        try:
-            parsed = IOBackend.parse(io_backend, argument="io_backend")
-        except ValueError as exc:
-            raise UnsupportedLayoutError(
-                f"{exc}; supported pairs: {describe_pairs(pairs)}"
-            ) from None
+        parsed = self._parse(IOBackend, io_backend, "io_backend")
         if parsed not in pairs[layout]:
             raise UnsupportedLayoutError(
                 f"io_backend={parsed.value!r} does not run layout={layout.value!r}; "

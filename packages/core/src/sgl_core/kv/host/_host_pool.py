@@ -173,24 +173,8 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         return self._layout
 
     @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def page_size(self) -> int:
-        return self._page_size
-
-    @property
     def page_num(self) -> int:
         return self._size // self._page_size
-
-    @property
-    def layer_num(self) -> int:
-        return self.shape.layer_num
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.shape.dtype
 
     # ------------------------------------------------------------- transfers
     def backup_from_device_all_layer(

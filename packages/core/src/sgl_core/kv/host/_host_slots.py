@@ -30,25 +30,20 @@ from sgl_core.kv._validation import (
     check_page_runs,
     check_value_tensor,
 )
+from sgl_core.kv.device._slot_geometry import PoolSizes
 
 __all__ = ["HostSlots"]
 
 
-class HostSlots:
+class HostSlots(PoolSizes):
     """Accounting of ``_size`` token slots in pages of ``_page_size``."""
 
-    _size: int
-    _page_size: int
     _lock: threading.RLock
     _allocated: torch.Tensor
     _free_slots: torch.Tensor
 
     #: The device pool's rows as components: sizes, page order and format identity.
     spec: KVSpec
-
-    @property
-    def dtype(self) -> torch.dtype:
-        raise NotImplementedError
 
     def page_format_fields(self) -> dict[str, object]:
         """What an L3 page's bytes mean beyond what ``sgl_core.l3`` reads off the pool.

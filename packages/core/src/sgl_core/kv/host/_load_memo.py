@@ -1,28 +1,9 @@
 """When a per-layer load may skip re-validation: the memo of the last checked load.
 
-Policy (``MLAHostPoolBase.load_to_device_per_layer``): an engine loads one
-batch layer by layer, passing the *same* index tensors for every layer. The
-first call of a batch validates everything (index dtype, bounds, duplicates,
-page alignment, the device pool). A later call skips that only when all of
-these hold, and otherwise validates again:
-
-* the same device pool object and io backend;
-* the same index tensor *objects*, with unchanged ``_version`` (bumped by every
-  in-place torch write, ``set_`` included), address, shape, strides and dtype;
-  a new tensor with equal values is validated again. Inference tensors
-  (made under ``torch.inference_mode``) have no version counter: on the CPU
-  their values are compared as below; on an accelerator nothing can prove
-  them unchanged without a read-back, so every layer's load validates them
-  in full (build index tensors outside ``inference_mode`` to keep the memo);
-* for index tensors in CPU memory, also equal values (a ``memcmp``, no device
-  synchronization), which catches writes torch does not see (numpy, ctypes);
-  index tensors on an accelerator are never read back here, so the memo costs
-  no host-device synchronization (the first call of a batch does, once);
-* the storage of every device tensor the layer's copy touches is unchanged:
-  address, shape, strides, dtype, device and storage size
-  (:func:`tensor_signature`), so a layer replaced or resized in place
-  (``Tensor.set_``, ``untyped_storage().resize_``) is validated again before
-  a single byte moves.
+The policy (same pool, io backend and index tensor objects, unchanged
+versions and storage; CPU index values compared by memcmp; no device
+read-back) is docs/design.md section 7, "Per-layer loads validate once per
+batch"; :class:`CheckedLoad` holds what the first load of a batch checked.
 """
 
 from __future__ import annotations

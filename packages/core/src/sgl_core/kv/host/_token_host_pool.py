@@ -1,18 +1,13 @@
 """The token-row host pool: one buffer per KV component, in a layout of ``sgl_core.kv._layouts``.
 
-:class:`TokenHostPool` keeps, for each component of the device pool's spec
-(``sgl_core.kv._spec``), one host buffer of ``rows x size`` token rows in
-the pool's layout, named ``<component>_buffer`` (``kv_buffer``;
-``k_buffer``/``v_buffer``; ``index_k_buffer``/``index_k_scale_buffer``).
-Components the spec ``stacked`` (MHA's K and V, equal head dims) share one
-``(2, ...)`` ``kv_buffer``, SGLang's byte order exactly. Its ``direct`` io
-backend (``DirectMover``) runs with any device pool that lists per-layer
-tensors of each component; device backends subclass it to add movers.
-
-The two engine-facing classes differ only in their kind layer
-(``sgl_core.kv.host._host_kinds``) and the layouts they build:
-:class:`TokenRowHostPool` (MLA, with the DSA indexer when the device pool
-has one) and :class:`MHATokenHostPool` (MHA/GQA, also ``page_head``).
+:class:`TokenHostPool` keeps one host buffer of ``rows x size`` token rows per
+component of the device pool's spec, named ``<component>_buffer``; components
+the spec ``stacked`` (MHA's K and V, equal head dims) share one ``(2, ...)``
+``kv_buffer``, SGLang's byte order exactly. Its ``direct`` io backend runs with
+any device pool that lists per-layer tensors of each component; device
+backends subclass it to add movers. :class:`TokenRowHostPool` (MLA, with the
+DSA indexer) and :class:`MHATokenHostPool` (MHA/GQA, also ``page_head``)
+differ only in their kind layer and layouts.
 """
 
 from __future__ import annotations

@@ -10,23 +10,77 @@ device pool is MHA when it reports ``head_num`` and no ``kv_lora_rank``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeVar, Union, runtime_checkable
 
 import torch
+from typing_extensions import NotRequired, TypedDict
 
 from sgl_core.kv._enums import HostLayout, IOBackend
 
 __all__ = [
     "DevicePoolGeometry",
+    "HostPoolOptions",
     "KVHostPool",
     "MHADevicePool",
+    "MHAGeometryArgs",
     "MHAHostPool",
+    "MHAPoolArgs",
     "MLADevicePool",
+    "MLAGeometryArgs",
     "MLAHostPool",
+    "MLAPoolArgs",
     "PoolShape",
     "is_mha_device_pool",
 ]
+
+
+class _GeometryArgs(TypedDict):
+    size: int
+    page_size: int
+    dtype: torch.dtype
+    layer_num: int
+
+
+class MLAGeometryArgs(_GeometryArgs):
+    """The keyword arguments of an MLA pool's geometry (``MLAPoolGeometry``)."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    kv_cache_dim: NotRequired[int | None]
+
+
+class MLAPoolArgs(MLAGeometryArgs):
+    """The keyword arguments of an MLA (or DSA) device pool (``Backend.create_device_pool``)."""
+
+    device: NotRequired[str | torch.device | None]
+    index_head_dim: NotRequired[int | None]
+    indexer_layer_ids: NotRequired[Iterable[int] | None]
+    with_index_k_scale: NotRequired[bool]
+
+
+class MHAGeometryArgs(_GeometryArgs):
+    """The keyword arguments of an MHA pool's geometry (``MHAPoolGeometry``)."""
+
+    head_num: int
+    head_dim: int
+    v_head_dim: NotRequired[int | None]
+
+
+class MHAPoolArgs(MHAGeometryArgs):
+    """The keyword arguments of an MHA/GQA device pool (``Backend.create_mha_device_pool``)."""
+
+    device: NotRequired[str | torch.device | None]
+
+
+class HostPoolOptions(TypedDict):
+    """The keyword arguments of ``Backend.create_host_pool`` after the device pool."""
+
+    layout: HostLayout | str
+    host_to_device_ratio: NotRequired[float]
+    host_size_gb: NotRequired[float]
+    pin_memory: NotRequired[bool | None]
+    io_backend: NotRequired[IOBackend | str | None]
 
 
 @runtime_checkable
@@ -73,17 +127,19 @@ class MLADevicePool(DevicePoolGeometry, Protocol):
         ...
 
 
-@runtime_checkable
-class MHADevicePool(DevicePoolGeometry, Protocol):
-    """An accelerator-side MHA/GQA KV cache: a K and a V row per token per layer
-    (GQA: ``head_num`` is the number of KV heads on this rank)."""
-
+class _MHADims(Protocol):
     @property
     def head_num(self) -> int: ...
     @property
     def head_dim(self) -> int: ...
     @property
     def v_head_dim(self) -> int: ...
+
+
+@runtime_checkable
+class MHADevicePool(DevicePoolGeometry, _MHADims, Protocol):
+    """An accelerator-side MHA/GQA KV cache: a K and a V row per token per layer
+    (GQA: ``head_num`` is the number of KV heads on this rank)."""
 
     def set_kv_buffer(
         self,
@@ -202,15 +258,8 @@ class MLAHostPool(_HostPool[MLADevicePool], Protocol):
 
 
 @runtime_checkable
-class MHAHostPool(_HostPool[MHADevicePool], Protocol):
+class MHAHostPool(_HostPool[MHADevicePool], _MHADims, Protocol):
     """A host pool of MHA/GQA device pools: the same contract, with the kind's numbers."""
-
-    @property
-    def head_num(self) -> int: ...
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def v_head_dim(self) -> int: ...
 
 
 #: A host pool of either kind: what L3 page stores accept (they read only the

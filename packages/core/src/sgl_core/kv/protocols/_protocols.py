@@ -13,17 +13,21 @@ against these Protocols only, never against a backend's concrete classes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol, overload, runtime_checkable
 
 import torch
+from typing_extensions import Unpack
 
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv.protocols._kv_protocols import (
+    HostPoolOptions,
     MHADevicePool,
     MHAHostPool,
+    MHAPoolArgs,
     MLADevicePool,
     MLAHostPool,
+    MLAPoolArgs,
 )
 
 __all__ = ["Backend", "EmulatedWithoutDevice", "LayerViews", "MoEExperts", "MoEMethod"]
@@ -104,61 +108,22 @@ class Backend(Protocol):
         """``default_io`` for MHA host pools: one of ``supported_mha_pairs[layout]``."""
         ...
 
-    def create_device_pool(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        kv_cache_dim: int | None = None,
-        index_head_dim: int | None = None,
-        indexer_layer_ids: Iterable[int] | None = None,
-        with_index_k_scale: bool = False,
-    ) -> MLADevicePool:
+    def create_device_pool(self, **args: Unpack[MLAPoolArgs]) -> MLADevicePool:
         """A device pool; ``kv_cache_dim`` for packed rows, ``index_head_dim`` for an indexer."""
         ...
 
-    def create_mha_device_pool(
-        self,
-        *,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        head_num: int,
-        head_dim: int,
-        layer_num: int,
-        device: str | torch.device | None = None,
-        v_head_dim: int | None = None,
-    ) -> MHADevicePool:
+    def create_mha_device_pool(self, **args: Unpack[MHAPoolArgs]) -> MHADevicePool:
         """An MHA/GQA device pool; ``v_head_dim`` defaults to ``head_dim``."""
         ...
 
     @overload
     def create_host_pool(
-        self,
-        device_pool: MHADevicePool,
-        *,
-        layout: HostLayout | str,
-        host_to_device_ratio: float = 2.0,
-        host_size_gb: float = 0.0,
-        pin_memory: bool | None = None,
-        io_backend: IOBackend | str | None = None,
+        self, device_pool: MHADevicePool, **options: Unpack[HostPoolOptions]
     ) -> MHAHostPool: ...
 
     @overload
     def create_host_pool(
-        self,
-        device_pool: MLADevicePool,
-        *,
-        layout: HostLayout | str,
-        host_to_device_ratio: float = 2.0,
-        host_size_gb: float = 0.0,
-        pin_memory: bool | None = None,
-        io_backend: IOBackend | str | None = None,
+        self, device_pool: MLADevicePool, **options: Unpack[HostPoolOptions]
     ) -> MLAHostPool:
         """Build a host pool of the device pool's kind; an unsupported layout is rejected here."""
         ...
