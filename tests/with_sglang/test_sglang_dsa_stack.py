@@ -105,7 +105,9 @@ def _spy(host: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
         calls.append((h.cpu().clone(), d.cpu().clone()))
         backup(device_pool, h, d, io)
 
+    # SGLang's L2 engine calls the *_physical name (the same method on ours).
     host.backup_from_device_all_layer = recording
+    host.backup_from_device_all_layer_physical = recording
     return calls
 
 

@@ -19,7 +19,7 @@ from typing import Any, cast
 import torch
 
 from sgl_core.errors import ArgumentTypeError
-from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, page_index
+from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers
 from sgl_core.kv._enums import HostLayout
 from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
 from sgl_core.kv.device._paged_indexer import ForeignPagedIndexerPool, IndexerPagesView
@@ -147,53 +147,23 @@ class SGLangHostPool(SGLangEntryMembers):
         self.pool.clear()
 
     # --------------------------------------------------------- transfers
-    def _device(self, device_pool: Any) -> Any:
-        """The KV-rows view for the DSA pool of an SGLang KV entry; any other pool as given."""
+    def _moves(
+        self, device_pool: Any, host_indices: torch.Tensor, device_indices: torch.Tensor
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """The KV-rows view for the DSA pool of an SGLang KV entry; any other pool as given
+        (our pools see SGLang's raw device pool through their cached views)."""
         rows = self._kv_rows
-        return rows if rows is not None and device_pool is rows.wrapped else device_pool
+        if rows is not None and device_pool is rows.wrapped:
+            device_pool = rows
+        return device_pool, host_indices, device_indices
 
     def l3_indices(self, host_indices: torch.Tensor) -> torch.Tensor:
         """The wrapped pool's slots of SGLang's host indices (the same token slots)."""
         return host_indices
 
-    def backup_from_device_all_layer(
-        self,
-        device_pool: Any,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        io_backend: str,
-    ) -> None:
-        # Our pools see SGLang's raw device pool through their cached views.
-        self._base.backup_from_device_all_layer(
-            self._device(device_pool), host_indices, device_indices, self._io(io_backend)
-        )
-
-    def load_to_device_per_layer(
-        self,
-        device_pool: Any,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        layer_id: int,
-        io_backend: str,
-        *,
-        is_draft: bool = False,
-    ) -> None:
-        self._check_not_draft(is_draft)
-        io = self._io(io_backend)
-        self._base.load_to_device_per_layer(
-            self._device(device_pool), host_indices, device_indices, layer_id, io
-        )
-
     # ------------------------------------------------------------ L3 pages
     def get_data_page(self, index: object, flat: bool = True) -> torch.Tensor:
-        page: torch.Tensor = self.pool.get_data_page(page_index(index), flat)
-        return page
-
-    def set_from_flat_data_page(self, index: object, data_page: torch.Tensor) -> None:
-        self.pool.set_from_flat_data_page(page_index(index), data_page)
-
-    def get_dummy_flat_data_page(self) -> torch.Tensor:
-        page: torch.Tensor = self.pool.get_dummy_flat_data_page()
+        page: torch.Tensor = self.pool.get_data_page(self._page(index), flat)
         return page
 
     def get_page_buffer_meta(

@@ -57,24 +57,10 @@ class SGLangEntryMembers:
             self, indices: torch.Tensor | Sequence[int]
         ) -> tuple[list[int], list[int]]: ...
 
-        def backup_from_device_all_layer(
-            self,
-            device_pool: Any,
-            host_indices: torch.Tensor,
-            device_indices: torch.Tensor,
-            io_backend: str,
-        ) -> None: ...
-
-        def load_to_device_per_layer(
-            self,
-            device_pool: Any,
-            host_indices: torch.Tensor,
-            device_indices: torch.Tensor,
-            layer_id: int,
-            io_backend: str,
-            *,
-            is_draft: bool = False,
-        ) -> None: ...
+        def _moves(
+            self, device_pool: Any, host_indices: torch.Tensor, device_indices: torch.Tensor
+        ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+            """The wrapped pool's device pool, host and device indices of SGLang's."""
 
     @property
     def logical_size(self) -> int:
@@ -114,15 +100,16 @@ class SGLangEntryMembers:
     def destroy(self) -> None:
         """SGLang unregisters pinned buffers here; ours are torch-owned and freed with the pool."""
 
-    @staticmethod
-    def _check_not_draft(is_draft: bool) -> None:
-        if is_draft:
-            # SGLang packs speculative-draft layers after the target layers of
-            # its own host pools; ours hold target layers only.
-            raise PoolMismatchError(
-                "is_draft=True: this host pool holds no packed draft layers "
-                "(give the draft model its own host pool)"
-            )
+    def _page(self, index: object) -> int:
+        """The wrapped pool's page of SGLang's page start ``index``."""
+        return page_index(index)
+
+    def set_from_flat_data_page(self, index: object, data_page: torch.Tensor) -> None:
+        self._base.set_from_flat_data_page(self._page(index), data_page)
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        page: torch.Tensor = self._base.get_dummy_flat_data_page()
+        return page
 
     def _page_ptrs(self, page: int) -> list[int]:
         ps = self.page_size
@@ -170,16 +157,24 @@ class SGLangEntryMembers:
         """
         return host_indices, device_indices
 
-    def backup_from_device_all_layer_physical(
+    # ------------------------------------------------------------ transfers
+    def _host_layer(self, layer_id: int) -> int | None:
+        """The wrapped pool's layer of SGLang's device ``layer_id`` (None: nothing to load)."""
+        return layer_id
+
+    def backup_from_device_all_layer(
         self,
         device_pool: Any,
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
         io_backend: str,
     ) -> None:
-        self.backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
+        io = self._io(io_backend)
+        self._base.backup_from_device_all_layer(
+            *self._moves(device_pool, host_indices, device_indices), io
+        )
 
-    def load_to_device_per_layer_physical(
+    def load_to_device_per_layer(
         self,
         device_pool: Any,
         host_indices: torch.Tensor,
@@ -189,6 +184,18 @@ class SGLangEntryMembers:
         *,
         is_draft: bool = False,
     ) -> None:
-        self.load_to_device_per_layer(
-            device_pool, host_indices, device_indices, layer_id, io_backend, is_draft=is_draft
-        )
+        if is_draft:
+            # SGLang packs speculative-draft layers after the target layers of
+            # its own host pools; ours hold target layers only.
+            raise PoolMismatchError(
+                "is_draft=True: this host pool holds no packed draft layers "
+                "(give the draft model its own host pool)"
+            )
+        io = self._io(io_backend)
+        layer = self._host_layer(layer_id)
+        moves = self._moves(device_pool, host_indices, device_indices)
+        if layer is not None:
+            self._base.load_to_device_per_layer(*moves, layer, io)
+
+    backup_from_device_all_layer_physical = backup_from_device_all_layer
+    load_to_device_per_layer_physical = load_to_device_per_layer

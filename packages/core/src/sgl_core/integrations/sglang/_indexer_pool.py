@@ -152,7 +152,7 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
         """The inner pool's slots (pages) of SGLang's page-aligned token indices."""
         return page_runs(host_indices, self.page_size, "host_indices")
 
-    def _pages(
+    def _moves(
         self, device_pool: Any, host_indices: torch.Tensor, device_indices: torch.Tensor
     ) -> tuple[IndexerPagesView, torch.Tensor, torch.Tensor]:
         if device_pool is not self._device_pool:
@@ -165,39 +165,15 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
         d = page_runs(device_indices, self.page_size, "device_indices")
         return indexer_pages(device_pool), h, d
 
-    # -------------------------------------------------------- transfers
-    def backup_from_device_all_layer(
-        self,
-        device_pool: Any,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        io_backend: str,
-    ) -> None:
-        io = self._io(io_backend)
-        view, h, d = self._pages(device_pool, host_indices, device_indices)
-        self._base.backup_from_device_all_layer(view, h, d, io)
-
-    def load_to_device_per_layer(
-        self,
-        device_pool: Any,
-        host_indices: torch.Tensor,
-        device_indices: torch.Tensor,
-        layer_id: int,
-        io_backend: str,
-        *,
-        is_draft: bool = False,
-    ) -> None:
-        """Device layer ``layer_id``'s index pages (none for a layer with shared top-k)."""
-        self._check_not_draft(is_draft)
-        io = self._io(io_backend)
+    def _host_layer(self, layer_id: int) -> int | None:
+        """The host layer of device layer ``layer_id`` (None: a layer with shared top-k)."""
         if isinstance(layer_id, bool) or not isinstance(layer_id, int):
             raise ArgumentTypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
         if not 0 <= layer_id <= self.end_layer:
             raise LayerIndexError(f"layer_id={layer_id} is outside [0, {self.end_layer + 1})")
-        view, h, d = self._pages(device_pool, host_indices, device_indices)
         if layer_id not in self.indexer_layer_ids:
-            return  # as SGLang: the layer reuses another's top-k and has no index pages
-        self._base.load_to_device_per_layer(view, h, d, self.indexer_layer_ids.index(layer_id), io)
+            return None  # as SGLang: the layer reuses another's top-k and has no index pages
+        return self.indexer_layer_ids.index(layer_id)
 
     # ------------------------------------------------------------ pages
     def _page(self, index: object) -> int:
@@ -214,12 +190,6 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
         if self._layout is HostLayout.LAYER_FIRST:
             return page.reshape(self.layer_num, 1, self.indexer_page_stride_size)
         return page.reshape(1, self.layer_num, 1, self.indexer_page_stride_size)
-
-    def get_dummy_flat_data_page(self) -> torch.Tensor:
-        return self._base.get_dummy_flat_data_page()
-
-    def set_from_flat_data_page(self, index: object, data_page: torch.Tensor) -> None:
-        self._base.set_from_flat_data_page(self._page(index), data_page)
 
     def get_page_buffer_meta(
         self, indices: torch.Tensor | Sequence[int]
