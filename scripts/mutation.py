@@ -211,7 +211,7 @@ AREAS: dict[str, Area] = {
     "integrations": Area(
         modules=tuple(
             f"sgl_core/integrations/sglang/{name}.py"
-            for name in ("_storage_config", "_storage", "_storage_v2", "_host")
+            for name in ("_storage_config", "_storage", "_host")
         ),
         tests=(
             L3 + "test_l3_sglang_backend.py",
@@ -232,12 +232,12 @@ AREAS: dict[str, Area] = {
                     "_keys",
                     "batch_exists",
                     "exists",
+                    "register_mem_host_pool_v2",
+                    "_entry",
+                    "_move_v2",
                 )
             ),
-            *(
-                f"{SG}_storage_v2.xǁStorageV2Membersǁ{name}__*"
-                for name in ("register_mem_host_pool_v2", "_entry", "_checked_transfers")
-            ),
+            f"{SG}_storage_config.x_transfer_slots__*",
             f"{SG}_host.xǁSGLangHostPoolǁ__init____*",
         ),
     ),

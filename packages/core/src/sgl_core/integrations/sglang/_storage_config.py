@@ -1,16 +1,22 @@
-"""The storage backend's configuration: store construction and shard key parts.
+"""The storage backend's configuration, store construction, shard key parts, v2 values.
 
 SGLang 0.5.23 hands a ``dynamic`` backend a ``HiCacheStorageConfig`` (ranks,
 model, ``extra_config``). From it come the store (file or Mooncake) and the
-key parts naming which slice of a page a rank holds.
+key parts naming which slice of a page a rank holds; its v2 calls pass pool
+names and hit policies, and take a ``PoolTransferResult``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from sgl_core.errors import SGLError
 from sgl_core.l3 import (
     FilePageStore,
     MooncakeConfig,
@@ -19,7 +25,23 @@ from sgl_core.l3 import (
     PageStoreArgumentError,
 )
 
-__all__ = ["build_store", "extra_config", "rank_root_name", "shard_key_parts"]
+__all__ = [
+    "ALL_PAGES",
+    "BLOCK_GROUPS",
+    "TRAILING_PAGES",
+    "PoolTransferResultLike",
+    "build_store",
+    "extra_config",
+    "hit_policy",
+    "policy_boundary",
+    "pool_name",
+    "rank_root_name",
+    "shard_key_parts",
+    "transfer_result",
+    "transfer_slots",
+]
+
+ALL_PAGES, TRAILING_PAGES, BLOCK_GROUPS = "all_pages", "trailing_pages", "block_groups"
 
 
 def extra_config(config: Any) -> Mapping[str, Any]:
@@ -147,3 +169,76 @@ def build_store(extra: Mapping[str, Any], config: Any, pool: str | None = None) 
             raise PageStoreArgumentError(f"extra_config 'mooncake': {exc}") from None
         return MooncakePageStore(mooncake)
     raise PageStoreArgumentError(f"extra_config 'store' must be 'file' or 'mooncake', got {kind!r}")
+
+
+@dataclasses.dataclass
+class PoolTransferResultLike:
+    """SGLang's ``PoolTransferResult`` fields, used only where sglang is not importable."""
+
+    kv_hit_pages: int
+    extra_pool_hit_pages: dict[str, int]
+    restorable_prefix_pages: list[int] | None = None
+
+
+def transfer_result(kv_hit_pages: int, hits: dict[Any, int]) -> Any:
+    """SGLang's ``PoolTransferResult`` (``PoolTransferResultLike`` without sglang)."""
+    try:
+        module = importlib.import_module("sglang.srt.mem_cache.hicache_storage")
+    except ImportError:
+        return PoolTransferResultLike(kv_hit_pages, hits)
+    return module.PoolTransferResult(kv_hit_pages, hits)
+
+
+def pool_name(name: object) -> str:
+    value = getattr(name, "value", name)  # SGLang's PoolName is a str Enum
+    if not isinstance(value, str) or not value:
+        raise PageStoreArgumentError(f"pool name must be a non-empty str, got {name!r}")
+    return value
+
+
+def hit_policy(transfer: Any) -> str:
+    policy = getattr(transfer, "hit_policy", ALL_PAGES)
+    value = getattr(policy, "value", policy)
+    if value not in (ALL_PAGES, TRAILING_PAGES, BLOCK_GROUPS):
+        raise PageStoreArgumentError(f"unknown hit_policy {policy!r}")
+    return str(value)
+
+
+def policy_boundary(
+    policy: str, kv_keys: Sequence[str], pool_keys: list[str], exists: Callable[[list[str]], int]
+) -> int:
+    """A v2 pool's hit (pages) under ``policy``, within the KV hit ``kv_keys`` (SGLang's rules).
+
+    ``exists`` counts the leading pages of keys the pool's store holds whole.
+    """
+    kv = len(kv_keys)
+    if policy == ALL_PAGES:
+        return exists(list(kv_keys))
+    if policy == TRAILING_PAGES:
+        trailing = max(1, len(pool_keys))
+        return next(
+            (n for n in range(kv, 0, -1)
+             if exists(list(kv_keys[max(0, n - trailing) : n])) == n - max(0, n - trailing)),
+            0,
+        )  # fmt: skip
+    return exists(pool_keys)  # block_groups: the pool's own keys
+
+
+def transfer_slots(name: str, host: Any, transfer: Any) -> tuple[list[str], torch.Tensor]:
+    """A v2 transfer's keys and its host pool's own slots (an INDEXER entry's are pages)."""
+    keys = getattr(transfer, "keys", None)
+    idx = getattr(transfer, "host_indices", None)
+    if keys is None or isinstance(keys, str):
+        raise PageStoreArgumentError(f"pool {name!r}: transfer keys must be a list of str")
+    if not isinstance(idx, torch.Tensor):
+        raise PageStoreArgumentError(f"pool {name!r}: transfer needs host_indices")
+    if idx.numel() != len(keys) * host.page_size:
+        raise PageStoreArgumentError(
+            f"pool {name!r}: {idx.numel()} host indices for {len(keys)} pages of "
+            f"{host.page_size} tokens"
+        )
+    try:
+        slots: torch.Tensor = host.l3_indices(idx)
+    except SGLError as exc:
+        raise PageStoreArgumentError(f"pool {name!r}: {exc}") from None
+    return list(keys), slots
