@@ -27,7 +27,7 @@ from sgl_core.errors import (
 from sgl_core.kv.device._engine_views import as_device_pool
 from sgl_core.kv.protocols._kv_protocols import MLADevicePool, MLAHostPool
 
-__all__ = ["BlockDeviceView", "BlockHost", "BlockRows", "kv_dtype"]
+__all__ = ["BlockDeviceView", "BlockHost", "BlockRows", "chunk_slots", "kv_dtype"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -136,6 +136,14 @@ def _ints(name: str, values: Any) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def chunk_slots(name: str, chunk_ids: Any, num_chunks: int, per: int) -> torch.Tensor:
+    """Slots ``c * per ... c * per + per - 1`` of each chunk ``c`` of ``chunk_ids`` (checked)."""
+    chunks = _ints(name, chunk_ids)
+    if chunks.size and (chunks.min() < 0 or chunks.max() >= num_chunks):
+        raise IndexOutOfRangeError(f"{name} must lie in [0, {num_chunks})")
+    return torch.from_numpy((chunks[:, None] * per + np.arange(per, dtype=np.int64)).ravel())
+
+
 class BlockHost:
     """Our host pool over a :class:`BlockDeviceView`, addressed as vLLM's chunks."""
 
@@ -208,10 +216,7 @@ class BlockHost:
             raise IndexOutOfRangeError(
                 f"GPU block ids must lie in [1, {self.view.num_blocks}) (0 is the null block)"
             )
-        if chunks.size and (chunks.min() < 0 or chunks.max() >= self.num_chunks):
-            raise IndexOutOfRangeError(f"CPU chunk ids must lie in [0, {self.num_chunks})")
-        pages = (chunks[:, None] * per + np.arange(per, dtype=np.int64)).ravel()
-        host = torch.from_numpy(np.ascontiguousarray(pages[skip : skip + size]))
+        host = chunk_slots("CPU chunk ids", chunks, self.num_chunks, per)[skip : skip + size]
         nbytes = size * self.view.layer_num * self.view.page_size_bytes
         return BlockRows(torch.from_numpy(blocks), host, nbytes)
 

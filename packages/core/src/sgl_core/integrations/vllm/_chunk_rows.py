@@ -15,7 +15,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from sgl_core.errors import ArgumentTypeError, IndexOutOfRangeError, PoolMismatchError
+from sgl_core.errors import ArgumentTypeError, PoolMismatchError
+from sgl_core.integrations.vllm._blocks import chunk_slots
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
 
 __all__ = ["CHUNK_LAYOUT", "ChunkRows", "chunk_format_fields", "positive_int"]
@@ -92,14 +93,8 @@ class ChunkRows:
 
     def tokens(self, chunk_ids: Iterable[int]) -> torch.Tensor:
         """Token indices of the pages of ``chunk_ids`` (checked: ints in range)."""
-        chunks = np.asarray(list(chunk_ids))
-        if chunks.size and not np.issubdtype(chunks.dtype, np.integer):
-            raise ArgumentTypeError(f"chunk ids must be ints, got {chunks.dtype}")
-        chunks = chunks.astype(np.int64).reshape(-1)
-        if chunks.size and (chunks.min() < 0 or chunks.max() >= self.num_chunks):
-            raise IndexOutOfRangeError(f"chunk ids must lie in [0, {self.num_chunks})")
-        ps = self.page_size
-        return torch.from_numpy((chunks[:, None] * ps + np.arange(ps, dtype=np.int64)).ravel())
+        chunks = np.asarray(list(chunk_ids)).reshape(-1)
+        return chunk_slots("chunk ids", chunks, self.num_chunks, self.page_size)
 
     def as_host_pool(self) -> KVHostPool:
         # Page stores use only the L3 helpers above (their module docstring);

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
-from sgl_core.errors import ArgumentTypeError, IndexOutOfRangeError
-from sgl_core.integrations.vllm._blocks import BlockHost
+from sgl_core.errors import ArgumentTypeError
+from sgl_core.integrations.vllm._blocks import BlockHost, chunk_slots
 from sgl_core.l3 import PageStore
 
 __all__ = ["BlockStore"]
@@ -52,11 +51,8 @@ class BlockStore:
         return out
 
     def _pages(self, chunk_ids: Sequence[int]) -> torch.Tensor:
-        chunks = np.asarray(list(chunk_ids), dtype=np.int64)
-        if chunks.size and (chunks.min() < 0 or chunks.max() >= self.host.num_chunks):
-            raise IndexOutOfRangeError(f"CPU chunk ids must lie in [0, {self.host.num_chunks})")
-        per = self.host.blocks_per_chunk
-        return torch.from_numpy((chunks[:, None] * per + np.arange(per)).ravel())
+        n, per = self.host.num_chunks, self.host.blocks_per_chunk
+        return chunk_slots("CPU chunk ids", list(chunk_ids), n, per)
 
     def save(self, offload_keys: Sequence[bytes], chunk_ids: Sequence[int]) -> list[bool]:
         """Host chunks -> store; one bool per page."""
