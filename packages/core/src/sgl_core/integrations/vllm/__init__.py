@@ -10,8 +10,7 @@ in ``secondary_tiers``. Nothing here imports vLLM at import time.
 
 from sgl_core.backends._public import publish_names as _publish_names
 from sgl_core.integrations.vllm._blocks import BlockDeviceView, BlockHost, BlockRows, kv_dtype
-from sgl_core.integrations.vllm._chunk_rows import ChunkRows, chunk_format_fields
-from sgl_core.integrations.vllm._l3 import BlockStore
+from sgl_core.integrations.vllm._chunk_rows import BlockStore, ChunkRows, chunk_format_fields
 from sgl_core.integrations.vllm._spec import (
     SglOffloadingSpec,
     SglOffloadingWorker,
