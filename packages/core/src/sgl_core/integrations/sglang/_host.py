@@ -37,10 +37,6 @@ _MLA_BYTE_COMPATIBLE = frozenset(
 _MHA_BYTE_COMPATIBLE = _MLA_BYTE_COMPATIBLE | {HostLayout.PAGE_HEAD}
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 class SGLangHostPool(SGLangEntryMembers):
     """One of our host pools, seen as an SGLang ``HostKVCache`` (MLA or MHA/GQA).
 
@@ -88,7 +84,7 @@ class SGLangHostPool(SGLangEntryMembers):
         self.layer_num: int = pool.layer_num
         self.end_layer = pool.layer_num - 1
         self.dtype: torch.dtype = pool.dtype
-        itemsize = _itemsize(pool.dtype)
+        itemsize = pool.dtype.itemsize
         self.kv_buffer: torch.Tensor | None = getattr(pool, "kv_buffer", None)
         if isinstance(pool, MHAHostPoolBase):
             self.head_num: int = pool.head_num

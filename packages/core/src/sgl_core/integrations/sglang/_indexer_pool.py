@@ -104,7 +104,6 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
             )
         self._bind(pool, pool_label)
         self._base: MLAHostPoolBase = pool
-        self._device_pool = device_pool
         fmt = view.paged_format
         self.device_pool = device_pool
         self.page_size: int = fmt.page_size
@@ -155,7 +154,7 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
     def _moves(
         self, device_pool: Any, host_indices: torch.Tensor, device_indices: torch.Tensor
     ) -> tuple[IndexerPagesView, torch.Tensor, torch.Tensor]:
-        if device_pool is not self._device_pool:
+        if device_pool is not self.device_pool:
             raise PoolMismatchError(
                 f"device_pool {type(device_pool).__name__} is not the pool this INDEXER "
                 "entry mirrors"
