@@ -1,15 +1,9 @@
 """Drop-ins for SGLang 0.5.23's host pool builders, building ours.
 
 SGLang has no option to choose another host pool class, so a deployment
-replaces its builders before the scheduler builds its cache (docs/sglang.md)::
-
-    from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as asm
-    from sglang.srt.mem_cache.pool_host import dsa
-    asm.build_kv_host_pool = kv_host_pool_builder(backend, layout="page_first")
-    dsa.DSAIndexerHostPoolBuilder = indexer_host_pool_builder(backend)
-
-Everything else (the group, the controller, storage attach through
-``register_mem_host_pool_v2``) stays SGLang's own.
+replaces ``build_kv_host_pool`` and ``DSAIndexerHostPoolBuilder`` before the
+scheduler builds its cache (docs/sglang.md shows how); everything else (the
+group, the controller, storage attach) stays SGLang's own.
 """
 
 from __future__ import annotations

@@ -26,9 +26,7 @@ from sgl_core.l3 import (
 )
 
 __all__ = [
-    "ALL_PAGES",
     "BLOCK_GROUPS",
-    "TRAILING_PAGES",
     "PoolTransferResultLike",
     "build_store",
     "extra_config",
@@ -41,7 +39,7 @@ __all__ = [
     "transfer_slots",
 ]
 
-ALL_PAGES, TRAILING_PAGES, BLOCK_GROUPS = "all_pages", "trailing_pages", "block_groups"
+_ALL, _TRAILING, BLOCK_GROUPS = "all_pages", "trailing_pages", "block_groups"
 
 
 def extra_config(config: Any) -> Mapping[str, Any]:
@@ -197,9 +195,9 @@ def pool_name(name: object) -> str:
 
 
 def hit_policy(transfer: Any) -> str:
-    policy = getattr(transfer, "hit_policy", ALL_PAGES)
+    policy = getattr(transfer, "hit_policy", _ALL)
     value = getattr(policy, "value", policy)
-    if value not in (ALL_PAGES, TRAILING_PAGES, BLOCK_GROUPS):
+    if value not in (_ALL, _TRAILING, BLOCK_GROUPS):
         raise PageStoreArgumentError(f"unknown hit_policy {policy!r}")
     return str(value)
 
@@ -212,9 +210,9 @@ def policy_boundary(
     ``exists`` counts the leading pages of keys the pool's store holds whole.
     """
     kv = len(kv_keys)
-    if policy == ALL_PAGES:
+    if policy == _ALL:
         return exists(list(kv_keys))
-    if policy == TRAILING_PAGES:
+    if policy == _TRAILING:
         trailing = max(1, len(pool_keys))
         return next(
             (n for n in range(kv, 0, -1)
