@@ -49,13 +49,9 @@ def kv_host_pool_builder(
 
     ``layout`` should be the server's ``--hicache-mem-layout``; ``host_size_gb``
     (SGLang's ``--hicache-size``, GB) wins over ``host_to_device_ratio`` as in
-    SGLang, and a ``host_size`` SGLang passes (its split of ``--hicache-size``
-    between pools) wins over both. Refused (``PoolMismatchError``): packed MTP
-    draft pools (ours hold target layers only), an ``override_kv_cache_dim``
-    other than the device pool's row width. A DeepSeek-V3.2 pool
-    (``DSATokenToKVPool``) gets a host pool of its packed KV rows only: SGLang's
-    ``_DsaStrategy`` moves the indexer in its own ``INDEXER`` entry, which
-    :func:`~sgl_core.integrations.sglang.indexer_host_pool_builder` builds.
+    SGLang, and a ``host_size`` SGLang passes wins over both. What it refuses
+    (``PoolMismatchError``), and the DeepSeek-V3.2 KV entry of packed KV rows
+    only, are in docs/sglang.md.
     """
     _check_backend(backend)
     HostLayout.parse(layout, argument="layout")  # a bad name fails here, not at startup
@@ -107,12 +103,8 @@ def kv_host_pool_builder(
 class IndexerHostPoolBuilder:
     """SGLang's ``HostPoolBuilder`` for the ``INDEXER`` declaration, building ours.
 
-    ``validate`` and ``build`` take SGLang's keywords. Refused
-    (``PoolMismatchError``, before any allocation): a KV anchor that is not
-    ours (install ``kv_host_pool_builder`` too), packed MTP draft pools, and a
-    declaration whose device pool, owned layers or per-token bytes are not
-    the paged indexer we mirror (``index_head_dim`` bytes of keys, then
-    one float32 scale, per token).
+    ``validate`` and ``build`` take SGLang's keywords; what they refuse
+    (``PoolMismatchError``, before any allocation) is in docs/sglang.md.
     """
 
     def __init__(

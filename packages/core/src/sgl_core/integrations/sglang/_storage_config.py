@@ -90,15 +90,10 @@ def _rank(config: Any, rank: str, size: str) -> tuple[int, int]:
 def shard_key_parts(config: Any) -> list[str]:
     """The key parts naming which slice of a page this rank holds (SGLang 0.5.23's rules).
 
-    Ranks whose page bytes differ get different parts; ranks holding the same
-    bytes share them, as in SGLang's own ``HiCacheFile`` backend: TP ranks share
-    rank-replicated (``is_mla_model``) pages and split the others (heads); every
-    pipeline stage (``pp_size > 1``), attention context-parallel rank
-    (``attn_cp_size > 1``) and decode context-parallel shard (``dcp_size > 1``,
-    with the TP size and the logical page size) holds its own pages. A field
-    missing from ``config`` or out of range raises
-    :class:`~sgl_core.l3.PageStoreArgumentError`: a guessed field could share a
-    key between ranks whose bytes differ.
+    Ranks whose page bytes differ get different parts, ranks holding the same
+    bytes share them (the table in docs/sglang.md). A field missing from
+    ``config`` or out of range raises :class:`~sgl_core.l3.PageStoreArgumentError`:
+    a guessed field could share a key between ranks whose bytes differ.
     """
     replicated = _flag(config, "is_mla_model")
     tp_rank, tp_size = _rank(config, "tp_rank", "tp_size")
@@ -120,10 +115,8 @@ def rank_root_name(config: Any) -> str:
     """The directory a bounded file store of this rank uses under ``path``.
 
     A bounded root is held by one store alone (its capacity bounds the whole
-    directory), so every rank of a server gets its own: the rank's shard key
-    parts (:func:`shard_key_parts`), plus its TP rank where the pages are
-    rank-replicated (MLA: the parts name no TP rank) and its DP rank under
-    DP attention. One rank per process gives one distinct name per process.
+    directory), so every rank gets its own, one distinct name per process
+    (docs/sglang.md, "One bounded root per rank").
     """
     parts = shard_key_parts(config)
     tp_rank, tp_size = _rank(config, "tp_rank", "tp_size")
