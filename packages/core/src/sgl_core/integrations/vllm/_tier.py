@@ -2,16 +2,16 @@
 
 Imports nothing from vLLM at import time (an import-linter contract): the tier
 becomes a *virtual* ``SecondaryTierManager`` once vLLM's offloading base is
-loaded. Each chunk row is one page under :class:`ChunkRows`' page format, so a
-chunk of another model, dtype or layout is a miss; reads are verified before
-a byte reaches the primary row (docs/vllm.md).
+loaded (``_spec`` registers it when the package is imported). Each chunk row
+is one page under :class:`ChunkRows`' page format, so a chunk of another
+model, dtype or layout is a miss; reads are verified before a byte reaches
+the primary row (docs/vllm.md).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import sys
 import threading
 import time
 from collections.abc import Collection, Iterable, Mapping
@@ -270,7 +270,3 @@ def _timed(move: Any, names: list[str], tokens: torch.Tensor) -> tuple[list[bool
     start = time.perf_counter()
     ok: list[bool] = move(names, tokens)
     return ok, time.perf_counter() - start
-
-
-if _BASE in sys.modules:  # vLLM is loaded (its tier factory imported its bases first)
-    register_tier_with_vllm()
