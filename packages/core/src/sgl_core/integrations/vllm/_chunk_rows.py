@@ -45,15 +45,11 @@ def positive_int(name: str, value: object) -> int:
 
 
 class ChunkRows:
-    """vLLM's primary-tier chunk rows as the host pool of a page store.
+    """vLLM's primary-tier chunk rows (``view``: ``(num_chunks, row_bytes)``, row ``c``
+    = chunk ``c``) as the host pool of a page store, without a copy.
 
-    ``view`` is the memoryview vLLM hands a secondary tier: ``(num_chunks,
-    row_bytes)``, row ``c`` = chunk ``c`` (every worker's slot, then padding).
-    One page is one row (``page_size`` tokens, one memory object); token
-    ``t`` belongs to chunk ``t // page_size``. The rows are not copied: page
-    stores write into and read from vLLM's mmap. Only the L3 helpers of a host
-    pool are here (``get_page_buffer_meta``, ``get_contiguous_buf_infos`` and
-    the format attributes): that is all a page store uses.
+    One page is one row (``page_size`` tokens, one memory object). Only the L3
+    helpers of a host pool are here: that is all a page store uses.
     """
 
     layout: str = CHUNK_LAYOUT

@@ -39,12 +39,9 @@ class _Job:
 class SglOffloadingWorker:
     """vLLM's ``OffloadingWorker`` contract on a :class:`BlockHost`.
 
-    ``submit_store`` / ``submit_load`` check the specs (types, group sizes,
-    bounds) before any byte moves and raise an ``sgl_core.errors`` error for a
-    bad one (vLLM asserts on ``False``, so a refusal is never silent). The
-    moves run on the caller's thread and, on an accelerator, on its current
-    stream; a job is reported by ``get_finished`` once its moves returned
-    (after ``synchronize`` of the pool's stream, if it queued any).
+    A bad spec raises an ``sgl_core.errors`` error before any byte moves (vLLM
+    asserts on ``False``, so a refusal is never silent); the moves run on the
+    caller's thread and stream (docs/vllm.md, "The worker").
     """
 
     def __init__(self, host: BlockHost) -> None:

@@ -80,13 +80,9 @@ class _Job:
 
 
 class SglPageStoreTier:
-    """A vLLM ``SecondaryTierManager`` over one of our page stores (see the module docstring).
-
-    Its tier config keys (``store``, ``root_dir``, ``capacity_bytes``,
-    ``fsync``, ``mooncake``, ``threads``, ``locality``) are listed in docs/vllm.md.
-    ``submit_store`` / ``submit_load`` check the job and return at once; the
-    copies run on the tier's threads and are reported by
-    ``get_finished_jobs``. A job's chunk rows stay pinned by vLLM until then.
+    """A vLLM ``SecondaryTierManager`` over one of our page stores (tier keys and jobs:
+    docs/vllm.md). A job's copies run on the tier's threads; vLLM keeps its chunk
+    rows pinned until ``get_finished_jobs`` reports it.
     """
 
     tolerates_off_thread_polling: ClassVar[bool] = False
