@@ -96,6 +96,30 @@ def mooncake_on_loopback(segment_bytes: int) -> Iterator[MooncakeConfig]:
             proc.wait()
 
 
+def _mooncake_isolated(notes: list[str]) -> bool:
+    """Whether Mooncake can run here, isolated; what was decided is appended to ``notes``."""
+    from sgl_core.l3._mooncake_lib import MOONCAKE_INSTALL, mooncake_available
+
+    if not mooncake_available():
+        notes.append(
+            f"mooncake: skipped, client not installed ({MOONCAKE_INSTALL}; "
+            "apt-get install libibverbs1)"
+        )
+        return False
+    isolated, how = isolate_network()
+    if isolated:
+        notes.append(
+            f"mooncake: master and client {how}; its listeners are not reachable "
+            "from other machines"
+        )
+    else:
+        notes.append(
+            f"mooncake: skipped: {how}; its client listens on every network "
+            "interface, so sgl-bench runs it only where nothing but loopback exists"
+        )
+    return isolated
+
+
 @contextlib.contextmanager
 def default_store_factories(
     page_bytes: int, pages: int, *, mooncake: bool = True, notes: list[str] | None = None
@@ -106,47 +130,18 @@ def default_store_factories(
     loopback (this moves the calling process into one where it can, see the
     module docstring). What was decided is appended to ``notes``.
     """
-    notes = notes if notes is not None else []
     tmp = Path(tempfile.mkdtemp(prefix="sgl-l3-bench-"))
-    made: list[Any] = []
     try:
         with contextlib.ExitStack() as stack:
             factories: dict[str, StoreFactory] = {
                 "file": lambda: FilePageStore(tmp / "file"),
             }
-            if mooncake:
-                from sgl_core.l3._mooncake_lib import MOONCAKE_INSTALL, mooncake_available
-
-                isolated, how = False, ""
-                if not mooncake_available():
-                    notes.append(
-                        f"mooncake: skipped, client not installed ({MOONCAKE_INSTALL}; "
-                        "apt-get install libibverbs1)"
-                    )
-                else:
-                    isolated, how = isolate_network()
-                    if not isolated:
-                        notes.append(
-                            f"mooncake: skipped: {how}; its client listens on every network "
-                            "interface, so sgl-bench runs it only where nothing but loopback exists"
-                        )
-                if isolated:
-                    notes.append(
-                        f"mooncake: master and client {how}; its listeners are not reachable "
-                        "from other machines"
-                    )
-                    segment = max(int(page_bytes * pages * 1.5), 64 << 20)
-                    cfg = stack.enter_context(mooncake_on_loopback(segment))
-
-                    def make_mooncake() -> PageStore:
-                        store = MooncakePageStore(cfg)
-                        made.append(store)
-                        return store
-
-                    factories["mooncake"] = make_mooncake
+            if mooncake and _mooncake_isolated(notes if notes is not None else []):
+                segment = max(int(page_bytes * pages * 1.5), 64 << 20)
+                cfg = stack.enter_context(mooncake_on_loopback(segment))
+                # Entered last, so each store closes before the master stops.
+                factories["mooncake"] = lambda: stack.enter_context(MooncakePageStore(cfg))
             yield factories
-            for store in made:
-                store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
-import threading
 from typing import Any
 
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
@@ -98,7 +97,6 @@ class MooncakeClient(StoreState):
         # Registered header scratch buffers (one per thread), kept alive until close().
         self._scratch_regs: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._closed = False
-        self._tls = threading.local()
 
     @property
     def config(self) -> MooncakeConfig:

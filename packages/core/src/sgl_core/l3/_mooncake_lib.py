@@ -22,16 +22,12 @@ against a live master on loopback):
   mount a segment); ``local_buffer_size`` is the client's staging buffer,
   unused by the zero-copy ``*_from``/``*_into`` calls (0 works).
 * ``register_buffer(ptr, size) -> int`` (0 = ok), ``unregister_buffer(ptr)``.
-* ``batch_put_from(keys, ptrs, sizes) -> list[int]``: 0 per stored key; a key
-  that already exists also answers 0 and keeps the first object.
-* ``batch_get_into(keys, ptrs, sizes) -> list[int]``: bytes read per key (the
-  object's size), or a negative error code; a buffer smaller than the object
-  gives ``INVALID_PARAMS``.
 * ``batch_put_from_multi_buffers(keys, ptrs, sizes)`` /
   ``batch_get_into_multi_buffers(keys, ptrs, sizes)``: one object per key
   made of (read into) several buffers, ``ptrs[i]``/``sizes[i]`` a list per
-  key. The put keeps the first object of a key whole, as ``batch_put_from``;
-  the get answers the object's size, ``INVALID_PARAMS`` when the buffers are
+  key. The put answers 0 per stored key; a key that already exists keeps its
+  first object whole (the store takes 0 or ``OBJECT_ALREADY_EXISTS``). The get
+  answers the object's size, ``INVALID_PARAMS`` when the buffers are
   smaller than the object and ``TRANSFER_FAIL`` when larger (checked: no
   byte of the destination buffers is written in either case).
 * Every buffer a transfer touches must be registered (``register_buffer``):
@@ -74,7 +70,6 @@ __all__ = [
     "error_name",
     "master_binary",
     "mooncake_available",
-    "mooncake_version",
 ]
 
 #: How to get the client: the README's install (sgl-core is on no package index yet).
@@ -152,18 +147,6 @@ def mooncake_available() -> bool:
     return True
 
 
-def mooncake_version() -> str | None:
-    """Installed version of ``mooncake-transfer-engine-non-cuda`` (or another Mooncake wheel)."""
-    from importlib import metadata
-
-    for dist in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def master_binary() -> str:
     """Path of the ``mooncake_master`` executable shipped with the wheel."""
     spec = importlib.util.find_spec("mooncake")
@@ -218,33 +201,20 @@ class StoreClient:
     def unregister_buffer(self, ptr: int) -> int:
         return int(self._store.unregister_buffer(ptr))
 
-    def batch_put_from(
-        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
-    ) -> list[int]:
-        return self._batch("batch_put_from", keys, list(ptrs), list(sizes))
-
     def batch_put_from_multi_buffers(
         self, keys: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
     ) -> list[int]:
-        return self._multi("batch_put_from_multi_buffers", keys, ptrs, sizes)
+        return self._batch("batch_put_from_multi_buffers", keys, ptrs, sizes)
 
     def batch_get_into_multi_buffers(
         self, keys: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
     ) -> list[int]:
-        return self._multi("batch_get_into_multi_buffers", keys, ptrs, sizes)
-
-    def _multi(
-        self,
-        name: str,
-        keys: Sequence[str],
-        ptrs: Sequence[Sequence[int]],
-        sizes: Sequence[Sequence[int]],
-    ) -> list[int]:
-        return self._batch(name, keys, [list(p) for p in ptrs], [list(s) for s in sizes])
+        return self._batch("batch_get_into_multi_buffers", keys, ptrs, sizes)
 
     def _batch(self, name: str, keys: Sequence[str], *args: Any) -> list[int]:
         """``name(keys, *args)``: one int per key (else ``MooncakeUnavailableError``)."""
-        out = [int(v) for v in getattr(self._store, name)(list(keys), *args)]
+        lists = [[list(a) for a in arg] if isinstance(arg, Sequence) else arg for arg in args]
+        out = [int(v) for v in getattr(self._store, name)(list(keys), *lists)]
         if len(out) != len(keys):
             raise MooncakeUnavailableError(
                 f"{name} answered {len(out)} results for {len(keys)} keys"
