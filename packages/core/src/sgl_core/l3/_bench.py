@@ -24,13 +24,12 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from sgl_core.kv.protocols._kv_protocols import KVHostPool
 from sgl_core.l3._file_store import FilePageStore
 from sgl_core.l3._keys import page_keys
 from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore
@@ -122,7 +121,7 @@ def _mooncake_isolated(notes: list[str]) -> bool:
 
 @contextlib.contextmanager
 def default_store_factories(
-    page_bytes: int, pages: int, *, mooncake: bool = True, notes: list[str] | None = None
+    page_bytes: int, pages: int, *, notes: list[str] | None = None
 ) -> Iterator[dict[str, StoreFactory]]:
     """File store in a temp dir, plus Mooncake on loopback when it can run isolated.
 
@@ -136,7 +135,7 @@ def default_store_factories(
             factories: dict[str, StoreFactory] = {
                 "file": lambda: FilePageStore(tmp / "file"),
             }
-            if mooncake and _mooncake_isolated(notes if notes is not None else []):
+            if _mooncake_isolated(notes if notes is not None else []):
                 segment = max(int(page_bytes * pages * 1.5), 64 << 20)
                 cfg = stack.enter_context(mooncake_on_loopback(segment))
                 # Entered last, so each store closes before the master stops.
@@ -159,7 +158,6 @@ def _memcpy_round(src: list[tuple[int, int]], dst: list[tuple[int, int]]) -> tup
 
 
 def run_l3_bench(
-    store_factories: Mapping[str, StoreFactory] | None = None,
     *,
     page_size: int = 64,
     pages: int = 32,
@@ -169,34 +167,30 @@ def run_l3_bench(
     dtype: torch.dtype = torch.bfloat16,
     layout: str = "page_first_direct",
     repeats: int = 5,
-    host: KVHostPool | None = None,
     notes: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure set/get GB/s per store and for ``memcpy``; one dict per (store, op).
 
-    ``store_factories`` maps a name to a zero-argument callable returning a
-    fresh store; ``None`` uses :func:`default_store_factories`. Each repeat
-    clears the store, sets ``pages`` pages from host pages ``[0, pages)`` and
-    gets them into ``[pages, 2 * pages)``. ``notes`` receives one line per
-    decision the default factories made (e.g. where Mooncake listens).
+    The stores are :func:`default_store_factories`'. Each repeat clears the
+    store, sets ``pages`` pages from host pages ``[0, pages)`` and gets them
+    into ``[pages, 2 * pages)`` (the host pool holds twice the device pool).
+    ``notes`` receives one line per decision the factories made (e.g. where
+    Mooncake listens).
     """
     import sgl_core
 
-    if host is None:
-        backend = sgl_core.get_backend("torch")
-        dev = backend.create_device_pool(
-            size=pages * page_size,
-            page_size=page_size,
-            dtype=dtype,
-            kv_lora_rank=kv_lora_rank,
-            qk_rope_head_dim=qk_rope_head_dim,
-            layer_num=layer_num,
-        )
-        host = backend.create_host_pool(
-            dev, layout=layout, host_to_device_ratio=2.0, io_backend="direct"
-        )
-    if host.size < 2 * pages * page_size:
-        raise ValueError(f"host pool holds {host.size} tokens; the bench needs {2 * pages}")
+    backend = sgl_core.get_backend("torch")
+    dev = backend.create_device_pool(
+        size=pages * page_size,
+        page_size=page_size,
+        dtype=dtype,
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=qk_rope_head_dim,
+        layer_num=layer_num,
+    )
+    host = backend.create_host_pool(
+        dev, layout=layout, host_to_device_ratio=2.0, io_backend="direct"
+    )
     src_idx = torch.arange(0, pages * page_size, dtype=torch.int64)
     dst_idx = src_idx + pages * page_size
     gen = torch.Generator().manual_seed(0)
@@ -213,12 +207,8 @@ def run_l3_bench(
     total = sum(src_sizes)
     keys = page_keys(torch.arange(pages * page_size), page_size, namespace="sgl-l3-bench/")
 
-    with contextlib.ExitStack() as stack:
-        if store_factories is None:
-            store_factories = stack.enter_context(
-                default_store_factories(total // pages, pages, notes=notes)
-            )
-        stores = {name: make() for name, make in store_factories.items()}
+    with default_store_factories(total // pages, pages, notes=notes) as factories:
+        stores = {name: make() for name, make in factories.items()}
         for store in stores.values():
             store.register_host_pool(host)
         times: dict[tuple[str, str], list[float]] = {}

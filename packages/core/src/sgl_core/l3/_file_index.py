@@ -16,11 +16,10 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-from sgl_core.l3._errors import PageStoreArgumentError, PageStoreRootError
 from sgl_core.l3._file_disk import PAGE_NAME, TMP_SUFFIX, check_root, hold_root, tmp_state
 from sgl_core.l3._format import PageFormat
 from sgl_core.l3._pages import StoreState
-from sgl_core.l3._protocol import PageStoreStats
+from sgl_core.l3._protocol import PageStoreArgumentError, PageStoreRootError, PageStoreStats
 
 __all__ = ["FileIndex"]
 

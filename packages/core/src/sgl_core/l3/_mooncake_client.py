@@ -13,10 +13,10 @@ import logging
 from typing import Any
 
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
-from sgl_core.l3._errors import MooncakeSetupError, PageStoreArgumentError, PageStoreNotReadyError
 from sgl_core.l3._format import PageFormat, page_format
 from sgl_core.l3._mooncake_lib import StoreClient, error_name
 from sgl_core.l3._pages import StoreState
+from sgl_core.l3._protocol import MooncakeSetupError, PageStoreArgumentError, PageStoreNotReadyError
 from sgl_core.l3._record import HEADER_SIZE
 
 __all__ = ["MooncakeClient", "MooncakeConfig", "mooncake_key"]

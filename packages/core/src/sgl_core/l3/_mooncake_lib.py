@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sgl_core.l3._errors import MooncakeUnavailableError
+from sgl_core.l3._protocol import MooncakeUnavailableError
 
 __all__ = [
     "ERROR_NAMES",

@@ -24,12 +24,12 @@ from sgl_core.kv._validation import (
     check_unique,
 )
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
-from sgl_core.l3._errors import (
+from sgl_core.l3._format import PageFormat
+from sgl_core.l3._protocol import (
     HOST_INDEX_ERRORS,
     PageStoreArgumentError,
     PageStoreNotReadyError,
 )
-from sgl_core.l3._format import PageFormat
 
 __all__ = ["Page", "StoreState", "check_keys", "host_index_tensor", "resolve_pages"]
 
