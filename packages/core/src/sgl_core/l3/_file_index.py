@@ -192,21 +192,19 @@ class FileIndex(StoreState):
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with self._lock:
                 self._own_tmp.add(tmp)
+            ours = False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 # Another store may have locked and removed it between open and flock.
-                if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
-                    return fd, tmp
-            except FileNotFoundError:
-                pass
-            except BaseException:
-                os.close(fd)
-                with self._lock:
-                    self._own_tmp.discard(tmp)
-                raise
-            os.close(fd)
-            with self._lock:
-                self._own_tmp.discard(tmp)
+                with contextlib.suppress(FileNotFoundError):
+                    ours = os.stat(tmp).st_ino == os.fstat(fd).st_ino
+            finally:
+                if not ours:
+                    os.close(fd)
+                    with self._lock:
+                        self._own_tmp.discard(tmp)
+            if ours:
+                return fd, tmp
         raise OSError("temp files keep vanishing (another store is clearing the directory)")
 
     def clear(self) -> None:
