@@ -117,14 +117,10 @@ class FileIndex(StoreState):
             if not entry.name.endswith(TMP_SUFFIX):
                 continue
             path = Path(entry.path)
-            if path in self._own_tmp:
-                continue
-            state = tmp_state(path)
-            if state is None:
-                continue
+            state = None if path in self._own_tmp else tmp_state(path)
             if state == -1:
                 reclaimed += 1
-            else:
+            elif state is not None:
                 self._foreign_tmp[path] = state
         if reclaimed:
             self._errors["stale_tmp"] += reclaimed

@@ -143,45 +143,35 @@ class FilePageStore(FileIndex):
         """Read and verify the page file into this thread's staging buffer; its address or None."""
         path = self._file(name)
         want = HEADER_SIZE + page.nbytes
+        base = self._thread_buffer(want)
+        view = memoryview((ctypes.c_char * want).from_address(base)).cast("B")
+        got = 0
         try:
-            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                if st.st_size == want:
+                    while got < want and (n := f.readinto(view[got:])):
+                        got += n
         except FileNotFoundError:
             with self._lock:
                 self._errors["missing"] += 1
                 self._forget(name)  # removed behind this store's back
             return None
         except OSError as exc:
-            logger.warning("FilePageStore: opening %s failed: %s", path, exc)
+            logger.warning("FilePageStore: reading %s failed: %s", path, exc)
             self._error("io_error")
             return None
-        base = self._thread_buffer(want)
-        view = memoryview((ctypes.c_char * want).from_address(base)).cast("B")
-        problem = None
-        with f:
-            try:
-                st = os.fstat(f.fileno())
-                if st.st_size != want:
-                    problem = f"length {st.st_size} != {want}"
-                else:
-                    got = 0
-                    while got < want:
-                        n = f.readinto(view[got:])
-                        if not n:
-                            break
-                        got += n
-                    if got != want:
-                        problem = f"short read: {got} of {want} bytes"
-            except OSError as exc:
-                logger.warning("FilePageStore: reading %s failed: %s", path, exc)
-                self._error("io_error")
-                return None
-            if problem is None:
-                problem = PageHeader.check(
-                    view, fmt.digest, page.key, page.nbytes, lambda: zlib.crc32(view[HEADER_SIZE:])
-                )
-            if problem is not None:
-                self._drop_corrupt(page.key, name, st, problem)
-                return None
+        if st.st_size != want:
+            problem: str | None = f"length {st.st_size} != {want}"
+        elif got != want:
+            problem = f"short read: {got} of {want} bytes"
+        else:
+            problem = PageHeader.check(
+                view, fmt.digest, page.key, page.nbytes, lambda: zlib.crc32(view[HEADER_SIZE:])
+            )
+        if problem is not None:
+            self._drop_corrupt(page.key, name, st, problem)
+            return None
         return base
 
     def batch_get(
