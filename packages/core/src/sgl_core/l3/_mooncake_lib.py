@@ -1,4 +1,4 @@
-"""The only module that imports ``mooncake``: a typed wrapper of its store client.
+"""The only module that imports ``mooncake``, and the facts about its store client relied on.
 
 Facts relied on (``mooncake-transfer-engine-non-cuda`` 0.3.13.post1, read from
 the installed package's docstrings and ``mooncake_master --help`` and checked
@@ -54,7 +54,6 @@ import importlib
 import importlib.util
 import os
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +61,12 @@ from sgl_core.l3._protocol import MooncakeUnavailableError
 
 __all__ = [
     "ERROR_NAMES",
-    "NO_AVAILABLE_HANDLE",
     "OBJECT_ALREADY_EXISTS",
     "OBJECT_NOT_FOUND",
-    "RPC_FAIL",
-    "StoreClient",
     "error_name",
     "master_binary",
     "mooncake_available",
+    "new_store",
 ]
 
 #: How to get the client: the README's install (sgl-core is on no package index yet).
@@ -77,8 +74,6 @@ MOONCAKE_INSTALL = "from the repository: pip install './packages/core[mooncake]'
 
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
-NO_AVAILABLE_HANDLE = -200
-RPC_FAIL = -900
 
 #: Mooncake store ``ErrorCode`` values and their names.
 ERROR_NAMES: dict[int, str] = {
@@ -161,77 +156,10 @@ def master_binary() -> str:
     return found
 
 
-class StoreClient:
-    """Typed, thin wrapper of ``mooncake.store.MooncakeDistributedStore``.
+def new_store() -> Any:
+    """A fresh ``mooncake.store.MooncakeDistributedStore``, not yet set up.
 
-    Every method returns Mooncake's integer codes unchanged; the page store
-    maps them to results. Only :func:`_import` touches the ``mooncake`` module.
+    Its calls answer Mooncake's integer codes (facts above); the page store
+    maps them to results.
     """
-
-    def __init__(self) -> None:
-        module = _import("mooncake.store")
-        self._store: Any = module.MooncakeDistributedStore()
-
-    def setup(
-        self,
-        *,
-        local_hostname: str,
-        metadata_server: str,
-        global_segment_size: int,
-        local_buffer_size: int,
-        protocol: str,
-        rdma_devices: str,
-        master_server_addr: str,
-    ) -> int:
-        return int(
-            self._store.setup(
-                local_hostname,
-                metadata_server,
-                global_segment_size,
-                local_buffer_size,
-                protocol,
-                rdma_devices,
-                master_server_addr,
-            )
-        )
-
-    def register_buffer(self, ptr: int, size: int) -> int:
-        return int(self._store.register_buffer(ptr, size))
-
-    def unregister_buffer(self, ptr: int) -> int:
-        return int(self._store.unregister_buffer(ptr))
-
-    def batch_put_from_multi_buffers(
-        self, keys: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
-    ) -> list[int]:
-        return self._batch("batch_put_from_multi_buffers", keys, ptrs, sizes)
-
-    def batch_get_into_multi_buffers(
-        self, keys: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
-    ) -> list[int]:
-        return self._batch("batch_get_into_multi_buffers", keys, ptrs, sizes)
-
-    def _batch(self, name: str, keys: Sequence[str], *args: Any) -> list[int]:
-        """``name(keys, *args)``: one int per key (else ``MooncakeUnavailableError``)."""
-        lists = [[list(a) for a in arg] if isinstance(arg, Sequence) else arg for arg in args]
-        out = [int(v) for v in getattr(self._store, name)(list(keys), *lists)]
-        if len(out) != len(keys):
-            raise MooncakeUnavailableError(
-                f"{name} answered {len(out)} results for {len(keys)} keys"
-            )
-        return out
-
-    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
-        return self._batch("batch_remove", keys, force)
-
-    def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
-        return self._batch("batch_is_exist", keys)
-
-    def remove(self, key: str, force: bool = False) -> int:
-        return int(self._store.remove(key, force))
-
-    def remove_all(self, force: bool = False) -> int:
-        return int(self._store.remove_all(force))
-
-    def close(self) -> int:
-        return int(self._store.close())
+    return _import("mooncake.store").MooncakeDistributedStore()
