@@ -177,7 +177,8 @@ class MooncakeClient(StoreState):
         return result
 
     def _exist_codes(self, obj_keys: list[str]) -> list[int] | None:
-        codes = self._call("batch_is_exist", obj_keys)
+        """``batch_is_exist`` codes (none asked for no keys); ``None`` if the call failed."""
+        codes = self._call("batch_is_exist", obj_keys) if obj_keys else []
         if codes is None:
             return None
         bad = [c for c in codes if c < 0]

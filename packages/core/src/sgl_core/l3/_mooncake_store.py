@@ -37,11 +37,7 @@ class MooncakePageStore(MooncakeClient):
         """Consecutive keys, from the first, whose page object is in the store."""
         key_list = check_keys(keys)
         fmt = self._ready("batch_exists")
-        if not key_list:
-            return 0
-        codes = self._exist_codes([mooncake_key(k, fmt) for k in key_list])
-        if codes is None:
-            return 0
+        codes = self._exist_codes([mooncake_key(k, fmt) for k in key_list]) or []  # None: failed
         return next((i for i, c in enumerate(codes) if c != 1), len(codes))
 
     def _prepare(
@@ -50,7 +46,7 @@ class MooncakePageStore(MooncakeClient):
         """The pages of a batch call, their object keys and ``batch_is_exist`` codes."""
         fmt, pages = self._resolve(keys, host_indices)
         mkeys = [mooncake_key(p.key, fmt) for p in pages]
-        return fmt, pages, mkeys, self._exist_codes(mkeys) if pages else []
+        return fmt, pages, mkeys, self._exist_codes(mkeys)
 
     def _transfer(
         self, what: str, scratch: int, pages: list[Page], mkeys: list[str], idx: list[int]
