@@ -6,12 +6,10 @@ portable torch backend. Each repeat runs every store (and the memcpy
 baseline) in turn, so drifts hit all of them alike; medians are reported.
 Every get is checked bit-exact against the source pages.
 
-Mooncake runs only where its listeners cannot be reached from the network:
-its client binds every interface and this client version cannot be told
-otherwise, so the default factories start Mooncake only after moving the
-process into a private network namespace with only loopback
-(:func:`sgl_core.l3._netns.isolate_network`, needs root), and skip it with a
-note otherwise. The master binds 127.0.0.1 in any case.
+Mooncake runs only where its listeners cannot be reached from the network
+(its client binds every interface, see :mod:`sgl_core.l3._netns`): the
+default factories start it only in a network namespace with nothing but
+loopback and skip it with a note otherwise.
 """
 
 from __future__ import annotations
@@ -125,9 +123,8 @@ def default_store_factories(
 ) -> Iterator[dict[str, StoreFactory]]:
     """File store in a temp dir, plus Mooncake on loopback when it can run isolated.
 
-    Mooncake needs its client installed and a network namespace with only
-    loopback (this moves the calling process into one where it can, see the
-    module docstring). What was decided is appended to ``notes``.
+    Where it can, this moves the calling process into a private network
+    namespace (module docstring). What was decided is appended to ``notes``.
     """
     tmp = Path(tempfile.mkdtemp(prefix="sgl-l3-bench-"))
     try:
