@@ -13,18 +13,11 @@ import time
 
 
 def main() -> int:
-    from sgl_core.l3._mooncake_lib import StoreClient
+    from sgl_core.l3._mooncake_lib import new_store
 
-    client = StoreClient()
-    rc = client.setup(
-        local_hostname="127.0.0.1",
-        metadata_server="P2PHANDSHAKE",
-        global_segment_size=int(sys.argv[2]),
-        local_buffer_size=0,
-        protocol="tcp",
-        rdma_devices="",
-        master_server_addr=sys.argv[1],
-    )
+    client = new_store()
+    # local hostname, metadata server, global segment, local buffer, protocol, RDMA devices, master
+    rc = client.setup("127.0.0.1", "P2PHANDSHAKE", int(sys.argv[2]), 0, "tcp", "", sys.argv[1])
     print("READY" if rc == 0 else f"FAILED {rc}", flush=True)
     if rc != 0:
         return 1

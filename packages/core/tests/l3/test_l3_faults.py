@@ -674,10 +674,10 @@ def test_foreign_objects_under_a_page_key_are_misses(mooncake_store: Any, ns: st
     fmt = store.page_format
     base = host.get_page_buffer_meta(tokens(4, 1))[0][0]  # registered host memory
     # Right size without a page header, and a wrong size: neither is a page.
-    put = store._client.batch_put_from(
+    put = store._client.batch_put_from_multi_buffers(
         [mooncake_key(k, fmt) for k in keys],
-        [base, base],
-        [HEADER_SIZE + fmt.page_bytes, fmt.page_bytes],
+        [[base], [base]],
+        [[HEADER_SIZE + fmt.page_bytes], [fmt.page_bytes]],
     )
     assert put == [0, 0]
     assert store.batch_exists(keys) == 2

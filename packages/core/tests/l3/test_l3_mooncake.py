@@ -84,17 +84,23 @@ def test_failed_transfer_restores_host_bytes(mooncake_store: Any) -> None:
     mooncake_store.register_host_pool(dst)
     fill_sentinel(dst, 0, 2)
     before = page_bytes(dst, PAGE)
-    real = mooncake_store._client.batch_get_into_multi_buffers
+    real = mooncake_store._client
 
-    def half_fails(k: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
-        codes = real(k, ptrs, sizes)  # bytes land in the host pool...
-        return [codes[0], -800]  # ...but the second page reports TRANSFER_FAIL
+    class HalfFails:
+        """The real client, but the second page of a get reports TRANSFER_FAIL."""
 
-    mooncake_store._client.batch_get_into_multi_buffers = half_fails
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def batch_get_into_multi_buffers(self, *args: Any) -> list[int]:
+            codes = real.batch_get_into_multi_buffers(*args)  # bytes land in the host pool...
+            return [codes[0], -800]  # ...but the second page reports TRANSFER_FAIL
+
+    mooncake_store._client = HalfFails()
     try:
         assert mooncake_store.batch_get(keys, tokens(0, 2)) == [True, False]
     finally:
-        mooncake_store._client.batch_get_into_multi_buffers = real
+        mooncake_store._client = real
     assert torch.equal(page_bytes(dst, PAGE), before)
     assert torch.equal(page_bytes(dst, 0), page_bytes(src, 2 * PAGE))
     assert mooncake_store.stats().errors["TRANSFER_FAIL"] >= 1

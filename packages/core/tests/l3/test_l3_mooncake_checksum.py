@@ -29,7 +29,7 @@ class _Client:
         self.objects: dict[str, bytes] = {}
         self.tamper = False
 
-    def setup(self, **_: Any) -> int:
+    def setup(self, *_: Any) -> int:
         return 0
 
     def register_buffer(self, ptr: int, size: int) -> int:
@@ -126,3 +126,20 @@ def test_a_page_without_a_checksum_is_a_miss_for_a_checking_store() -> None:
     assert torch.equal(
         host.get_data_page(3 * PAGE).view(torch.int16), host.get_data_page(PAGE).view(torch.int16)
     )
+
+
+def test_a_batch_call_answering_the_wrong_count_is_a_miss() -> None:
+    client = _Client()
+    store = _store(client)
+    host = torch_host("page_first", seed=33)
+    store.register_host_pool(host)
+    keys = page_keys(list(range(2 * PAGE)), PAGE, namespace="count/")
+    assert store.batch_set(keys, tokens(2, 2)) == [True, True]
+    real = client.batch_is_exist
+    client.batch_is_exist = lambda k: real(k)[:-1]  # type: ignore[method-assign]
+    before = [raw_page(host, p * PAGE) for p in range(8)]
+    assert store.batch_exists(keys) == 0
+    assert store.batch_get(keys, tokens(0, 2)) == [False, False]
+    assert store.batch_set(keys, tokens(4, 2)) == [False, False]
+    assert [raw_page(host, p * PAGE) for p in range(8)] == before
+    assert store.stats().errors["exception"] == 3

@@ -23,20 +23,21 @@ Typical use::
 from __future__ import annotations
 
 from sgl_core.backends._public import publish_names as _publish_names
-from sgl_core.l3._errors import (
+from sgl_core.l3._file_store import FilePageStore
+from sgl_core.l3._format import PageFormat, page_format
+from sgl_core.l3._keys import page_keys
+from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore
+from sgl_core.l3._protocol import (
     MooncakeSetupError,
     MooncakeUnavailableError,
+    PageStore,
     PageStoreArgumentError,
     PageStoreError,
     PageStoreNotReadyError,
     PageStoreRootError,
     PageStoreRootInUseError,
+    PageStoreStats,
 )
-from sgl_core.l3._file_store import FilePageStore
-from sgl_core.l3._format import PageFormat, page_format
-from sgl_core.l3._keys import page_keys
-from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore
-from sgl_core.l3._protocol import PageStore, PageStoreStats
 
 __all__ = [
     "FilePageStore",

@@ -6,12 +6,10 @@ portable torch backend. Each repeat runs every store (and the memcpy
 baseline) in turn, so drifts hit all of them alike; medians are reported.
 Every get is checked bit-exact against the source pages.
 
-Mooncake runs only where its listeners cannot be reached from the network:
-its client binds every interface and this client version cannot be told
-otherwise, so the default factories start Mooncake only after moving the
-process into a private network namespace with only loopback
-(:func:`sgl_core.l3._netns.isolate_network`, needs root), and skip it with a
-note otherwise. The master binds 127.0.0.1 in any case.
+Mooncake runs only where its listeners cannot be reached from the network
+(its client binds every interface, see :mod:`sgl_core.l3._netns`): the
+default factories start it only in a network namespace with nothing but
+loopback and skip it with a note otherwise.
 """
 
 from __future__ import annotations
@@ -24,13 +22,12 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from sgl_core.kv.protocols._kv_protocols import KVHostPool
 from sgl_core.l3._file_store import FilePageStore
 from sgl_core.l3._keys import page_keys
 from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore
@@ -96,57 +93,51 @@ def mooncake_on_loopback(segment_bytes: int) -> Iterator[MooncakeConfig]:
             proc.wait()
 
 
+def _mooncake_isolated(notes: list[str]) -> bool:
+    """Whether Mooncake can run here, isolated; what was decided is appended to ``notes``."""
+    from sgl_core.l3._mooncake_lib import MOONCAKE_INSTALL, mooncake_available
+
+    if not mooncake_available():
+        notes.append(
+            f"mooncake: skipped, client not installed ({MOONCAKE_INSTALL}; "
+            "apt-get install libibverbs1)"
+        )
+        return False
+    isolated, how = isolate_network()
+    if isolated:
+        notes.append(
+            f"mooncake: master and client {how}; its listeners are not reachable "
+            "from other machines"
+        )
+    else:
+        notes.append(
+            f"mooncake: skipped: {how}; its client listens on every network "
+            "interface, so sgl-bench runs it only where nothing but loopback exists"
+        )
+    return isolated
+
+
 @contextlib.contextmanager
 def default_store_factories(
-    page_bytes: int, pages: int, *, mooncake: bool = True, notes: list[str] | None = None
+    page_bytes: int, pages: int, *, notes: list[str] | None = None
 ) -> Iterator[dict[str, StoreFactory]]:
     """File store in a temp dir, plus Mooncake on loopback when it can run isolated.
 
-    Mooncake needs its client installed and a network namespace with only
-    loopback (this moves the calling process into one where it can, see the
-    module docstring). What was decided is appended to ``notes``.
+    Where it can, this moves the calling process into a private network
+    namespace (module docstring). What was decided is appended to ``notes``.
     """
-    notes = notes if notes is not None else []
     tmp = Path(tempfile.mkdtemp(prefix="sgl-l3-bench-"))
-    made: list[Any] = []
     try:
         with contextlib.ExitStack() as stack:
             factories: dict[str, StoreFactory] = {
                 "file": lambda: FilePageStore(tmp / "file"),
             }
-            if mooncake:
-                from sgl_core.l3._mooncake_lib import MOONCAKE_INSTALL, mooncake_available
-
-                isolated, how = False, ""
-                if not mooncake_available():
-                    notes.append(
-                        f"mooncake: skipped, client not installed ({MOONCAKE_INSTALL}; "
-                        "apt-get install libibverbs1)"
-                    )
-                else:
-                    isolated, how = isolate_network()
-                    if not isolated:
-                        notes.append(
-                            f"mooncake: skipped: {how}; its client listens on every network "
-                            "interface, so sgl-bench runs it only where nothing but loopback exists"
-                        )
-                if isolated:
-                    notes.append(
-                        f"mooncake: master and client {how}; its listeners are not reachable "
-                        "from other machines"
-                    )
-                    segment = max(int(page_bytes * pages * 1.5), 64 << 20)
-                    cfg = stack.enter_context(mooncake_on_loopback(segment))
-
-                    def make_mooncake() -> PageStore:
-                        store = MooncakePageStore(cfg)
-                        made.append(store)
-                        return store
-
-                    factories["mooncake"] = make_mooncake
+            if _mooncake_isolated(notes if notes is not None else []):
+                segment = max(int(page_bytes * pages * 1.5), 64 << 20)
+                cfg = stack.enter_context(mooncake_on_loopback(segment))
+                # Entered last, so each store closes before the master stops.
+                factories["mooncake"] = lambda: stack.enter_context(MooncakePageStore(cfg))
             yield factories
-            for store in made:
-                store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -164,7 +155,6 @@ def _memcpy_round(src: list[tuple[int, int]], dst: list[tuple[int, int]]) -> tup
 
 
 def run_l3_bench(
-    store_factories: Mapping[str, StoreFactory] | None = None,
     *,
     page_size: int = 64,
     pages: int = 32,
@@ -174,34 +164,30 @@ def run_l3_bench(
     dtype: torch.dtype = torch.bfloat16,
     layout: str = "page_first_direct",
     repeats: int = 5,
-    host: KVHostPool | None = None,
     notes: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure set/get GB/s per store and for ``memcpy``; one dict per (store, op).
 
-    ``store_factories`` maps a name to a zero-argument callable returning a
-    fresh store; ``None`` uses :func:`default_store_factories`. Each repeat
-    clears the store, sets ``pages`` pages from host pages ``[0, pages)`` and
-    gets them into ``[pages, 2 * pages)``. ``notes`` receives one line per
-    decision the default factories made (e.g. where Mooncake listens).
+    The stores are :func:`default_store_factories`'. Each repeat clears the
+    store, sets ``pages`` pages from host pages ``[0, pages)`` and gets them
+    into ``[pages, 2 * pages)`` (the host pool holds twice the device pool).
+    ``notes`` receives one line per decision the factories made (e.g. where
+    Mooncake listens).
     """
     import sgl_core
 
-    if host is None:
-        backend = sgl_core.get_backend("torch")
-        dev = backend.create_device_pool(
-            size=pages * page_size,
-            page_size=page_size,
-            dtype=dtype,
-            kv_lora_rank=kv_lora_rank,
-            qk_rope_head_dim=qk_rope_head_dim,
-            layer_num=layer_num,
-        )
-        host = backend.create_host_pool(
-            dev, layout=layout, host_to_device_ratio=2.0, io_backend="direct"
-        )
-    if host.size < 2 * pages * page_size:
-        raise ValueError(f"host pool holds {host.size} tokens; the bench needs {2 * pages}")
+    backend = sgl_core.get_backend("torch")
+    dev = backend.create_device_pool(
+        size=pages * page_size,
+        page_size=page_size,
+        dtype=dtype,
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=qk_rope_head_dim,
+        layer_num=layer_num,
+    )
+    host = backend.create_host_pool(
+        dev, layout=layout, host_to_device_ratio=2.0, io_backend="direct"
+    )
     src_idx = torch.arange(0, pages * page_size, dtype=torch.int64)
     dst_idx = src_idx + pages * page_size
     gen = torch.Generator().manual_seed(0)
@@ -218,12 +204,8 @@ def run_l3_bench(
     total = sum(src_sizes)
     keys = page_keys(torch.arange(pages * page_size), page_size, namespace="sgl-l3-bench/")
 
-    with contextlib.ExitStack() as stack:
-        if store_factories is None:
-            store_factories = stack.enter_context(
-                default_store_factories(total // pages, pages, notes=notes)
-            )
-        stores = {name: make() for name, make in store_factories.items()}
+    with default_store_factories(total // pages, pages, notes=notes) as factories:
+        stores = {name: make() for name, make in factories.items()}
         for store in stores.values():
             store.register_host_pool(host)
         times: dict[tuple[str, str], list[float]] = {}

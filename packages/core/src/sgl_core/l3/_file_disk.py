@@ -15,7 +15,11 @@ import os
 import re
 from pathlib import Path
 
-from sgl_core.l3._errors import PageStoreArgumentError, PageStoreRootError, PageStoreRootInUseError
+from sgl_core.l3._protocol import (
+    PageStoreArgumentError,
+    PageStoreRootError,
+    PageStoreRootInUseError,
+)
 
 __all__ = [
     "PAGE_NAME",

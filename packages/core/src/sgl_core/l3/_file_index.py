@@ -16,11 +16,10 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-from sgl_core.l3._errors import PageStoreArgumentError, PageStoreRootError
 from sgl_core.l3._file_disk import PAGE_NAME, TMP_SUFFIX, check_root, hold_root, tmp_state
 from sgl_core.l3._format import PageFormat
 from sgl_core.l3._pages import StoreState
-from sgl_core.l3._protocol import PageStoreStats
+from sgl_core.l3._protocol import PageStoreArgumentError, PageStoreRootError, PageStoreStats
 
 __all__ = ["FileIndex"]
 
@@ -118,14 +117,10 @@ class FileIndex(StoreState):
             if not entry.name.endswith(TMP_SUFFIX):
                 continue
             path = Path(entry.path)
-            if path in self._own_tmp:
-                continue
-            state = tmp_state(path)
-            if state is None:
-                continue
+            state = None if path in self._own_tmp else tmp_state(path)
             if state == -1:
                 reclaimed += 1
-            else:
+            elif state is not None:
                 self._foreign_tmp[path] = state
         if reclaimed:
             self._errors["stale_tmp"] += reclaimed
@@ -193,21 +188,19 @@ class FileIndex(StoreState):
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with self._lock:
                 self._own_tmp.add(tmp)
+            ours = False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 # Another store may have locked and removed it between open and flock.
-                if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
-                    return fd, tmp
-            except FileNotFoundError:
-                pass
-            except BaseException:
-                os.close(fd)
-                with self._lock:
-                    self._own_tmp.discard(tmp)
-                raise
-            os.close(fd)
-            with self._lock:
-                self._own_tmp.discard(tmp)
+                with contextlib.suppress(FileNotFoundError):
+                    ours = os.stat(tmp).st_ino == os.fstat(fd).st_ino
+            finally:
+                if not ours:
+                    os.close(fd)
+                    with self._lock:
+                        self._own_tmp.discard(tmp)
+            if ours:
+                return fd, tmp
         raise OSError("temp files keep vanishing (another store is clearing the directory)")
 
     def clear(self) -> None:

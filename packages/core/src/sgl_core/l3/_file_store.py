@@ -13,7 +13,6 @@ import contextlib
 import ctypes
 import logging
 import os
-import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,7 +42,6 @@ class FilePageStore(FileIndex):
         fsync: bool = False,
     ) -> None:
         self._fsync = fsync
-        self._staging = threading.local()
         super().__init__(root, capacity_bytes)
 
     def register_host_pool(self, host: KVHostPool) -> None:
@@ -141,57 +139,40 @@ class FilePageStore(FileIndex):
             fsync_dir(path.parent)
         return True
 
-    def _staging_buffer(self, size: int) -> ctypes.Array[ctypes.c_char]:
-        buf: ctypes.Array[ctypes.c_char] | None = getattr(self._staging, "buf", None)
-        if buf is None or len(buf) < size:
-            buf = ctypes.create_string_buffer(size)
-            self._staging.buf = buf
-        return buf
-
     def _read_page(self, fmt: PageFormat, page: Page, name: str) -> int | None:
         """Read and verify the page file into this thread's staging buffer; its address or None."""
         path = self._file(name)
         want = HEADER_SIZE + page.nbytes
+        base = self._thread_buffer(want)
+        view = memoryview((ctypes.c_char * want).from_address(base)).cast("B")
+        got = 0
         try:
-            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                if st.st_size == want:
+                    while got < want and (n := f.readinto(view[got:])):
+                        got += n
         except FileNotFoundError:
             with self._lock:
                 self._errors["missing"] += 1
                 self._forget(name)  # removed behind this store's back
             return None
         except OSError as exc:
-            logger.warning("FilePageStore: opening %s failed: %s", path, exc)
+            logger.warning("FilePageStore: reading %s failed: %s", path, exc)
             self._error("io_error")
             return None
-        buf = self._staging_buffer(want)
-        view = memoryview(buf).cast("B")[:want]
-        problem = None
-        with f:
-            try:
-                st = os.fstat(f.fileno())
-                if st.st_size != want:
-                    problem = f"length {st.st_size} != {want}"
-                else:
-                    got = 0
-                    while got < want:
-                        n = f.readinto(view[got:])
-                        if not n:
-                            break
-                        got += n
-                    if got != want:
-                        problem = f"short read: {got} of {want} bytes"
-            except OSError as exc:
-                logger.warning("FilePageStore: reading %s failed: %s", path, exc)
-                self._error("io_error")
-                return None
-            if problem is None:
-                problem = PageHeader.check(
-                    view, fmt.digest, page.key, page.nbytes, lambda: zlib.crc32(view[HEADER_SIZE:])
-                )
-            if problem is not None:
-                self._drop_corrupt(page.key, name, st, problem)
-                return None
-        return ctypes.addressof(buf)
+        if st.st_size != want:
+            problem: str | None = f"length {st.st_size} != {want}"
+        elif got != want:
+            problem = f"short read: {got} of {want} bytes"
+        else:
+            problem = PageHeader.check(
+                view, fmt.digest, page.key, page.nbytes, lambda: zlib.crc32(view[HEADER_SIZE:])
+            )
+        if problem is not None:
+            self._drop_corrupt(page.key, name, st, problem)
+            return None
+        return base
 
     def batch_get(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
@@ -203,10 +184,7 @@ class FilePageStore(FileIndex):
             name = self._name(fmt, page.key)
             base = self._read_page(fmt, page, name)
             if base is not None:
-                off = base + HEADER_SIZE
-                for ptr, size in zip(page.ptrs, page.sizes, strict=True):
-                    ctypes.memmove(ptr, off, size)
-                    off += size
+                page.move(base + HEADER_SIZE, into=True)
                 self._adopt(name)
             ok.append(base is not None)
         return self._tally("get", pages, ok)

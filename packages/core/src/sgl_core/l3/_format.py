@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
-from sgl_core.l3._errors import PageStoreArgumentError
+from sgl_core.l3._protocol import PageStoreArgumentError
 
 __all__ = ["FORMAT_VERSION", "PageFormat", "page_format"]
 

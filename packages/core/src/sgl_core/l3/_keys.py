@@ -72,17 +72,12 @@ def page_keys(
     tokens = _token_list(token_ids)
     if scheme == "sglang":
         return _sglang_keys(tokens, page_size, prior_key, namespace)
-    pages = len(tokens) // page_size
-    prev = (prior_key or "").encode()
     keys: list[str] = []
-    fmt = f"<{page_size}q"
-    for p in range(pages):
-        digest = hashlib.sha256(prev)
-        digest.update(b"\x00")
-        digest.update(struct.pack(fmt, *tokens[p * page_size : (p + 1) * page_size]))
-        key = namespace + digest.hexdigest()
-        keys.append(key)
-        prev = key.encode()
+    prev = (prior_key or "").encode()
+    for p in range(len(tokens) // page_size):
+        page = struct.pack(f"<{page_size}q", *tokens[p * page_size : (p + 1) * page_size])
+        keys.append(namespace + hashlib.sha256(prev + b"\x00" + page).hexdigest())
+        prev = keys[-1].encode()
     return keys
 
 
@@ -110,13 +105,9 @@ def _sglang_keys(
     keys: list[str] = []
     for p in range(len(tokens) // page_size):
         page = tokens[p * page_size : (p + 1) * page_size]
-        digest = hashlib.sha256(prev)
-        if max(page) > _U32_MAX:
-            # SGLang marks wide pages with one 0xff byte, then 8-byte tokens.
-            digest.update(b"\xff")
-            digest.update(struct.pack(f"<{page_size}Q", *page))
+        if max(page) > _U32_MAX:  # SGLang marks wide pages with one 0xff byte, then 8-byte tokens
+            prev = hashlib.sha256(prev + b"\xff" + struct.pack(f"<{page_size}Q", *page)).digest()
         else:
-            digest.update(struct.pack(f"<{page_size}I", *page))
-        prev = digest.digest()
+            prev = hashlib.sha256(prev + struct.pack(f"<{page_size}I", *page)).digest()
         keys.append(prev.hex())
     return keys

@@ -10,14 +10,13 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
-import threading
 from typing import Any
 
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
-from sgl_core.l3._errors import MooncakeSetupError, PageStoreArgumentError, PageStoreNotReadyError
 from sgl_core.l3._format import PageFormat, page_format
-from sgl_core.l3._mooncake_lib import StoreClient, error_name
+from sgl_core.l3._mooncake_lib import error_name, new_store
 from sgl_core.l3._pages import StoreState
+from sgl_core.l3._protocol import MooncakeSetupError, PageStoreArgumentError, PageStoreNotReadyError
 from sgl_core.l3._record import HEADER_SIZE
 
 __all__ = ["MooncakeClient", "MooncakeConfig", "mooncake_key"]
@@ -77,15 +76,16 @@ class MooncakeClient(StoreState):
 
     def __init__(self, config: MooncakeConfig, *, client: Any | None = None) -> None:
         self._config = config
-        self._client: StoreClient = client if client is not None else StoreClient()
+        # A MooncakeDistributedStore (tests pass a fake with its calls).
+        self._client: Any = client if client is not None else new_store()
         rc = self._client.setup(
-            local_hostname=config.local_hostname,
-            metadata_server=config.metadata_server,
-            global_segment_size=config.global_segment_size,
-            local_buffer_size=config.local_buffer_size,
-            protocol=config.protocol,
-            rdma_devices=config.rdma_devices,
-            master_server_addr=config.master_server_address,
+            config.local_hostname,
+            config.metadata_server,
+            config.global_segment_size,
+            config.local_buffer_size,
+            config.protocol,
+            config.rdma_devices,
+            config.master_server_address,
         )
         if rc != 0:
             raise MooncakeSetupError(
@@ -98,7 +98,6 @@ class MooncakeClient(StoreState):
         # Registered header scratch buffers (one per thread), kept alive until close().
         self._scratch_regs: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._closed = False
-        self._tls = threading.local()
 
     @property
     def config(self) -> MooncakeConfig:
@@ -164,18 +163,22 @@ class MooncakeClient(StoreState):
     def _count_error(self, code: int, n: int = 1) -> None:
         self._error(error_name(code), n)
 
-    def _call(self, what: str, *args: Any) -> list[int] | None:
-        """Run client batch call ``what``; an exception becomes ``None`` plus a log line."""
+    def _call(self, what: str, keys: list[str], *args: Any) -> list[int] | None:
+        """Run batch call ``what``: one int per key, else ``None`` plus a log line."""
         try:
-            result: list[int] = getattr(self._client, what)(*args)
+            result = [int(v) for v in getattr(self._client, what)(keys, *args)]
+            problem = None if len(result) == len(keys) else f"answered {len(result)} results"
         except Exception as exc:  # the native client may raise on a lost connection
-            logger.warning("MooncakePageStore: %s raised %r", what, exc)
+            problem = f"raised {exc!r}"
+        if problem is not None:
+            logger.warning("MooncakePageStore: %s(%d keys) %s", what, len(keys), problem)
             self._error("exception")
             return None
         return result
 
     def _exist_codes(self, obj_keys: list[str]) -> list[int] | None:
-        codes = self._call("batch_is_exist", obj_keys)
+        """``batch_is_exist`` codes (none asked for no keys); ``None`` if the call failed."""
+        codes = self._call("batch_is_exist", obj_keys) if obj_keys else []
         if codes is None:
             return None
         bad = [c for c in codes if c < 0]

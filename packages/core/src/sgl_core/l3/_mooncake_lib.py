@@ -1,4 +1,4 @@
-"""The only module that imports ``mooncake``: a typed wrapper of its store client.
+"""The only module that imports ``mooncake``, and the facts about its store client relied on.
 
 Facts relied on (``mooncake-transfer-engine-non-cuda`` 0.3.13.post1, read from
 the installed package's docstrings and ``mooncake_master --help`` and checked
@@ -22,16 +22,12 @@ against a live master on loopback):
   mount a segment); ``local_buffer_size`` is the client's staging buffer,
   unused by the zero-copy ``*_from``/``*_into`` calls (0 works).
 * ``register_buffer(ptr, size) -> int`` (0 = ok), ``unregister_buffer(ptr)``.
-* ``batch_put_from(keys, ptrs, sizes) -> list[int]``: 0 per stored key; a key
-  that already exists also answers 0 and keeps the first object.
-* ``batch_get_into(keys, ptrs, sizes) -> list[int]``: bytes read per key (the
-  object's size), or a negative error code; a buffer smaller than the object
-  gives ``INVALID_PARAMS``.
 * ``batch_put_from_multi_buffers(keys, ptrs, sizes)`` /
   ``batch_get_into_multi_buffers(keys, ptrs, sizes)``: one object per key
   made of (read into) several buffers, ``ptrs[i]``/``sizes[i]`` a list per
-  key. The put keeps the first object of a key whole, as ``batch_put_from``;
-  the get answers the object's size, ``INVALID_PARAMS`` when the buffers are
+  key. The put answers 0 per stored key; a key that already exists keeps its
+  first object whole (the store takes 0 or ``OBJECT_ALREADY_EXISTS``). The get
+  answers the object's size, ``INVALID_PARAMS`` when the buffers are
   smaller than the object and ``TRANSFER_FAIL`` when larger (checked: no
   byte of the destination buffers is written in either case).
 * Every buffer a transfer touches must be registered (``register_buffer``):
@@ -58,23 +54,19 @@ import importlib
 import importlib.util
 import os
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sgl_core.l3._errors import MooncakeUnavailableError
+from sgl_core.l3._protocol import MooncakeUnavailableError
 
 __all__ = [
     "ERROR_NAMES",
-    "NO_AVAILABLE_HANDLE",
     "OBJECT_ALREADY_EXISTS",
     "OBJECT_NOT_FOUND",
-    "RPC_FAIL",
-    "StoreClient",
     "error_name",
     "master_binary",
     "mooncake_available",
-    "mooncake_version",
+    "new_store",
 ]
 
 #: How to get the client: the README's install (sgl-core is on no package index yet).
@@ -82,8 +74,6 @@ MOONCAKE_INSTALL = "from the repository: pip install './packages/core[mooncake]'
 
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
-NO_AVAILABLE_HANDLE = -200
-RPC_FAIL = -900
 
 #: Mooncake store ``ErrorCode`` values and their names.
 ERROR_NAMES: dict[int, str] = {
@@ -152,18 +142,6 @@ def mooncake_available() -> bool:
     return True
 
 
-def mooncake_version() -> str | None:
-    """Installed version of ``mooncake-transfer-engine-non-cuda`` (or another Mooncake wheel)."""
-    from importlib import metadata
-
-    for dist in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def master_binary() -> str:
     """Path of the ``mooncake_master`` executable shipped with the wheel."""
     spec = importlib.util.find_spec("mooncake")
@@ -178,90 +156,10 @@ def master_binary() -> str:
     return found
 
 
-class StoreClient:
-    """Typed, thin wrapper of ``mooncake.store.MooncakeDistributedStore``.
+def new_store() -> Any:
+    """A fresh ``mooncake.store.MooncakeDistributedStore``, not yet set up.
 
-    Every method returns Mooncake's integer codes unchanged; the page store
-    maps them to results. Only :func:`_import` touches the ``mooncake`` module.
+    Its calls answer Mooncake's integer codes (facts above); the page store
+    maps them to results.
     """
-
-    def __init__(self) -> None:
-        module = _import("mooncake.store")
-        self._store: Any = module.MooncakeDistributedStore()
-
-    def setup(
-        self,
-        *,
-        local_hostname: str,
-        metadata_server: str,
-        global_segment_size: int,
-        local_buffer_size: int,
-        protocol: str,
-        rdma_devices: str,
-        master_server_addr: str,
-    ) -> int:
-        return int(
-            self._store.setup(
-                local_hostname,
-                metadata_server,
-                global_segment_size,
-                local_buffer_size,
-                protocol,
-                rdma_devices,
-                master_server_addr,
-            )
-        )
-
-    def register_buffer(self, ptr: int, size: int) -> int:
-        return int(self._store.register_buffer(ptr, size))
-
-    def unregister_buffer(self, ptr: int) -> int:
-        return int(self._store.unregister_buffer(ptr))
-
-    def batch_put_from(
-        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
-    ) -> list[int]:
-        return self._batch("batch_put_from", keys, list(ptrs), list(sizes))
-
-    def batch_put_from_multi_buffers(
-        self, keys: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
-    ) -> list[int]:
-        return self._multi("batch_put_from_multi_buffers", keys, ptrs, sizes)
-
-    def batch_get_into_multi_buffers(
-        self, keys: Sequence[str], ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]]
-    ) -> list[int]:
-        return self._multi("batch_get_into_multi_buffers", keys, ptrs, sizes)
-
-    def _multi(
-        self,
-        name: str,
-        keys: Sequence[str],
-        ptrs: Sequence[Sequence[int]],
-        sizes: Sequence[Sequence[int]],
-    ) -> list[int]:
-        return self._batch(name, keys, [list(p) for p in ptrs], [list(s) for s in sizes])
-
-    def _batch(self, name: str, keys: Sequence[str], *args: Any) -> list[int]:
-        """``name(keys, *args)``: one int per key (else ``MooncakeUnavailableError``)."""
-        out = [int(v) for v in getattr(self._store, name)(list(keys), *args)]
-        if len(out) != len(keys):
-            raise MooncakeUnavailableError(
-                f"{name} answered {len(out)} results for {len(keys)} keys"
-            )
-        return out
-
-    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
-        return self._batch("batch_remove", keys, force)
-
-    def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
-        return self._batch("batch_is_exist", keys)
-
-    def remove(self, key: str, force: bool = False) -> int:
-        return int(self._store.remove(key, force))
-
-    def remove_all(self, force: bool = False) -> int:
-        return int(self._store.remove_all(force))
-
-    def close(self) -> int:
-        return int(self._store.close())
+    return _import("mooncake.store").MooncakeDistributedStore()

@@ -37,11 +37,7 @@ class MooncakePageStore(MooncakeClient):
         """Consecutive keys, from the first, whose page object is in the store."""
         key_list = check_keys(keys)
         fmt = self._ready("batch_exists")
-        if not key_list:
-            return 0
-        codes = self._exist_codes([mooncake_key(k, fmt) for k in key_list])
-        if codes is None:
-            return 0
+        codes = self._exist_codes([mooncake_key(k, fmt) for k in key_list]) or []  # None: failed
         return next((i for i, c in enumerate(codes) if c != 1), len(codes))
 
     def _prepare(
@@ -50,7 +46,7 @@ class MooncakePageStore(MooncakeClient):
         """The pages of a batch call, their object keys and ``batch_is_exist`` codes."""
         fmt, pages = self._resolve(keys, host_indices)
         mkeys = [mooncake_key(p.key, fmt) for p in pages]
-        return fmt, pages, mkeys, self._exist_codes(mkeys) if pages else []
+        return fmt, pages, mkeys, self._exist_codes(mkeys)
 
     def _transfer(
         self, what: str, scratch: int, pages: list[Page], mkeys: list[str], idx: list[int]
@@ -89,20 +85,14 @@ class MooncakePageStore(MooncakeClient):
                     self._count_error(rc)
         return self._tally("set", pages, ok, [c != 1 for c in codes])
 
-    def _save(self, pages: list[Page]) -> dict[int, int]:
-        """Save the pages' host bytes in this thread's scratch; ``{ptr: scratch address}``."""
-        need = sum(p.nbytes for p in pages)
-        buf: ctypes.Array[ctypes.c_char] | None = getattr(self._tls, "buf", None)
-        if buf is None or len(buf) < need:
-            buf = ctypes.create_string_buffer(need)
-            self._tls.buf = buf
+    def _save(self, pages: list[Page], idx: list[int]) -> dict[int, int]:
+        """Save pages ``idx``' host bytes in this thread's scratch; ``{i: scratch address}``."""
+        addr = self._thread_buffer(sum(pages[i].nbytes for i in idx))
         where: dict[int, int] = {}
-        off = ctypes.addressof(buf)
-        for page in pages:
-            for ptr, size in zip(page.ptrs, page.sizes, strict=True):
-                ctypes.memmove(off, ptr, size)
-                where[ptr] = off
-                off += size
+        for i in idx:
+            pages[i].move(addr, into=False)
+            where[i] = addr
+            addr += pages[i].nbytes
         return where
 
     def batch_get(
@@ -117,33 +107,27 @@ class MooncakePageStore(MooncakeClient):
             self._error("OBJECT_NOT_FOUND", missing)
         fetch = [i for i, c in enumerate(codes) if c == 1]
         if fetch:
-            restore = self._config.restore_on_failed_get
-            saved = self._save([pages[i] for i in fetch]) if restore else {}
+            saved = self._save(pages, fetch) if self._config.restore_on_failed_get else None
             scratch = self._header_scratch(len(fetch))
             rcs = self._transfer("batch_get_into_multi_buffers", scratch, pages, mkeys, fetch)
             view = memoryview((ctypes.c_char * (len(fetch) * HEADER_SIZE)).from_address(scratch))
             bad_keys = []
             for f, (i, rc) in enumerate(zip(fetch, rcs, strict=True)):
                 page = pages[i]
-                ok[i] = rc == HEADER_SIZE + page.nbytes
-                if not ok[i]:
+                raw = view[f * HEADER_SIZE : (f + 1) * HEADER_SIZE].cast("B")
+                crc = page.crc32 if self._config.verify_checksum else None
+                if rc != HEADER_SIZE + page.nbytes:
                     self._count_error(rc if rc < 0 else _SIZE_MISMATCH)
+                elif problem := PageHeader.check(raw, fmt.digest, page.key, page.nbytes, crc):
+                    logger.warning(
+                        "MooncakePageStore: page %r is corrupt (%s); removing it", page.key, problem
+                    )
+                    self._error("corrupt")
+                    bad_keys.append(mkeys[i])
                 else:
-                    raw = view[f * HEADER_SIZE : (f + 1) * HEADER_SIZE].cast("B")
-                    crc = page.crc32 if self._config.verify_checksum else None
-                    problem = PageHeader.check(raw, fmt.digest, page.key, page.nbytes, crc)
-                    if problem is not None:
-                        ok[i] = False
-                        logger.warning(
-                            "MooncakePageStore: page %r is corrupt (%s); removing it",
-                            page.key,
-                            problem,
-                        )
-                        self._error("corrupt")
-                        bad_keys.append(mkeys[i])
-                if not ok[i] and restore:
-                    for ptr, size in zip(page.ptrs, page.sizes, strict=True):
-                        ctypes.memmove(ptr, saved[ptr], size)
+                    ok[i] = True
+                if not ok[i] and saved is not None:
+                    page.move(saved[i], into=True)
             if bad_keys:
                 # Forced: this read holds a lease on them. A concurrent reader of
                 # one of them fails its own header check (or its transfer).

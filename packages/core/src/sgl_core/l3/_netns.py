@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import os
 import socket
 import struct
@@ -28,7 +29,6 @@ __all__ = ["enter_private_netns", "isolate_network", "loopback_only"]
 _CLONE_NEWNET = 0x40000000
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP_LOOPBACK_RUNNING = 0x1 | 0x8 | 0x40
-_state: dict[str, bool] = {}
 
 
 def loopback_only() -> bool:
@@ -46,21 +46,18 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, _SIOCSIFFLAGS, ifr)
 
 
+@functools.cache
 def enter_private_netns() -> bool:
     """Move this thread into a new network namespace with only ``lo`` (up); False if not allowed.
 
     Done at most once per process: later calls answer the first call's result.
     """
-    if "entered" in _state:
-        return _state["entered"]
-    entered = False
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_NEWNET) == 0:
-            _loopback_up()
-            entered = True
-    _state["entered"] = entered
-    return entered
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return False
+    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWNET) != 0:
+        return False
+    _loopback_up()
+    return True
 
 
 def isolate_network() -> tuple[bool, str]:
@@ -69,7 +66,7 @@ def isolate_network() -> tuple[bool, str]:
     Returns ``(True, how)`` when this thread is (now) in a network namespace
     with only ``lo``, else ``(False, why not)``.
     """
-    if _state.get("entered"):
+    if enter_private_netns.cache_info().currsize and enter_private_netns():
         return True, "in a private network namespace with only loopback (entered by this process)"
     if loopback_only():
         with contextlib.suppress(OSError):

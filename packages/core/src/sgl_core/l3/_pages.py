@@ -24,12 +24,12 @@ from sgl_core.kv._validation import (
     check_unique,
 )
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
-from sgl_core.l3._errors import (
+from sgl_core.l3._format import PageFormat
+from sgl_core.l3._protocol import (
     HOST_INDEX_ERRORS,
     PageStoreArgumentError,
     PageStoreNotReadyError,
 )
-from sgl_core.l3._format import PageFormat
 
 __all__ = ["Page", "StoreState", "check_keys", "host_index_tensor", "resolve_pages"]
 
@@ -53,6 +53,12 @@ class Page:
             memoryview((ctypes.c_char * size).from_address(ptr)).cast("B")
             for ptr, size in zip(self.ptrs, self.sizes, strict=True)
         ]
+
+    def move(self, addr: int, *, into: bool) -> None:
+        """Copy the page's objects to (``into=False``) or from the ``nbytes`` bytes at ``addr``."""
+        for ptr, size in zip(self.ptrs, self.sizes, strict=True):
+            ctypes.memmove(*((ptr, addr) if into else (addr, ptr)), size)
+            addr += size
 
     def crc32(self, views: list[memoryview] | None = None) -> int:
         """CRC-32 of the page's objects (``views``: :meth:`views`, if already built)."""
@@ -175,6 +181,7 @@ class StoreState:
         self._format: PageFormat | None = None
         self._counts: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
+        self._tls = threading.local()
 
     @property
     def page_format(self) -> PageFormat | None:
@@ -201,6 +208,14 @@ class StoreState:
         pages = resolve_pages(host, fmt, keys, host_indices)
         assert fmt is not None  # resolve_pages raised otherwise
         return fmt, pages
+
+    def _thread_buffer(self, size: int) -> int:
+        """Address of this thread's scratch of at least ``size`` bytes (grown, never shrunk)."""
+        buf: ctypes.Array[ctypes.c_char] | None = getattr(self._tls, "buf", None)
+        if buf is None or len(buf) < size:
+            buf = ctypes.create_string_buffer(size)
+            self._tls.buf = buf
+        return ctypes.addressof(buf)
 
     def _error(self, reason: str, n: int = 1) -> None:
         with self._lock:

@@ -60,22 +60,11 @@ class PageHeader:
             flags=0 if crc32 is None else FLAG_CRC,
         )
 
-    def _fields(self) -> tuple[object, ...]:
-        return (
-            MAGIC,
-            self.format_digest,
-            self.key_digest,
-            self.write_id,
-            self.payload_bytes,
-            self.crc32,
-            self.flags,
-        )
-
     def pack(self) -> bytes:
-        return _STRUCT.pack(*self._fields())
+        return _STRUCT.pack(MAGIC, *dataclasses.astuple(self))
 
     def pack_into(self, buffer: memoryview | bytearray, offset: int = 0) -> None:
-        _STRUCT.pack_into(buffer, offset, *self._fields())
+        _STRUCT.pack_into(buffer, offset, MAGIC, *dataclasses.astuple(self))
 
     @classmethod
     def unpack(cls, buffer: bytes | bytearray | memoryview) -> PageHeader | None:
