@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_core.kv._spec import mha_spec
 from sgl_core.kv._validation import check_layer_id, check_value_rows
 from sgl_core.kv.device._device_kinds import MHADevicePoolBase, MLADevicePoolBase
 from sgl_core.kv.device._device_rows import PerLayerRows, check_raw_rows
@@ -103,8 +102,7 @@ class PerLayerMHADevicePool(MHADevicePoolBase, PerLayerRows):
     v_buffer: list[torch.Tensor]
 
     def _allocate(self) -> None:
-        s = self.shape
-        self.spec = mha_spec(s.layer_num, s.head_num, s.head_dim, s.v_head_dim, s.dtype)
+        self.spec = self.shape.spec
         self._allocate_rows()  # k_buffer, v_buffer
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:

@@ -66,6 +66,16 @@ class PagedFormat:
 
 
 def _format(pool: Any) -> PagedFormat:
+    """The engine pool's paged indexer format; ``PoolMismatchError`` for one not mirrored."""
+    try:
+        return _read_format(pool)
+    except PoolMismatchError:
+        raise
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise PoolMismatchError(f"{type(pool).__name__}: bad paged indexer: {exc}") from None
+
+
+def _read_format(pool: Any) -> PagedFormat:
     name = type(pool).__name__
     ps, dim = int(pool.page_size), getattr(pool, "index_head_dim", None)
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
@@ -129,12 +139,7 @@ class ForeignPagedIndexerPool(ForeignMLADevicePool):
 
     def __init__(self, pool: Any) -> None:
         super().__init__(pool)
-        try:
-            self.paged_format = _format(pool)
-        except PoolMismatchError:
-            raise
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise PoolMismatchError(f"{type(pool).__name__}: bad paged indexer: {exc}") from None
+        self.paged_format = _format(pool)
 
     @property
     def index_head_dim(self) -> int:
@@ -175,12 +180,7 @@ class IndexerPagesView(ForeignMLADevicePool):
 
     def __init__(self, pool: Any) -> None:
         super().__init__(pool)
-        try:
-            fmt = _format(pool)
-        except PoolMismatchError:
-            raise
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise PoolMismatchError(f"{type(pool).__name__}: bad paged indexer: {exc}") from None
+        fmt = _format(pool)
         if not fmt.layer_ids:
             raise PoolMismatchError(f"{type(pool).__name__} has no layer with index pages")
         buffers = getattr(pool, _BUFFER)

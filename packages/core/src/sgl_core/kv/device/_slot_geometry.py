@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from sgl_core.errors import PoolSizeError
+from sgl_core.kv._spec import positive_int
 from sgl_core.kv._validation import (
     check_index_bounds,
     check_index_device,
@@ -27,9 +28,8 @@ __all__ = ["PoolSizes", "SlotGeometry", "check_pool_geometry"]
 
 def check_pool_geometry(size: int, page_size: int) -> None:
     """Positive ints, ``size`` a whole number of pages."""
-    for name, value in (("size", size), ("page_size", page_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise PoolSizeError(f"{name} must be a positive int, got {value!r}")
+    positive_int("size", size)
+    positive_int("page_size", page_size)
     if size % page_size:
         raise PoolSizeError(f"size={size} is not a multiple of page_size={page_size}")
 

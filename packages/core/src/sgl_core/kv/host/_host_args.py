@@ -73,9 +73,6 @@ class HostArguments(PoolSizes):
     default_io_backend: IOBackend | None
     _layout: HostLayout
 
-    def _bytes_per_token(self, device_pool: Any) -> int:
-        raise NotImplementedError
-
     def _is_page_granular(self, io_backend: IOBackend) -> bool:
         raise NotImplementedError
 
@@ -150,7 +147,7 @@ class HostArguments(PoolSizes):
     def _compute_size(
         self, device_pool: DevicePoolGeometry, host_to_device_ratio: float, host_size_gb: float
     ) -> int:
-        per_token = self._bytes_per_token(device_pool)
+        per_token = self.spec.token_bytes  # host bytes of one token, every layer and component
         if host_size_gb > 0:
             tokens = int(host_size_gb * 1e9) // per_token
         else:

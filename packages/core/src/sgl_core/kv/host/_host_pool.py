@@ -131,10 +131,6 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         """Whether host memory is pinned: ``requested``, else when ``device`` can use it."""
         return should_pin(requested, device)
 
-    def _bytes_per_token(self, device_pool: DevT) -> int:
-        """Host bytes one token costs across layers and components."""
-        return self.spec.token_bytes
-
     def _is_page_granular(self, io_backend: IOBackend) -> bool:
         """True when ``io_backend`` on this layout moves whole pages only."""
         return False
