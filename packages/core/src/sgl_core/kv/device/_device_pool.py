@@ -81,7 +81,6 @@ class PerLayerMLADevicePool(MLADevicePoolBase, PerLayerRows, IndexerRows):
         The bytes land as given (no conversion): rows of another dtype or
         shape are ``PoolMismatchError``, before anything is written.
         """
-        layer_id = check_layer_id(layer_id, self.layer_num)
         loc = self._check_loc(layer_id, loc)
         check_raw_rows(rows, loc.numel(), self.kv_cache_dim, self.dtype)
         byte_view(self.kv_buffer[layer_id][:, 0]).index_copy_(

@@ -35,7 +35,7 @@ from sgl_core.kv.host._host_args import HostArguments, describe_pairs, size_argu
 from sgl_core.kv.host._host_slots import HostSlots
 from sgl_core.kv.host._load_memo import CheckedLoad, tensor_signature
 from sgl_core.kv.protocols._kv_protocols import DevicePoolGeometry, PoolShape
-from sgl_core.transfer._transfer import HostPart, HostSide, Mover, Transfer
+from sgl_core.transfer._transfer import HostSide, Mover, Transfer
 from sgl_core.transfer.copy._tuning import CopyTuning
 
 __all__ = ["DevT", "HostPoolBase", "ShapeT", "describe_pairs"]
@@ -102,11 +102,6 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     def _allocate_buffers(self, device_pool: DevT) -> None:
         """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
 
-    def _host_parts(self) -> tuple[HostPart, ...]:
-        """The host buffer of each component, in spec order (token-row pools set ``_parts``)."""
-        parts: tuple[HostPart, ...] = getattr(self, "_parts", ())
-        return parts
-
     @property
     def host_side(self) -> HostSide:
         """What this pool's movers are built from: its layout, geometry and host buffers."""
@@ -115,7 +110,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
             self._size,
             self._page_size,
             self.layer_num,
-            self._host_parts(),
+            getattr(self, "_parts", ()),  # each component's buffer (token-row pools set it)
             self.tuning,
             self.pin_memory,
         )

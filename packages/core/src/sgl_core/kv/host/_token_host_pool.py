@@ -150,11 +150,6 @@ class TokenHostPool(TokenPages[DevT, ShapeT]):
             extra += device_pool.index_buffers()
         return (device_pool, *extra)
 
-    def _device_indexer(self, device_pool: DevT) -> list[torch.Tensor]:
-        if self._paged is not None:
-            return paged_buffers(device_pool, self._paged)
-        return check_device_indexer(device_pool, self._indexer, self.dtype)
-
     def _check_device_pool_kind(self, device_pool: DevT) -> None:
         slots = device_pool.size + device_pool.page_size
         for c, layers in self._row_lists(device_pool):
@@ -169,7 +164,10 @@ class TokenHostPool(TokenPages[DevT, ShapeT]):
                         f"expected {expected} {c.dtype}"
                     )
                 check_backed(layer, name)
-        self._device_indexer(device_pool)
+        if self._paged is not None:
+            paged_buffers(device_pool, self._paged)
+        else:
+            check_device_indexer(device_pool, self._indexer, self.dtype)
 
     def _layer_storage(self, device_pool: DevT, layer_id: int) -> Sequence[torch.Tensor]:
         found = [ts[layer_id] for _, ts in self._row_lists(device_pool)]
