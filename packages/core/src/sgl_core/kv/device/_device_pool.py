@@ -25,11 +25,8 @@ class PerLayerMLADevicePool(MLADevicePoolBase, PerLayerRows, IndexerRows):
     """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor
     (``layers_in_one_allocation``: see ``sgl_core.kv.device._device_rows``).
 
-    ``kv_cache_dim`` makes each row that many elements of ``dtype`` whatever
-    the rank split (a packed row the engine quantizes itself, e.g. 656
-    ``uint8`` for DeepSeek-V3.2's FP8 MLA): such rows are written and read
-    with :meth:`set_kv_rows` / :meth:`get_kv_rows`, and the split accessors
-    ``set_mla_kv_buffer`` / ``get_mla_kv_buffer`` raise ``PoolMismatchError``.
+    ``kv_cache_dim`` makes rows packed (``MLAShape``, ``KVRows``): written
+    and read with :meth:`set_kv_rows` / :meth:`get_kv_rows` only.
     ``index_head_dim`` (with ``indexer_layer_ids``, ``with_index_k_scale``)
     adds the sparse-attention indexer cache (``sgl_core.kv.device._indexer``).
     """

@@ -193,21 +193,12 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     ) -> None:
         """Host -> device for one layer; validated once per batch of layers.
 
-        ``io_backend`` None: the ``io_backend`` the pool was created with.
-
-        Engines call this once per layer with the same index tensors. The first
-        call validates every argument; a later call re-checks only ``layer_id``
-        and the storage of the device tensors the layer's copy writes, provided
-        it passes the same pool, io backend and index tensor *objects*, not
-        modified since (``Tensor._version``, address, shape; and, for CPU index
-        tensors only, equal values). Anything else is validated in full again,
-        e.g. new tensors with equal values, or a layer replaced with
-        ``Tensor.set_``. Index tensors on an accelerator are never read back
-        by this check, so the per-layer path adds no host-device
-        synchronization; the first call of a batch synchronizes once (bounds
-        and duplicate checks). Writes to accelerator index tensors that torch
-        does not see are not detected: do not modify index tensors behind
-        torch's back between the layers of one batch. See ``sgl_core.kv.host._load_memo``.
+        ``io_backend`` None: the ``io_backend`` the pool was created with. A
+        later layer's call with the same pool, io backend and unmodified index
+        tensor objects re-checks only ``layer_id`` and that layer's device
+        storage (docs/design.md section 7; ``sgl_core.kv.host._load_memo``):
+        do not modify index tensors behind torch's back between the layers of
+        one batch.
         """
         layer_id = check_layer_id(layer_id, self.layer_num)
         device_pool = self._as_device_pool(device_pool)  # a cached view: same object per layer
