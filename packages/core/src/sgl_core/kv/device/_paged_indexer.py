@@ -28,6 +28,7 @@ import torch
 
 from sgl_core.errors import PoolMismatchError
 from sgl_core.kv._enums import HostLayout
+from sgl_core.kv._layouts import layout_facts
 from sgl_core.kv._validation import check_backed
 from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
 from sgl_core.kv.device._indexer import SCALE_BYTES, IndexerConfig
@@ -251,13 +252,7 @@ class PagedIndexerPart:
 
     def _host_pages(self, slot: int, page_size: int) -> torch.Tensor:
         """``(pages, page_size, width)`` bytes of one slot (a view of the host buffer)."""
-        if self.layout is HostLayout.LAYER_FIRST:
-            rows = self.host[slot, :, 0]
-        elif self.layout is HostLayout.PAGE_FIRST:
-            rows = self.host[:, slot, 0]
-        else:
-            return self.host[:, slot, :, 0]
-        return rows.view(-1, page_size, self.width)
+        return layout_facts(self.layout).row(self.host, slot).view(-1, page_size, self.width)
 
     def _device_pages(self, buffer: torch.Tensor, page_size: int) -> torch.Tensor:
         keys = page_size * self.cfg.index_head_dim

@@ -46,8 +46,7 @@ class TokenPages(HostPoolBase[DevT, ShapeT], abc.ABC):
 
     @property
     def flat_page_numel(self) -> int:
-        itemsize = torch.empty((), dtype=self.spec.flat_page_dtype).element_size()
-        return sum(self._part_bytes()) // itemsize
+        return sum(self._part_bytes()) // self.spec.flat_page_dtype.itemsize
 
     def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
         """A copy of one page: flat, components in order; else its part (one component),
