@@ -14,11 +14,11 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
-from sgl_core.errors import PoolSizeError
+from sgl_core.errors import PoolMismatchError, PoolSizeError
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._memory import should_pin
 from sgl_core.kv._spec import KVSpec
@@ -29,6 +29,7 @@ from sgl_core.kv._validation import (
     check_layer_id,
     check_page_runs,
     check_unique,
+    differing_fields,
 )
 from sgl_core.kv.device._slot_geometry import pool_repr
 from sgl_core.kv.host._host_args import HostArguments, describe_pairs, size_argument
@@ -166,6 +167,27 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     @property
     def page_num(self) -> int:
         return self._size // self._page_size
+
+    # ------------------------------------------------------------ the device
+    def check_device_pool(self, device_pool: Any) -> None:
+        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
+        names = ("layer_num", *(n for n, _ in self.spec.identity), "dtype", "page_size")
+        mine = (self.layer_num, *(v for _, v in self.spec.identity), self.dtype, self._page_size)
+        try:
+            theirs = tuple(getattr(device_pool, name) for name in names)
+        except AttributeError as exc:
+            kind = self.spec.kind.value.upper()
+            raise PoolMismatchError(f"device_pool is not an {kind} device pool: {exc}") from None
+        if mine != theirs:
+            raise PoolMismatchError(
+                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
+            )
+        self._check_device_pool_kind(device_pool)
+
+    def moves_whole_pages(self, io_backend: IOBackend | str | None = None) -> bool:
+        """True when ``io_backend`` (None: the pool's default) takes whole, aligned pages only."""
+        io = self._given_io(io_backend)
+        return self._is_page_granular(self._check_io_backend(self._layout, io))
 
     # ------------------------------------------------------------- transfers
     def backup_from_device_all_layer(

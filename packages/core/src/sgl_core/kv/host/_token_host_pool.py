@@ -43,6 +43,7 @@ from sgl_core.transfer._transfer import HostPart, HostSide, Mover, MoverFactory
 __all__ = ["MHATokenHostPool", "TokenHostPool", "TokenRowHostPool"]
 
 _DIRECT: Mapping[IOBackend, MoverFactory] = {IOBackend.DIRECT: DirectMover}
+_TOKEN_ROWS = (HostLayout.LAYER_FIRST, HostLayout.PAGE_FIRST, HostLayout.PAGE_FIRST_DIRECT)
 
 
 class TokenHostPool(TokenPages[DevT, ShapeT]):
@@ -216,9 +217,7 @@ class TokenRowHostPool(TokenHostPool[MLADevicePool, MLAShape], MLAHostPoolBase):
     """``layer_first`` / ``page_first`` / ``page_first_direct`` MLA host pool."""
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
-        HostLayout.LAYER_FIRST: _DIRECT,
-        HostLayout.PAGE_FIRST: _DIRECT,
-        HostLayout.PAGE_FIRST_DIRECT: _DIRECT,
+        layout: _DIRECT for layout in _TOKEN_ROWS
     }
 
     kv_buffer: torch.Tensor
@@ -240,10 +239,7 @@ class MHATokenHostPool(TokenHostPool[MHADevicePool, MHAShape], MHAHostPoolBase):
     """``layer_first`` / ``page_first`` / ``page_first_direct`` / ``page_head`` MHA host pool."""
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
-        HostLayout.LAYER_FIRST: _DIRECT,
-        HostLayout.PAGE_FIRST: _DIRECT,
-        HostLayout.PAGE_FIRST_DIRECT: _DIRECT,
-        HostLayout.PAGE_HEAD: _DIRECT,
+        layout: _DIRECT for layout in (*_TOKEN_ROWS, HostLayout.PAGE_HEAD)
     }
 
     #: ``(2, ...)``: K and V in one allocation (``head_dim == v_head_dim``), else None.
