@@ -79,7 +79,7 @@ AREAS: dict[str, Area] = {
             "sgl_core.kv.host._host_slots.xǁHostSlotsǁfree__*",
             "sgl_core.kv.host._host_slots.xǁHostSlotsǁalloc__*",
             "sgl_core.kv.host._host_slots.xǁHostSlotsǁ_check_page_start__*",
-            "sgl_core.kv.host._host_slots.xǁHostSlotsǁ_page_starts__*",
+            "sgl_core.kv.host._host_pages.xǁTokenPagesǁget_page_buffer_meta__*",
         ),
     ),
     "copy": Area(
@@ -183,7 +183,7 @@ AREAS: dict[str, Area] = {
             "sgl_core.kv._spec.*",
             "sgl_core.kv._shapes.xǁMHAShapeǁ*",
             "sgl_core.kv._shapes.x__check__*",
-            "sgl_core.kv.host._host_args.xǁHostArgumentsǁcheck_device_pool__*",
+            "sgl_core.kv.host._host_pool.xǁHostPoolBaseǁcheck_device_pool__*",
             "sgl_core.kv.host._host_slots.xǁHostSlotsǁpage_format_fields__*",
             "sgl_core.kv.host._host_kinds.xǁMHAHostPoolBaseǁ_read_shape__*",
             *(

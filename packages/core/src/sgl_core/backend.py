@@ -33,8 +33,8 @@ from sgl_core.kv.device._device_kinds import (
 )
 from sgl_core.kv.device._device_pool import PerLayerMHADevicePool, PerLayerMLADevicePool
 from sgl_core.kv.device._device_rows import check_raw_rows
-from sgl_core.kv.device._devices import parse_device, usable_device
 from sgl_core.kv.device._indexer import IndexerConfig, IndexerRows, mla_pool_spec
+from sgl_core.kv.device._slot_geometry import parse_device, usable_device
 from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
 from sgl_core.kv.host._host_pages import TokenPages
 from sgl_core.kv.host._host_pool import HostPoolBase

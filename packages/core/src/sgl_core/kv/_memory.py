@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 import torch
@@ -64,11 +65,7 @@ def page_aligned_zeros(
     bytes and returns the aligned view of that storage (the storage stays
     alive through the view).
     """
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    numel = 1
-    for dim in shape:
-        numel *= dim
-    nbytes = numel * itemsize
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     raw = torch.zeros(nbytes + alignment, dtype=torch.uint8, pin_memory=pin_memory)
     offset = -raw.data_ptr() % alignment
     return raw[offset : offset + nbytes].view(dtype).view(shape)

@@ -19,7 +19,7 @@ import torch
 
 from sgl_core.errors import ArgumentTypeError, LayerIndexError, PoolSizeError
 
-__all__ = ["Component", "KVKind", "KVSpec", "mha_spec", "mla_spec"]
+__all__ = ["Component", "KVKind", "KVSpec", "mha_spec", "mla_spec", "positive_int"]
 
 
 class KVKind(str, enum.Enum):
@@ -29,7 +29,8 @@ class KVKind(str, enum.Enum):
     MHA = "mha"
 
 
-def _positive(name: str, value: object) -> int:
+def positive_int(name: str, value: object) -> int:
+    """``value`` when it is a positive int (not ``bool``), else ``PoolSizeError`` naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise PoolSizeError(f"{name} must be a positive int, got {value!r}")
     return value
@@ -53,8 +54,8 @@ class Component:
     device_name: str = ""
 
     def __post_init__(self) -> None:
-        _positive(f"{self.name} dim", self.dim)
-        _positive(f"{self.name} heads", self.heads)
+        positive_int(f"{self.name} dim", self.dim)
+        positive_int(f"{self.name} heads", self.heads)
         if not isinstance(self.dtype, torch.dtype):
             raise ArgumentTypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
         if not self.device_name:
@@ -107,7 +108,7 @@ class KVSpec:
     stacked: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _positive("layer_num", self.layer_num)
+        positive_int("layer_num", self.layer_num)
         if not self.components:
             raise PoolSizeError("a KV spec needs at least one component")
         names = [c.name for c in self.components]
@@ -170,9 +171,9 @@ def mla_spec(
     with_index_k_scale: bool = False,
 ) -> KVSpec:
     """MLA rows: one ``kv`` row per layer; with ``index_head_dim``, the DSA indexer rows."""
-    rank = _positive("kv_lora_rank", kv_lora_rank)
-    rope = _positive("qk_rope_head_dim", qk_rope_head_dim)
-    width = rank + rope if row_dim is None else _positive("kv_cache_dim", row_dim)
+    rank = positive_int("kv_lora_rank", kv_lora_rank)
+    rope = positive_int("qk_rope_head_dim", qk_rope_head_dim)
+    width = rank + rope if row_dim is None else positive_int("kv_cache_dim", row_dim)
     comps: tuple[Component, ...] = (Component("kv", width, dtype),)
     if index_head_dim is not None:
         comps += _indexer_components(
@@ -186,8 +187,8 @@ def mha_spec(
     layer_num: int, head_num: int, head_dim: int, v_head_dim: int, dtype: torch.dtype
 ) -> KVSpec:
     """MHA/GQA rows: a ``k`` row and a ``v`` row per layer, ``head_num`` heads each."""
-    heads = _positive("head_num", head_num)
-    k = Component("k", _positive("head_dim", head_dim), dtype, heads=heads)
-    v = Component("v", _positive("v_head_dim", v_head_dim), dtype, heads=heads)
+    heads = positive_int("head_num", head_num)
+    k = Component("k", positive_int("head_dim", head_dim), dtype, heads=heads)
+    v = Component("v", positive_int("v_head_dim", v_head_dim), dtype, heads=heads)
     identity = (("head_num", heads), ("head_dim", head_dim), ("v_head_dim", v_head_dim))
     return KVSpec(KVKind.MHA, layer_num, dtype, (k, v), identity, stacked=("k", "v"))

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sgl_core.kv._spec import mha_spec
 from sgl_core.kv._validation import check_layer_id, check_value_rows
 from sgl_core.kv.device._device_kinds import MHADevicePoolBase, MLADevicePoolBase
 from sgl_core.kv.device._device_rows import PerLayerRows, check_raw_rows
@@ -26,11 +25,8 @@ class PerLayerMLADevicePool(MLADevicePoolBase, PerLayerRows, IndexerRows):
     """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor
     (``layers_in_one_allocation``: see ``sgl_core.kv.device._device_rows``).
 
-    ``kv_cache_dim`` makes each row that many elements of ``dtype`` whatever
-    the rank split (a packed row the engine quantizes itself, e.g. 656
-    ``uint8`` for DeepSeek-V3.2's FP8 MLA): such rows are written and read
-    with :meth:`set_kv_rows` / :meth:`get_kv_rows`, and the split accessors
-    ``set_mla_kv_buffer`` / ``get_mla_kv_buffer`` raise ``PoolMismatchError``.
+    ``kv_cache_dim`` makes rows packed (``MLAShape``, ``KVRows``): written
+    and read with :meth:`set_kv_rows` / :meth:`get_kv_rows` only.
     ``index_head_dim`` (with ``indexer_layer_ids``, ``with_index_k_scale``)
     adds the sparse-attention indexer cache (``sgl_core.kv.device._indexer``).
     """
@@ -82,7 +78,6 @@ class PerLayerMLADevicePool(MLADevicePoolBase, PerLayerRows, IndexerRows):
         The bytes land as given (no conversion): rows of another dtype or
         shape are ``PoolMismatchError``, before anything is written.
         """
-        layer_id = check_layer_id(layer_id, self.layer_num)
         loc = self._check_loc(layer_id, loc)
         check_raw_rows(rows, loc.numel(), self.kv_cache_dim, self.dtype)
         byte_view(self.kv_buffer[layer_id][:, 0]).index_copy_(
@@ -103,8 +98,7 @@ class PerLayerMHADevicePool(MHADevicePoolBase, PerLayerRows):
     v_buffer: list[torch.Tensor]
 
     def _allocate(self) -> None:
-        s = self.shape
-        self.spec = mha_spec(s.layer_num, s.head_num, s.head_dim, s.v_head_dim, s.dtype)
+        self.spec = self.shape.spec
         self._allocate_rows()  # k_buffer, v_buffer
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:

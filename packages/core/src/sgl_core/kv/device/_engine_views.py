@@ -1,12 +1,11 @@
 """An engine's own device pool seen through our protocol: one cached view per pool.
 
-SGLang's pools report ``device`` as a ``str`` and keep their layers in the
-engine's dtype; ``sgl_core.kv.device._foreign_pool`` (MLA, MHA) and
-``_paged_indexer`` (SGLang's DSA pool, with its indexer pages) wrap them. A
-pool whose ``device`` is a ``torch.device`` is ours already and is returned
-as is. The view is cached per engine pool (weakly), so the per-layer load
-memo, which compares device pools by identity, recognizes the pool from one
-layer to the next.
+``sgl_core.kv.device._foreign_pool`` (MLA, MHA) and ``_paged_indexer``
+(SGLang's DSA pool, with its indexer pages) wrap an engine's pool; one whose
+``device`` is a ``torch.device`` is ours already and is returned as is. The
+view is cached per engine pool (weakly), so the per-layer load memo, which
+compares device pools by identity, recognizes the pool from one layer to the
+next.
 """
 
 from __future__ import annotations

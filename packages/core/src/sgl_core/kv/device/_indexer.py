@@ -15,8 +15,9 @@ import torch
 
 from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
 from sgl_core.kv._shapes import MLAShape
-from sgl_core.kv._spec import KVSpec, mla_spec
+from sgl_core.kv._spec import KVSpec, mla_spec, positive_int
 from sgl_core.kv._validation import check_layer_id, check_value_rows
+from sgl_core.kv.device._slot_geometry import SlotGeometry
 from sgl_core.transfer.copy._copy import byte_view
 
 __all__ = ["IndexerConfig", "IndexerRows", "check_indexer", "indexer_of", "mla_pool_spec"]
@@ -61,10 +62,7 @@ def check_indexer(
                 "indexer_layer_ids / with_index_k_scale need index_head_dim to be set"
             )
         return None
-    if isinstance(index_head_dim, bool) or not isinstance(index_head_dim, int):
-        raise PoolSizeError(f"index_head_dim must be a positive int, got {index_head_dim!r}")
-    if index_head_dim <= 0:
-        raise PoolSizeError(f"index_head_dim must be a positive int, got {index_head_dim!r}")
+    positive_int("index_head_dim", index_head_dim)
     ids = list(range(layer_num)) if indexer_layer_ids is None else list(indexer_layer_ids)
     for layer in ids:
         try:
@@ -107,7 +105,7 @@ def mla_pool_spec(shape: MLAShape, indexer: IndexerConfig | None) -> KVSpec:
     )
 
 
-class IndexerRows:
+class IndexerRows(SlotGeometry):
     """The DSA indexer accessors of an MLA device pool, read off its spec's ``index_k`` rows.
 
     A base of ``PerLayerMLADevicePool`` (buffers: a list of per-slot tensors)
@@ -122,21 +120,6 @@ class IndexerRows:
 
         @property
         def spec(self) -> KVSpec: ...
-
-    @property
-    def layer_num(self) -> int:
-        raise NotImplementedError
-
-    def _check_loc(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    @property
-    def dtype(self) -> torch.dtype:
-        raise NotImplementedError
-
-    @property
-    def device(self) -> torch.device:
-        raise NotImplementedError
 
     def _rows(self, buffer: Any, row: int) -> torch.Tensor:
         """Row ``row`` (an indexer slot) of ``buffer``, fp8 as bytes."""

@@ -28,6 +28,7 @@ import torch
 
 from sgl_core.errors import PoolMismatchError
 from sgl_core.kv._enums import HostLayout
+from sgl_core.kv._layouts import layout_facts
 from sgl_core.kv._validation import check_backed
 from sgl_core.kv.device._foreign_pool import ForeignMLADevicePool
 from sgl_core.kv.device._indexer import SCALE_BYTES, IndexerConfig
@@ -66,6 +67,16 @@ class PagedFormat:
 
 
 def _format(pool: Any) -> PagedFormat:
+    """The engine pool's paged indexer format; ``PoolMismatchError`` for one not mirrored."""
+    try:
+        return _read_format(pool)
+    except PoolMismatchError:
+        raise
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise PoolMismatchError(f"{type(pool).__name__}: bad paged indexer: {exc}") from None
+
+
+def _read_format(pool: Any) -> PagedFormat:
     name = type(pool).__name__
     ps, dim = int(pool.page_size), getattr(pool, "index_head_dim", None)
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
@@ -129,12 +140,7 @@ class ForeignPagedIndexerPool(ForeignMLADevicePool):
 
     def __init__(self, pool: Any) -> None:
         super().__init__(pool)
-        try:
-            self.paged_format = _format(pool)
-        except PoolMismatchError:
-            raise
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise PoolMismatchError(f"{type(pool).__name__}: bad paged indexer: {exc}") from None
+        self.paged_format = _format(pool)
 
     @property
     def index_head_dim(self) -> int:
@@ -175,12 +181,7 @@ class IndexerPagesView(ForeignMLADevicePool):
 
     def __init__(self, pool: Any) -> None:
         super().__init__(pool)
-        try:
-            fmt = _format(pool)
-        except PoolMismatchError:
-            raise
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise PoolMismatchError(f"{type(pool).__name__}: bad paged indexer: {exc}") from None
+        fmt = _format(pool)
         if not fmt.layer_ids:
             raise PoolMismatchError(f"{type(pool).__name__} has no layer with index pages")
         buffers = getattr(pool, _BUFFER)
@@ -251,13 +252,7 @@ class PagedIndexerPart:
 
     def _host_pages(self, slot: int, page_size: int) -> torch.Tensor:
         """``(pages, page_size, width)`` bytes of one slot (a view of the host buffer)."""
-        if self.layout is HostLayout.LAYER_FIRST:
-            rows = self.host[slot, :, 0]
-        elif self.layout is HostLayout.PAGE_FIRST:
-            rows = self.host[:, slot, 0]
-        else:
-            return self.host[:, slot, :, 0]
-        return rows.view(-1, page_size, self.width)
+        return layout_facts(self.layout).row(self.host, slot).view(-1, page_size, self.width)
 
     def _device_pages(self, buffer: torch.Tensor, page_size: int) -> torch.Tensor:
         keys = page_size * self.cfg.index_head_dim

@@ -2,7 +2,9 @@
 
 A device pool addresses token slots ``[0, size + page_size)``: ``size`` whole
 pages plus the engine's padding page. ``MLAPoolGeometry`` and
-``MHAPoolGeometry`` add their kind's row shape on top of this.
+``MHAPoolGeometry`` add their kind's row shape on top of this. ``device``
+arguments are parsed and probed (and the pool's bytes checked to fit) before
+any allocation.
 """
 
 from __future__ import annotations
@@ -12,24 +14,84 @@ from typing import Any
 
 import torch
 
-from sgl_core.errors import PoolSizeError
+from sgl_core.errors import BackendUnavailableError, DeviceError, PoolSizeError
+from sgl_core.kv._memory import available_host_bytes
+from sgl_core.kv._spec import positive_int
 from sgl_core.kv._validation import (
     check_index_bounds,
     check_index_device,
     check_index_tensor,
     check_layer_id,
 )
-from sgl_core.kv.device._devices import check_fits, usable_device
 from sgl_core.kv.protocols._kv_protocols import PoolShape
 
-__all__ = ["PoolSizes", "SlotGeometry", "check_pool_geometry"]
+__all__ = ["PoolSizes", "SlotGeometry", "check_pool_geometry", "parse_device", "usable_device"]
+
+
+def parse_device(device: object, *, argument: str = "device") -> torch.device | None:
+    """``None``, or a ``str``/``torch.device`` naming a device with storage; else ``DeviceError``.
+
+    Ints are rejected rather than read as a CUDA ordinal: write ``"cuda:0"``.
+    """
+    if device is None:
+        return None
+    if isinstance(device, torch.device):
+        parsed = device
+    elif isinstance(device, str):
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise DeviceError(
+                f"{argument}={device!r} is not a torch device string: {exc}"
+            ) from None
+    else:
+        raise DeviceError(
+            f"{argument} must be a str, torch.device or None, got {type(device).__name__} "
+            f"{device!r} (write e.g. 'cuda:0')"
+        )
+    if parsed.type == "meta":
+        raise DeviceError(
+            f"{argument}={str(parsed)!r}: meta tensors have no storage for a KV cache"
+        )
+    return parsed
+
+
+def usable_device(device: object, *, argument: str = "device") -> torch.device:
+    """A parsed device (``None``: cpu) on which torch can allocate here."""
+    parsed = parse_device(device, argument=argument) or torch.device("cpu")
+    if parsed.type == "cpu":
+        return parsed
+    try:
+        torch.empty(0, device=parsed)
+    except (RuntimeError, AssertionError, ValueError) as exc:
+        raise BackendUnavailableError(
+            f"{argument}={str(parsed)!r} is not usable here: {exc}"
+        ) from None
+    return parsed
+
+
+def check_fits(nbytes: int, device: torch.device, what: str) -> None:
+    """``PoolSizeError`` when ``nbytes`` exceed the free memory of ``device`` (where known).
+
+    Checked before allocating: a CPU allocation beyond memory can succeed and
+    then get the process killed when its pages are zeroed.
+    """
+    free: int | None = None
+    if device.type == "cpu":
+        free = available_host_bytes()
+    elif device.type == "cuda" and torch.cuda.is_available():
+        free = int(torch.cuda.mem_get_info(device)[0])
+    if free is not None and nbytes > free:
+        raise PoolSizeError(
+            f"{what} needs {nbytes / 1e9:.2f} GB but only {free / 1e9:.2f} GB of {device} "
+            "memory is free"
+        )
 
 
 def check_pool_geometry(size: int, page_size: int) -> None:
     """Positive ints, ``size`` a whole number of pages."""
-    for name, value in (("size", size), ("page_size", page_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise PoolSizeError(f"{name} must be a positive int, got {value!r}")
+    positive_int("size", size)
+    positive_int("page_size", page_size)
     if size % page_size:
         raise PoolSizeError(f"size={size} is not a multiple of page_size={page_size}")
 

@@ -15,14 +15,12 @@ from typing import Any, ClassVar, TypeVar
 
 from sgl_core.errors import (
     ArgumentTypeError,
-    PoolMismatchError,
     PoolSizeError,
     UnsupportedLayoutError,
 )
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._memory import available_host_bytes
 from sgl_core.kv._spec import KVSpec
-from sgl_core.kv._validation import differing_fields
 from sgl_core.kv.device._slot_geometry import PoolSizes
 from sgl_core.kv.protocols._kv_protocols import DevicePoolGeometry
 from sgl_core.transfer._transfer import MoverFactory
@@ -73,37 +71,6 @@ class HostArguments(PoolSizes):
     default_io_backend: IOBackend | None
     _layout: HostLayout
 
-    def _bytes_per_token(self, device_pool: Any) -> int:
-        raise NotImplementedError
-
-    def _is_page_granular(self, io_backend: IOBackend) -> bool:
-        raise NotImplementedError
-
-    def _check_device_pool_kind(self, device_pool: Any) -> None:
-        raise NotImplementedError
-
-    # ------------------------------------------------------------ the device
-    def check_device_pool(self, device_pool: Any) -> None:
-        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
-        names = ("layer_num", *(n for n, _ in self.spec.identity), "dtype", "page_size")
-        mine = (self.layer_num, *(v for _, v in self.spec.identity), self.dtype, self._page_size)
-        try:
-            theirs = tuple(getattr(device_pool, name) for name in names)
-        except AttributeError as exc:
-            kind = self.spec.kind.value.upper()
-            raise PoolMismatchError(f"device_pool is not an {kind} device pool: {exc}") from None
-        if mine != theirs:
-            raise PoolMismatchError(
-                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
-            )
-        self._check_device_pool_kind(device_pool)
-
-    # ------------------------------------------------------------ io backend
-    def moves_whole_pages(self, io_backend: IOBackend | str | None = None) -> bool:
-        """True when ``io_backend`` (None: the pool's default) takes whole, aligned pages only."""
-        io = self._given_io(io_backend)
-        return self._is_page_granular(self._check_io_backend(self._layout, io))
-
     def _given_io(self, io_backend: IOBackend | str | None) -> IOBackend | str:
         """``io_backend``, or the pool's default when None (``ArgumentTypeError`` if none)."""
         if io_backend is not None:
@@ -150,7 +117,7 @@ class HostArguments(PoolSizes):
     def _compute_size(
         self, device_pool: DevicePoolGeometry, host_to_device_ratio: float, host_size_gb: float
     ) -> int:
-        per_token = self._bytes_per_token(device_pool)
+        per_token = self.spec.token_bytes  # host bytes of one token, every layer and component
         if host_size_gb > 0:
             tokens = int(host_size_gb * 1e9) // per_token
         else:

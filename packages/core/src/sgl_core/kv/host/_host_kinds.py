@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from sgl_core.errors import PoolMismatchError
 from sgl_core.kv._shapes import MHADims, MHAShape, MLAShape
-from sgl_core.kv._spec import KVSpec, mha_spec
+from sgl_core.kv._spec import KVSpec
 from sgl_core.kv.device._engine_views import as_device_pool, as_mha_device_pool
 from sgl_core.kv.device._indexer import indexer_of, mla_pool_spec
 from sgl_core.kv.host._host_pool import HostPoolBase
@@ -63,5 +63,4 @@ class MHAHostPoolBase(HostPoolBase[MHADevicePool, MHAShape], MHADims):
         return _read_shape(MHAShape, device_pool, "MHA", names)
 
     def _read_spec(self, device_pool: MHADevicePool) -> KVSpec:
-        s = self.shape
-        return mha_spec(s.layer_num, s.head_num, s.head_dim, s.v_head_dim, s.dtype)
+        return self.shape.spec

@@ -14,8 +14,14 @@ from collections.abc import Sequence
 
 import torch
 
-from sgl_core.errors import PoolMismatchError
+from sgl_core.errors import PoolMismatchError, ShapeMismatchError
 from sgl_core.kv._layouts import LayoutFacts
+from sgl_core.kv._validation import (
+    as_index_tensor,
+    check_index_bounds,
+    check_page_runs,
+    check_value_tensor,
+)
 from sgl_core.kv.host._host_pool import DevT, HostPoolBase, ShapeT
 from sgl_core.transfer._transfer import HostPart
 
@@ -40,8 +46,7 @@ class TokenPages(HostPoolBase[DevT, ShapeT], abc.ABC):
 
     @property
     def flat_page_numel(self) -> int:
-        itemsize = torch.empty((), dtype=self.spec.flat_page_dtype).element_size()
-        return sum(self._part_bytes()) // itemsize
+        return sum(self._part_bytes()) // self.spec.flat_page_dtype.itemsize
 
     def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
         """A copy of one page: flat, components in order; else its part (one component),
@@ -62,7 +67,13 @@ class TokenPages(HostPoolBase[DevT, ShapeT], abc.ABC):
     def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
         self.synchronize()
         start = self._check_page_start(index)
-        self._check_flat_page(data_page, self.flat_page_numel, self.spec.flat_page_dtype)
+        numel, dtype = self.flat_page_numel, self.spec.flat_page_dtype
+        check_value_tensor(data_page, "data_page")
+        if data_page.dtype != dtype or data_page.numel() != numel:
+            raise ShapeMismatchError(
+                f"data_page must hold {numel} elements of {dtype}, "
+                f"got {data_page.numel()} of {data_page.dtype}"
+            )
         flat = data_page.reshape(-1).contiguous().view(torch.uint8)
         offset = 0
         for part, nbytes in zip(self._parts, self._part_bytes(), strict=True):
@@ -90,7 +101,10 @@ class TokenPages(HostPoolBase[DevT, ShapeT], abc.ABC):
     def get_page_buffer_meta(
         self, indices: torch.Tensor | Sequence[int]
     ) -> tuple[list[int], list[int]]:
-        starts = self._page_starts(indices)
+        tensor = as_index_tensor(indices, "indices").to("cpu")
+        check_index_bounds(tensor, self.size, "indices")
+        check_page_runs(tensor, self.page_size, "indices")
+        starts: list[int] = tensor[:: self.page_size].tolist()
         self.synchronize()  # the caller reads these bytes by address
         objects = [o for s in starts for p in self._parts for o in self._objects(p, s)]
         return [a for a, _ in objects], [n for _, n in objects]

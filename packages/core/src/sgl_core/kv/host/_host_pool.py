@@ -14,11 +14,11 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
-from sgl_core.errors import PoolSizeError
+from sgl_core.errors import PoolMismatchError, PoolSizeError
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._memory import should_pin
 from sgl_core.kv._spec import KVSpec
@@ -29,13 +29,14 @@ from sgl_core.kv._validation import (
     check_layer_id,
     check_page_runs,
     check_unique,
+    differing_fields,
 )
 from sgl_core.kv.device._slot_geometry import pool_repr
 from sgl_core.kv.host._host_args import HostArguments, describe_pairs, size_argument
 from sgl_core.kv.host._host_slots import HostSlots
 from sgl_core.kv.host._load_memo import CheckedLoad, tensor_signature
 from sgl_core.kv.protocols._kv_protocols import DevicePoolGeometry, PoolShape
-from sgl_core.transfer._transfer import HostPart, HostSide, Mover, Transfer
+from sgl_core.transfer._transfer import HostSide, Mover, Transfer
 from sgl_core.transfer.copy._tuning import CopyTuning
 
 __all__ = ["DevT", "HostPoolBase", "ShapeT", "describe_pairs"]
@@ -102,11 +103,6 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     def _allocate_buffers(self, device_pool: DevT) -> None:
         """Allocate host tensors for ``self.size`` tokens (pinned if ``self.pin_memory``)."""
 
-    def _host_parts(self) -> tuple[HostPart, ...]:
-        """The host buffer of each component, in spec order (token-row pools set ``_parts``)."""
-        parts: tuple[HostPart, ...] = getattr(self, "_parts", ())
-        return parts
-
     @property
     def host_side(self) -> HostSide:
         """What this pool's movers are built from: its layout, geometry and host buffers."""
@@ -115,7 +111,7 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
             self._size,
             self._page_size,
             self.layer_num,
-            self._host_parts(),
+            getattr(self, "_parts", ()),  # each component's buffer (token-row pools set it)
             self.tuning,
             self.pin_memory,
         )
@@ -130,10 +126,6 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     def _pin_policy(self, requested: bool | None, device: torch.device) -> bool:
         """Whether host memory is pinned: ``requested``, else when ``device`` can use it."""
         return should_pin(requested, device)
-
-    def _bytes_per_token(self, device_pool: DevT) -> int:
-        """Host bytes one token costs across layers and components."""
-        return self.spec.token_bytes
 
     def _is_page_granular(self, io_backend: IOBackend) -> bool:
         """True when ``io_backend`` on this layout moves whole pages only."""
@@ -176,6 +168,27 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     def page_num(self) -> int:
         return self._size // self._page_size
 
+    # ------------------------------------------------------------ the device
+    def check_device_pool(self, device_pool: Any) -> None:
+        """Raise ``PoolMismatchError`` unless ``device_pool`` matches this pool."""
+        names = ("layer_num", *(n for n, _ in self.spec.identity), "dtype", "page_size")
+        mine = (self.layer_num, *(v for _, v in self.spec.identity), self.dtype, self._page_size)
+        try:
+            theirs = tuple(getattr(device_pool, name) for name in names)
+        except AttributeError as exc:
+            kind = self.spec.kind.value.upper()
+            raise PoolMismatchError(f"device_pool is not an {kind} device pool: {exc}") from None
+        if mine != theirs:
+            raise PoolMismatchError(
+                "device_pool does not match the host pool: " + differing_fields(names, theirs, mine)
+            )
+        self._check_device_pool_kind(device_pool)
+
+    def moves_whole_pages(self, io_backend: IOBackend | str | None = None) -> bool:
+        """True when ``io_backend`` (None: the pool's default) takes whole, aligned pages only."""
+        io = self._given_io(io_backend)
+        return self._is_page_granular(self._check_io_backend(self._layout, io))
+
     # ------------------------------------------------------------- transfers
     def backup_from_device_all_layer(
         self,
@@ -202,21 +215,12 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
     ) -> None:
         """Host -> device for one layer; validated once per batch of layers.
 
-        ``io_backend`` None: the ``io_backend`` the pool was created with.
-
-        Engines call this once per layer with the same index tensors. The first
-        call validates every argument; a later call re-checks only ``layer_id``
-        and the storage of the device tensors the layer's copy writes, provided
-        it passes the same pool, io backend and index tensor *objects*, not
-        modified since (``Tensor._version``, address, shape; and, for CPU index
-        tensors only, equal values). Anything else is validated in full again,
-        e.g. new tensors with equal values, or a layer replaced with
-        ``Tensor.set_``. Index tensors on an accelerator are never read back
-        by this check, so the per-layer path adds no host-device
-        synchronization; the first call of a batch synchronizes once (bounds
-        and duplicate checks). Writes to accelerator index tensors that torch
-        does not see are not detected: do not modify index tensors behind
-        torch's back between the layers of one batch. See ``sgl_core.kv.host._load_memo``.
+        ``io_backend`` None: the ``io_backend`` the pool was created with. A
+        later layer's call with the same pool, io backend and unmodified index
+        tensor objects re-checks only ``layer_id`` and that layer's device
+        storage (docs/design.md section 7; ``sgl_core.kv.host._load_memo``):
+        do not modify index tensors behind torch's back between the layers of
+        one batch.
         """
         layer_id = check_layer_id(layer_id, self.layer_num)
         device_pool = self._as_device_pool(device_pool)  # a cached view: same object per layer

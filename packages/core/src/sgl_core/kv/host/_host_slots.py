@@ -20,15 +20,12 @@ from sgl_core.errors import (
     IndexOutOfRangeError,
     PageAlignmentError,
     PoolSizeError,
-    ShapeMismatchError,
 )
 from sgl_core.kv._spec import KVKind, KVSpec
 from sgl_core.kv._validation import (
-    as_index_tensor,
     check_index_bounds,
     check_index_tensor,
     check_page_runs,
-    check_value_tensor,
 )
 from sgl_core.kv.device._slot_geometry import PoolSizes
 
@@ -135,21 +132,3 @@ class HostSlots(PoolSizes):
                 f"index={index} is not a page start (page_size={self._page_size})"
             )
         return index
-
-    def _page_starts(self, indices: torch.Tensor | Sequence[int]) -> list[int]:
-        tensor = as_index_tensor(indices, "indices").to("cpu")
-        check_index_bounds(tensor, self._size, "indices")
-        check_page_runs(tensor, self._page_size, "indices")
-        starts: list[int] = tensor[:: self._page_size].tolist()
-        return starts
-
-    def _check_flat_page(
-        self, data_page: torch.Tensor, expected_numel: int, dtype: torch.dtype | None = None
-    ) -> None:
-        dtype = self.dtype if dtype is None else dtype
-        check_value_tensor(data_page, "data_page")
-        if data_page.dtype != dtype or data_page.numel() != expected_numel:
-            raise ShapeMismatchError(
-                f"data_page must hold {expected_numel} elements of {dtype}, "
-                f"got {data_page.numel()} of {data_page.dtype}"
-            )

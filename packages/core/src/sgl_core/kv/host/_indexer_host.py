@@ -1,21 +1,14 @@
 """The host mirror of a per-layer pool's indexer cache (token-row host layouts).
 
 With an indexer (``sgl_core.kv.device._indexer``), a ``TokenRowHostPool`` keeps, next
-to ``kv_buffer``, one buffer per indexer component in the pool's own layout,
-``S = len(indexer_layer_ids)`` rows per token instead of ``layer_num``::
-
-    layer_first        index_k_buffer (S, size, 1, index_head_dim)
-    page_first         index_k_buffer (size, S, 1, index_head_dim)
-    page_first_direct  index_k_buffer (page_num, S, page_size, 1, index_head_dim)
-
-and ``index_k_scale_buffer`` the same with a last dim of 1, float32. The
-indexer moves with the KV: :class:`IndexerMover` wraps the io backend's KV
+to ``kv_buffer``, one buffer per indexer component in the pool's own layout
+(``sgl_core.kv._layouts``, ``S = len(indexer_layer_ids)`` rows per token):
+``index_k_buffer`` of ``index_head_dim`` and ``index_k_scale_buffer`` of one
+float32. The indexer moves with the KV: :class:`IndexerMover` wraps the io backend's KV
 mover and moves the indexer components with the core direct engine
 (``DirectMover`` over those parts), so there is one copy engine. A
 backup moves every indexer row; a per-layer load moves only that layer's
-indexer slot (none for a layer without one). The component copies are
-issued *before* the KV mover's, on the same stream, so a mover that records
-the point after its transfer (the cuda backend's ``StreamFence``) covers them.
+indexer slot (none for a layer without one).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from sgl_core.transfer._transfer import HostPart, HostSide, Mover, MoverFactory
 __all__ = ["MHATokenHostPool", "TokenHostPool", "TokenRowHostPool"]
 
 _DIRECT: Mapping[IOBackend, MoverFactory] = {IOBackend.DIRECT: DirectMover}
+_TOKEN_ROWS = (HostLayout.LAYER_FIRST, HostLayout.PAGE_FIRST, HostLayout.PAGE_FIRST_DIRECT)
 
 
 class TokenHostPool(TokenPages[DevT, ShapeT]):
@@ -150,11 +151,6 @@ class TokenHostPool(TokenPages[DevT, ShapeT]):
             extra += device_pool.index_buffers()
         return (device_pool, *extra)
 
-    def _device_indexer(self, device_pool: DevT) -> list[torch.Tensor]:
-        if self._paged is not None:
-            return paged_buffers(device_pool, self._paged)
-        return check_device_indexer(device_pool, self._indexer, self.dtype)
-
     def _check_device_pool_kind(self, device_pool: DevT) -> None:
         slots = device_pool.size + device_pool.page_size
         for c, layers in self._row_lists(device_pool):
@@ -169,7 +165,10 @@ class TokenHostPool(TokenPages[DevT, ShapeT]):
                         f"expected {expected} {c.dtype}"
                     )
                 check_backed(layer, name)
-        self._device_indexer(device_pool)
+        if self._paged is not None:
+            paged_buffers(device_pool, self._paged)
+        else:
+            check_device_indexer(device_pool, self._indexer, self.dtype)
 
     def _layer_storage(self, device_pool: DevT, layer_id: int) -> Sequence[torch.Tensor]:
         found = [ts[layer_id] for _, ts in self._row_lists(device_pool)]
@@ -218,9 +217,7 @@ class TokenRowHostPool(TokenHostPool[MLADevicePool, MLAShape], MLAHostPoolBase):
     """``layer_first`` / ``page_first`` / ``page_first_direct`` MLA host pool."""
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
-        HostLayout.LAYER_FIRST: _DIRECT,
-        HostLayout.PAGE_FIRST: _DIRECT,
-        HostLayout.PAGE_FIRST_DIRECT: _DIRECT,
+        layout: _DIRECT for layout in _TOKEN_ROWS
     }
 
     kv_buffer: torch.Tensor
@@ -242,10 +239,7 @@ class MHATokenHostPool(TokenHostPool[MHADevicePool, MHAShape], MHAHostPoolBase):
     """``layer_first`` / ``page_first`` / ``page_first_direct`` / ``page_head`` MHA host pool."""
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
-        HostLayout.LAYER_FIRST: _DIRECT,
-        HostLayout.PAGE_FIRST: _DIRECT,
-        HostLayout.PAGE_FIRST_DIRECT: _DIRECT,
-        HostLayout.PAGE_HEAD: _DIRECT,
+        layout: _DIRECT for layout in (*_TOKEN_ROWS, HostLayout.PAGE_HEAD)
     }
 
     #: ``(2, ...)``: K and V in one allocation (``head_dim == v_head_dim``), else None.

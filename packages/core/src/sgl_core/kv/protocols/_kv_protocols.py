@@ -83,9 +83,8 @@ class HostPoolOptions(TypedDict):
     io_backend: NotRequired[IOBackend | str | None]
 
 
-@runtime_checkable
-class DevicePoolGeometry(Protocol):
-    """Token slots ``[0, size + page_size)`` in pages of ``page_size``, on one device."""
+class _PoolSizes(Protocol):
+    """What a device pool and a host pool both report."""
 
     @property
     def size(self) -> int: ...
@@ -95,6 +94,12 @@ class DevicePoolGeometry(Protocol):
     def layer_num(self) -> int: ...
     @property
     def dtype(self) -> torch.dtype: ...
+
+
+@runtime_checkable
+class DevicePoolGeometry(_PoolSizes, Protocol):
+    """Token slots ``[0, size + page_size)`` in pages of ``page_size``, on one device."""
+
     @property
     def device(self) -> torch.device: ...
 
@@ -160,7 +165,7 @@ DevT_contra = TypeVar("DevT_contra", contravariant=True)
 
 
 @runtime_checkable
-class _HostPool(Protocol[DevT_contra]):
+class _HostPool(_PoolSizes, Protocol[DevT_contra]):
     """A host-memory backup of KV pages (HiCache L2) of device pools ``DevT_contra``.
 
     Host token indices are ``[0, size)``; ``size`` is whole pages. Transfers
@@ -173,14 +178,6 @@ class _HostPool(Protocol[DevT_contra]):
 
     @property
     def layout(self) -> HostLayout: ...
-    @property
-    def size(self) -> int: ...
-    @property
-    def page_size(self) -> int: ...
-    @property
-    def layer_num(self) -> int: ...
-    @property
-    def dtype(self) -> torch.dtype: ...
 
     def backup_from_device_all_layer(
         self,
