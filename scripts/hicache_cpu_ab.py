@@ -69,7 +69,7 @@ def _narrow_v_pools(v_head_dim: int) -> None:
         return backend.create_mha_device_pool(
             size=kw["size"],
             page_size=kw["page_size"],
-            dtype=cfg.dtype,
+            dtype=shape.dtype,
             head_num=shape.head_num,
             head_dim=shape.head_dim,
             layer_num=cfg.layers,

@@ -24,6 +24,7 @@ __all__ = [
     "CliParser",
     "MEMORY_HEADROOM",
     "UsageError",
+    "check_args",
     "check_device",
     "check_memory",
     "check_output_path",
@@ -67,6 +68,21 @@ def check_positive(option: str, value: float | None, *, allow_zero: bool = False
     if not (math.isfinite(value) and low_ok):
         bound = ">= 0" if allow_zero else "> 0"
         raise UsageError(f"{option} must be {bound}, got {value}")
+
+
+def check_args(
+    args: argparse.Namespace, positive: tuple[str, ...], nonneg: tuple[str, ...] = ()
+) -> torch.device | None:
+    """The checks commands share: options named (as attributes) > 0 or >= 0, then
+    ``--device``, ``--json`` and ``--plot`` where the command has them; returns the device."""
+    for name in positive + nonneg:
+        option = f"--{name.replace('_', '-')}"
+        check_positive(option, getattr(args, name), allow_zero=name in nonneg)
+    for option in ("json", "plot"):
+        check_output_path(f"--{option}", getattr(args, option, None))
+    if getattr(args, "plot", None):
+        check_plot_available()
+    return check_device(getattr(args, "device", None))
 
 
 def check_device(spec: str | None) -> torch.device | None:

@@ -122,18 +122,17 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
 
 
 def _header(plan: Plan) -> str:
-    cfg = plan.cfg
-    dtype = str(cfg.dtype).removeprefix("torch.")
-    shape = MODELS[cfg.model]
+    cfg, shape = plan.cfg, plan.cfg.shape
+    dtype = str(shape.dtype).removeprefix("torch.")
     if shape.is_mha:
         row = f"K+V {shape.head_num} heads x {shape.head_dim} {dtype}"
-    elif cfg.kv_cache_dim is None:
+    elif shape.kv_cache_dim is None:
         row = f"({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) {dtype}"
     else:
-        row = f"{cfg.kv_cache_dim} packed {dtype}"
-    if cfg.index_head_dim is not None:
-        scale = " + fp32 scale" if cfg.with_index_k_scale else ""
-        row += f" + indexer {cfg.index_head_dim} {dtype}{scale}"
+        row = f"{shape.kv_cache_dim} packed {dtype}"
+    if shape.index_head_dim is not None:
+        scale = " + fp32 scale" if shape.with_index_k_scale else ""
+        row += f" + indexer {shape.index_head_dim} {dtype}{scale}"
     backends = ", ".join(sorted({c.backend.name for c in plan.cases}))
     pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
     sizes = ",".join(str(p) for p in plan.page_sizes)

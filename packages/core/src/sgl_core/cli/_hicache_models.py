@@ -76,28 +76,20 @@ def create_device_pool(backend: Backend, cfg: HicacheConfig, *, size: int, page_
 
     Typed ``Any``: the bench drives pools of either kind through the same calls.
     """
-    shape = MODELS[cfg.model]
+    shape = cfg.shape
+    common: dict[str, Any] = {"size": size, "page_size": page_size, "dtype": shape.dtype}
+    common.update(layer_num=cfg.layers, device=cfg.device)
     if shape.is_mha:
         return backend.create_mha_device_pool(
-            size=size,
-            page_size=page_size,
-            dtype=cfg.dtype,
-            head_num=shape.head_num,
-            head_dim=shape.head_dim,
-            layer_num=cfg.layers,
-            device=cfg.device,
+            **common, head_num=shape.head_num, head_dim=shape.head_dim
         )
     return backend.create_device_pool(
-        size=size,
-        page_size=page_size,
-        dtype=cfg.dtype,
+        **common,
         kv_lora_rank=cfg.kv_lora_rank,
         qk_rope_head_dim=cfg.qk_rope_head_dim,
-        layer_num=cfg.layers,
-        device=cfg.device,
-        kv_cache_dim=cfg.kv_cache_dim,
-        index_head_dim=cfg.index_head_dim,
-        with_index_k_scale=cfg.with_index_k_scale,
+        kv_cache_dim=shape.kv_cache_dim,
+        index_head_dim=shape.index_head_dim,
+        with_index_k_scale=shape.with_index_k_scale,
     )
 
 
@@ -108,7 +100,6 @@ class HicacheConfig:
     layers: int = 61
     kv_lora_rank: int = 512
     qk_rope_head_dim: int = 64
-    dtype: torch.dtype = torch.bfloat16
     tokens: int = 4096  # tokens moved per call, unless ``pages`` is given
     pages: int | None = None  # pages moved per call
     warmup: int = 1
@@ -118,26 +109,25 @@ class HicacheConfig:
     shuffle_host: bool = False  # random host pages instead of host.alloc() slots
     seed: int = 0
     device: str | None = None
-    model: str = "deepseek-v3"  # a key of MODELS; MHA models ignore the MLA dims above
-    kv_cache_dim: int | None = None  # packed rows of ``dtype`` (DeepSeek-V3.2: 656 uint8)
-    index_head_dim: int | None = None  # the DSA indexer cache, on every layer
-    with_index_k_scale: bool = False
+    model: str = (
+        "deepseek-v3"  # a key of MODELS (dtype, packed rows, indexer); MHA ignores MLA dims
+    )
     compare_fixed: bool = False  # also time "fixed": the old preset (ATen's threads), interleaved
     copy_threads: tuple[int, ...] = (1,)  # the reference: the fastest of these torch thread counts
 
     @property
-    def is_mha(self) -> bool:
-        return MODELS[self.model].is_mha
+    def shape(self) -> ModelShape:
+        return MODELS[self.model]
 
     @property
     def row_bytes(self) -> int:
         """Bytes of one token over every layer (MLA row or K and V, indexer included)."""
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        shape = MODELS[self.model]
+        shape = self.shape
+        itemsize = torch.empty((), dtype=shape.dtype).element_size()
         if shape.is_mha:
             return self.layers * 2 * shape.head_num * shape.head_dim * itemsize
-        dim = self.kv_cache_dim or self.kv_lora_rank + self.qk_rope_head_dim
-        index = (self.index_head_dim or 0) * itemsize + (4 if self.with_index_k_scale else 0)
+        dim = shape.kv_cache_dim or self.kv_lora_rank + self.qk_rope_head_dim
+        index = (shape.index_head_dim or 0) * itemsize + (4 if shape.with_index_k_scale else 0)
         return self.layers * (dim * itemsize + index)
 
     def batch_tokens(self, page_size: int) -> int:

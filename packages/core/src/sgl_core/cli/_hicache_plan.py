@@ -15,14 +15,7 @@ import os
 import torch
 
 from sgl_core.backends._discovery import available_backends, get_backend
-from sgl_core.cli._checks import (
-    UsageError,
-    check_device,
-    check_memory,
-    check_output_path,
-    check_plot_available,
-    check_positive,
-)
+from sgl_core.cli._checks import UsageError, check_args, check_memory
 from sgl_core.cli._hicache_models import MODELS, Case, HicacheConfig, list_cases, pairs_of
 from sgl_core.errors import BackendUnavailableError
 from sgl_core.kv.protocols._protocols import Backend, EmulatedWithoutDevice
@@ -94,28 +87,13 @@ def select_backends(spec: str | None, notes: list[str]) -> tuple[list[Backend], 
 
 
 def _check_args(args: argparse.Namespace) -> torch.device | None:
-    for option, value in (
-        ("--pages", args.pages),
-        ("--layers", args.layers),
-        ("--tokens", args.tokens),
-        ("--repeats", args.repeats),
-        ("--budget", args.budget),
-        ("--kv-lora-rank", args.kv_lora_rank),
-        ("--rope-dim", args.rope_dim),
-    ):
-        check_positive(option, value)
-    check_positive("--warmup", args.warmup, allow_zero=True)
-    check_positive("--background-load", args.background_load, allow_zero=True)
+    positive = ("pages", "layers", "tokens", "repeats", "budget", "kv_lora_rank", "rope_dim")
+    device = check_args(args, positive, nonneg=("warmup", "background_load"))
     most = 4 * (os.cpu_count() or 1)
     if args.background_load > most:
         raise UsageError(
             f"--background-load must be at most {most} (4 per CPU), got {args.background_load}"
         )
-    device = check_device(args.device)
-    check_output_path("--json", args.json)
-    check_output_path("--plot", args.plot)
-    if args.plot:
-        check_plot_available()
     return device
 
 
@@ -129,10 +107,6 @@ def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list
     )
     warmup_default = 0 if shrink else 1
     cfg = HicacheConfig(
-        dtype=model.dtype,
-        kv_cache_dim=model.kv_cache_dim,
-        index_head_dim=model.index_head_dim,
-        with_index_k_scale=model.with_index_k_scale,
         layers=args.layers or layers,
         kv_lora_rank=args.kv_lora_rank,
         qk_rope_head_dim=args.rope_dim,
@@ -181,10 +155,10 @@ def plan_run(args: argparse.Namespace) -> Plan:
             f"Triton interpreter: the run is shrunk to {cfg.layers} layers x {cfg.tokens} "
             f"tokens, {cfg.repeats} timed repeat (--layers/--tokens/--pages override)"
         )
-    cases = list_cases(backends, args.layout, page_sizes, mha=cfg.is_mha)
+    cases = list_cases(backends, args.layout, page_sizes, mha=cfg.shape.is_mha)
     if not cases:
         built = "; ".join(
-            f"{b.name}: {', '.join(layout.value for layout in pairs_of(b, cfg.is_mha))}"
+            f"{b.name}: {', '.join(layout.value for layout in pairs_of(b, cfg.shape.is_mha))}"
             for b in backends
         )
         raise UsageError(f"no selected backend builds the --layout given (layouts: {built})")

@@ -7,14 +7,7 @@ import importlib
 import time
 
 from sgl_core.backends._torch_backend import backend as torch_backend
-from sgl_core.cli._checks import (
-    CliParser,
-    UsageError,
-    check_memory,
-    check_output_path,
-    check_positive,
-    exit_status,
-)
+from sgl_core.cli._checks import CliParser, UsageError, check_args, check_memory, exit_status
 from sgl_core.cli._report import print_table, write_json
 from sgl_core.kv._enums import HostLayout
 
@@ -63,8 +56,7 @@ def left_out_stores() -> dict[str, str]:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for option in ("page_size", "pages", "repeats", "layers"):
-        check_positive(f"--{option.replace('_', '-')}", getattr(args, option))
+    check_args(args, ("page_size", "pages", "repeats", "layers"))
     try:
         layout = HostLayout.parse(args.layout, argument="--layout")
     except ValueError as exc:
@@ -72,7 +64,6 @@ def _check(args: argparse.Namespace) -> None:
     if layout not in torch_backend.supported_pairs:
         built = ", ".join(x.value for x in torch_backend.supported_pairs)
         raise UsageError(f"--layout {layout.value!r}: the bench's torch host pool builds {built}")
-    check_output_path("--json", args.json)
     batch = args.pages * args.page_size * args.layers * _ROW_BYTES
     # device pool 1x, host pool 2x, a stored copy in memory or page cache 1x
     check_memory("--pages/--page-size", 4 * batch, "the run")

@@ -7,15 +7,7 @@ import time
 
 import torch
 
-from sgl_core.cli._checks import (
-    EXIT_STATUS,
-    CliParser,
-    check_device,
-    check_memory,
-    check_output_path,
-    check_plot_available,
-    check_positive,
-)
+from sgl_core.cli._checks import EXIT_STATUS, CliParser, check_args, check_memory
 from sgl_core.cli._moe_bench import (
     MoERecord,
     bench_combine,
@@ -69,19 +61,9 @@ def _row(r: MoERecord) -> list[str]:
     ]
 
 
-def _check(args: argparse.Namespace) -> torch.device:
-    for option in ("tokens", "hidden", "repeats"):
-        check_positive(f"--{option}", getattr(args, option))
-    device = check_device(args.device)
-    check_output_path("--json", args.json)
-    check_output_path("--plot", args.plot)
-    if args.plot:
-        check_plot_available()
-    return device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def run(args: argparse.Namespace) -> int:
-    device = _check(args)
+    device = check_args(args, ("tokens", "hidden", "repeats"))
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokens = args.tokens or (1024 if args.quick else 4096)
     hidden = args.hidden or 7168
     repeats = args.repeats or (5 if args.quick else 11)
