@@ -130,7 +130,7 @@ def test_the_reference_copy_is_the_faster_thread_count(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     from sgl_core.backends._discovery import get_backend
     from sgl_core.cli._hicache import run_case
-    from sgl_core.cli._hicache_models import Case, HicacheConfig
+    from sgl_core.cli._hicache_plan import Case, HicacheConfig
     from sgl_core.cli._report import Progress
     from sgl_core.kv._enums import HostLayout, IOBackend
 

@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from sgl_core.cli._baselines import BASELINES, Transfer, contiguous_copy
-from sgl_core.cli._hicache_models import Case, HicacheConfig, create_device_pool, list_cases
+from sgl_core.cli._hicache_plan import Case, HicacheConfig, create_device_pool
 from sgl_core.cli._report import Progress, Record, median, time_interleaved
 from sgl_core.transfer.copy._tuning import tuning_for
 
-__all__ = ["Case", "HicacheConfig", "list_cases", "run_case"]
+__all__ = ["Case", "HicacheConfig", "run_case"]
 
 DIRECTIONS = ("backup", "load")
 

@@ -21,8 +21,7 @@ import torch
 
 from sgl_core.cli._checks import EXIT_STATUS, CliParser
 from sgl_core.cli._hicache import run_case
-from sgl_core.cli._hicache_models import MODELS
-from sgl_core.cli._hicache_plan import Plan, plan_run
+from sgl_core.cli._hicache_plan import MODELS, Plan, plan_run
 from sgl_core.cli._hicache_table import batch_lines, io_note, legend, summarize, target_lines
 from sgl_core.cli._report import Progress, Record, print_table, write_json
 from sgl_core.kv._enums import HostLayout
