@@ -1,4 +1,11 @@
-"""``sgl-bench hicache``: host-pool backup/load bandwidth vs the copy limit and baselines."""
+"""``sgl-bench hicache``: host-pool backup/load bandwidth vs the copy limit and baselines.
+
+The baselines are transfers written the plain way (``per_token``: per layer, an
+``index_select`` and an indexed write; ``per_page``: per layer, a Python loop of
+one slice copy per page, like the upstream engine's ``direct`` path). Both run on
+any pool pair through the host pool's ``layer_views``: per layer,
+``(device_rows, host_pages)`` per component.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +17,81 @@ from typing import Any
 
 import torch
 
-from sgl_core.cli._baselines import BASELINES, Transfer, contiguous_copy
 from sgl_core.cli._hicache_plan import Case, HicacheConfig, create_device_pool
 from sgl_core.cli._report import Progress, Record, median, time_interleaved
+from sgl_core.kv.protocols._kv_protocols import MLADevicePool, MLAHostPool
+from sgl_core.kv.protocols._protocols import LayerViews
 from sgl_core.transfer.copy._tuning import tuning_for
 
-__all__ = ["Case", "HicacheConfig", "run_case"]
+__all__ = ["BASELINES", "Case", "HicacheConfig", "Transfer", "per_page", "per_token", "run_case"]
 
 DIRECTIONS = ("backup", "load")
+Component = tuple[torch.Tensor, torch.Tensor]
+
+
+class Transfer:
+    """One batch: paired host/device token indices of whole pages."""
+
+    def __init__(
+        self,
+        dev: MLADevicePool,
+        host: MLAHostPool,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+    ) -> None:
+        self.dev = dev
+        self.host = host
+        self.host_indices = host_indices
+        self.device_indices = device_indices
+        ps = host.page_size
+        self.host_page = host_indices // ps
+        self.host_offset = host_indices % ps
+        if not isinstance(host, LayerViews):
+            raise TypeError(f"{type(host).__name__} shows no layer views (layer_views)")
+        self.layers: list[list[Component]] = [
+            host.layer_views(dev, layer) for layer in range(dev.layer_num)
+        ]
+        self.page_pairs = list(
+            zip(host_indices[::ps].tolist(), device_indices[::ps].tolist(), strict=True)
+        )
+
+
+def per_token(t: Transfer, *, to_host: bool, layer: int | None = None) -> None:
+    """Per layer: gather the tokens with ``index_select``, scatter them one row each."""
+    d_idx = t.device_indices.to(t.dev.device)
+    layers = range(len(t.layers)) if layer is None else [layer]
+    for lay in layers:
+        for rows, pages in t.layers[lay]:
+            if to_host:
+                pages.index_put_((t.host_page, t.host_offset), rows.index_select(0, d_idx).cpu())
+            else:
+                rows.index_copy_(0, d_idx, pages[t.host_page, t.host_offset].to(rows.device))
+
+
+def per_page(t: Transfer, *, to_host: bool, layer: int | None = None) -> None:
+    """Per layer and page: one slice copy (the upstream ``direct`` loop)."""
+    ps = t.host.page_size
+    layers = range(len(t.layers)) if layer is None else [layer]
+    for lay in layers:
+        for rows, pages in t.layers[lay]:
+            for h, d in t.page_pairs:
+                if to_host:
+                    pages[h // ps].copy_(rows[d : d + ps])
+                else:
+                    rows[d : d + ps].copy_(pages[h // ps])
+
+
+BaselineFn = Callable[..., None]
+BASELINES: dict[str, BaselineFn] = {"per_token": per_token, "per_page": per_page}
+
+
+def contiguous_copy(
+    nbytes: int, device: torch.device, *, pin: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(device_buf, host_buf)`` of ``nbytes`` each, touched, for the copy limit."""
+    host_buf = torch.ones(nbytes, dtype=torch.uint8, pin_memory=pin)
+    dev_buf = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    return dev_buf, host_buf
 
 
 def _fill_random(dev: Any, t: Transfer, seed: int) -> None:
@@ -55,8 +129,9 @@ class _Bench:
         # device pages 1..2n/ps (page 0 is the padding page): half backed up, half loaded into
         pages = torch.randperm(2 * n // ps, generator=gen) + 1
         offsets = torch.arange(ps)
-        self.d_src = (pages[: n // ps, None] * ps + offsets).flatten()
-        self.d_dst = (pages[n // ps :, None] * ps + offsets).flatten()
+        device = self.dev.device
+        self.d_src = (pages[: n // ps, None] * ps + offsets).flatten().to(device)
+        self.d_dst = (pages[n // ps :, None] * ps + offsets).flatten().to(device)
         if cfg.shuffle_host:
             host_pages = torch.randperm(self.host.size // ps, generator=gen)[: n // ps]
             self.h_idx = (host_pages[:, None] * ps + offsets).flatten()
@@ -64,8 +139,6 @@ class _Bench:
             got = self.host.alloc(n)
             assert got is not None
             self.h_idx = got
-        device = self.dev.device
-        self.d_src, self.d_dst = self.d_src.to(device), self.d_dst.to(device)
         self.backup_t = Transfer(self.dev, self.host, self.h_idx, self.d_src)
         self.load_t = Transfer(self.dev, self.host, self.h_idx, self.d_dst)
         if self.fixed is not None:
