@@ -10,12 +10,13 @@ after ``max_s`` seconds, and each exits when its parent is gone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import subprocess
 import sys
 import time
-from types import TracebackType
+from collections.abc import Iterator
 
 import torch
 
@@ -27,7 +28,7 @@ from sgl_core.cli._report import Progress, Record, print_table, write_json
 from sgl_core.kv._enums import HostLayout
 from sgl_core.transfer.copy._calibrate import copy_calibration
 
-__all__ = ["BUSY_CODE", "BusyProcesses", "add_parser", "run"]
+__all__ = ["BUSY_CODE", "add_parser", "busy_processes", "run"]
 
 
 def _int_list(text: str) -> list[int]:
@@ -187,47 +188,31 @@ while time.monotonic() < end and os.getppid() == parent:
 """
 
 
-class BusyProcesses:
-    """``with BusyProcesses(n):`` runs ``n`` bounded busy processes for the block."""
+@contextlib.contextmanager
+def busy_processes(count: int, max_s: float = 3600.0) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``with busy_processes(n) as procs:`` runs ``n`` bounded busy processes for the block.
 
-    def __init__(self, count: int, max_s: float = 3600.0) -> None:
-        self.count = count
-        self.max_s = max_s
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> BusyProcesses:
-        try:
-            for _ in range(self.count):
-                self.procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-c", BUSY_CODE, str(self.max_s), str(os.getpid())],
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                        start_new_session=True,  # Ctrl-C reaches us; we stop them
-                    )
+    Every process started is killed and reaped on exit, also when starting one fails.
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(count):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", BUSY_CODE, str(max_s), str(os.getpid())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C reaches us; we stop them
                 )
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        """Kill and reap every process started (idempotent)."""
-        for proc in self.procs:
+            )
+        yield procs
+    finally:
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-        for proc in self.procs:
+        for proc in procs:
             proc.wait()
-        self.procs.clear()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -242,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     records: list[Record] = []
     for phase, count in phases:
         phase_load = _load()
-        with BusyProcesses(count):
+        with busy_processes(count):
             got = _measure(plan, phase.split()[0])
         records.extend(got)
         header, rows = summarize(got, plan.interpreted)

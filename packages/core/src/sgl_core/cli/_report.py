@@ -12,9 +12,11 @@ import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
 
 import torch
+
+from sgl_core.transfer.copy._calibration_cache import host_id
 
 __all__ = [
     "Progress",
@@ -65,17 +67,6 @@ def interpreted_note(names: Iterable[str], measured: str = "GB/s") -> str:
     return f"* {listed}: Triton interpreter on CPU: {measured} not meaningful (correctness only)"
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _mem_total_gb() -> float | None:
     try:
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -87,7 +78,7 @@ def _mem_total_gb() -> float | None:
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": host_id()["cpu"],
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "mem_total_gb": _mem_total_gb(),
@@ -137,11 +128,9 @@ class Progress:
             self._bar = None
 
 
-def print_table(
-    title: str, header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO | None = None
-) -> None:
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """A summary table: rich when installed and writing to a terminal, else aligned text."""
-    stream = out if out is not None else sys.stdout
+    stream = sys.stdout
     try:
         from rich.console import Console
         from rich.table import Table
