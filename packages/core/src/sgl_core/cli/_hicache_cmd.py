@@ -20,10 +20,10 @@ from collections.abc import Iterator
 
 import torch
 
+from sgl_core.cli import _hicache_table as table
 from sgl_core.cli._checks import EXIT_STATUS, CliParser
 from sgl_core.cli._hicache import run_case
 from sgl_core.cli._hicache_plan import MODELS, Plan, plan_run
-from sgl_core.cli._hicache_table import batch_lines, io_note, legend, summarize, target_lines
 from sgl_core.cli._report import Progress, Record, print_table, write_json
 from sgl_core.kv._enums import HostLayout
 from sgl_core.transfer.copy._calibrate import copy_calibration
@@ -230,14 +230,14 @@ def run(args: argparse.Namespace) -> int:
         with busy_processes(count):
             got = _measure(plan, phase.split()[0])
         records.extend(got)
-        header, rows = summarize(got, plan.interpreted)
-        title = f"{phase}: host pool transfers, GB/s{io_note(got)}; load {phase_load:.2f}"
+        header, rows = table.summarize(got, plan.interpreted)
+        title = f"{phase}: host pool transfers, GB/s{table.io_note(got)}; load {phase_load:.2f}"
         print_table(f"{title} to {_load():.2f}", header, rows)
-        for line in [*_calibration_lines(), *target_lines(got, plan.interpreted)]:
+        for line in [*_calibration_lines(), *table.target_lines(got, plan.interpreted)]:
             print(line)
-    for line in batch_lines(records):
+    for line in table.batch_lines(records):
         print(line)
-    for line in legend(records, plan.interpreted):
+    for line in table.legend(records, plan.interpreted):
         print(line)
     exact = all(r.bit_exact is not False for r in records)
     print(f"bit-exact: {'yes' if exact else 'NO (exit status 1)'}")
@@ -263,8 +263,6 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"wrote {args.json}")
     if args.plot:
-        from sgl_core.cli._plot import plot_hicache
-
-        plot_hicache([r for r in records if r.extra.get("phase") == "quiet"], args.plot)
+        table.plot_hicache([r for r in records if r.extra.get("phase") == "quiet"], args.plot)
         print(f"wrote {args.plot}")
     return 0 if exact else 1

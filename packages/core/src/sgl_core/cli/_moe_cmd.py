@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -15,7 +16,7 @@ from sgl_core.cli._moe_bench import (
     check_torch_moe,
     device_cases,
 )
-from sgl_core.cli._report import interpreted_note, print_table, write_json
+from sgl_core.cli._report import interpreted_note, print_table, pyplot, write_json
 
 __all__ = ["add_parser", "run"]
 
@@ -104,8 +105,29 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.json, records, quick=args.quick)
         print(f"wrote {args.json}")
     if args.plot:
-        from sgl_core.cli._plot import plot_moe
-
         plot_moe(records, args.plot)
         print(f"wrote {args.plot}")
     return 0 if ok else 1
+
+
+def plot_moe(records: Sequence[MoERecord], path: str) -> None:
+    """Milliseconds per call of every timed MoE op, one panel per op."""
+    plt = pyplot()
+    ops = list(dict.fromkeys(r.op for r in records))
+    width = max(1, len(ops))
+    fig, axes = plt.subplots(1, width, figsize=(4.4 * width, 4.2), squeeze=False)
+    for ax, op in zip(axes[0], ops, strict=False):
+        mine = [r for r in records if r.op == op]
+        ms = [r.seconds * 1e3 for r in mine]
+        ax.bar(
+            [r.impl for r in mine], ms, color=["tab:blue", "tab:orange", "tab:green"][: len(mine)]
+        )
+        for i, value in enumerate(ms):
+            ax.annotate(f"{value:.2f} ms", (i, value), ha="center", va="bottom")
+        ax.set_title(f"{op}\n{mine[0].shape} {mine[0].dtype}", fontsize=9)
+        ax.set_ylabel("ms per call (lower is better)")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("sgl-bench moe")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

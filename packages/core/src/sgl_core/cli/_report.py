@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import torch
@@ -25,6 +26,7 @@ __all__ = [
     "machine_info",
     "median",
     "print_table",
+    "pyplot",
     "sync",
     "time_interleaved",
     "write_json",
@@ -151,6 +153,16 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]
     for cells in (header, *rows):
         line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
         print(line.rstrip(), file=stream)
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend (the ``bench`` extra; imported on first use)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def sync(device: torch.device) -> None:
