@@ -41,7 +41,6 @@ class Transfer:
     ) -> None:
         self.dev = dev
         self.host = host
-        self.host_indices = host_indices
         self.device_indices = device_indices
         ps = host.page_size
         self.host_page = host_indices // ps
@@ -81,17 +80,7 @@ def per_page(t: Transfer, *, to_host: bool, layer: int | None = None) -> None:
                     rows[d : d + ps].copy_(pages[h // ps])
 
 
-BaselineFn = Callable[..., None]
-BASELINES: dict[str, BaselineFn] = {"per_token": per_token, "per_page": per_page}
-
-
-def contiguous_copy(
-    nbytes: int, device: torch.device, *, pin: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(device_buf, host_buf)`` of ``nbytes`` each, touched, for the copy limit."""
-    host_buf = torch.ones(nbytes, dtype=torch.uint8, pin_memory=pin)
-    dev_buf = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    return dev_buf, host_buf
+BASELINES: dict[str, Callable[..., None]] = {"per_token": per_token, "per_page": per_page}
 
 
 def _fill_random(dev: Any, t: Transfer, seed: int) -> None:
@@ -149,8 +138,10 @@ class _Bench:
             for comps in self.backup_t.layers
             for rows, _ in comps
         )
+        # the copy limit: one touched contiguous buffer of the same bytes on each side
         pin = bool(getattr(self.host, "pin_memory", False))
-        self.copy_dev, self.copy_host = contiguous_copy(self.nbytes, device, pin=pin)
+        self.copy_host = torch.ones(self.nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.copy_dev = torch.ones(self.nbytes, dtype=torch.uint8, device=device)
 
     # ------------------------------------------------------------------ ops
     def sgl_backup(self, host: Any = None) -> None:

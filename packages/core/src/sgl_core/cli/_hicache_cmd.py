@@ -24,7 +24,7 @@ from sgl_core.cli import _hicache_table as table
 from sgl_core.cli._checks import EXIT_STATUS, CliParser
 from sgl_core.cli._hicache import run_case
 from sgl_core.cli._hicache_plan import MODELS, Plan, plan_run
-from sgl_core.cli._report import Progress, Record, print_table, write_json
+from sgl_core.cli._report import Progress, Record, print_table, write_outputs
 from sgl_core.kv._enums import HostLayout
 from sgl_core.transfer.copy._calibrate import copy_calibration
 
@@ -251,18 +251,14 @@ def run(args: argparse.Namespace) -> int:
             f"warning: the machine was busy (load above its {cpus} CPU(s)): other processes "
             "shared the CPUs, so GB/s and ratios of this run are not reliable; rerun when idle"
         )
-    if args.json:
-        calibration = [dataclasses.asdict(c) for c in copy_calibration()]
-        write_json(
-            args.json,
-            records,
-            command="hicache",
-            quick=plan.quick,
-            background_load=busy,
-            copy_calibration=calibration,
-        )
-        print(f"wrote {args.json}")
-    if args.plot:
-        table.plot_hicache([r for r in records if r.extra.get("phase") == "quiet"], args.plot)
-        print(f"wrote {args.plot}")
-    return 0 if exact else 1
+    quiet = [r for r in records if r.extra.get("phase") == "quiet"]
+    return write_outputs(
+        args,
+        records,
+        exact,
+        lambda path: table.plot_hicache(quiet, path),
+        command="hicache",
+        quick=plan.quick,
+        background_load=busy,
+        copy_calibration=[dataclasses.asdict(c) for c in copy_calibration()],
+    )

@@ -8,7 +8,7 @@ import time
 
 from sgl_core.backends._torch_backend import backend as torch_backend
 from sgl_core.cli._checks import CliParser, UsageError, check_args, check_memory, exit_status
-from sgl_core.cli._report import print_table, write_json
+from sgl_core.cli._report import print_table, write_outputs
 from sgl_core.kv._enums import HostLayout
 
 __all__ = ["add_parser", "left_out_stores", "run"]
@@ -99,8 +99,5 @@ def run(args: argparse.Namespace) -> int:
     if skipped:
         print(f"stores left out: {', '.join(sorted(skipped))} (reasons above)")
     print(f"wall time: {time.perf_counter() - started:.1f} s")
-    if args.json:
-        write_json(args.json, records, notes=notes, left_out=skipped)
-        print(f"wrote {args.json}")
     ok = all(r.get("verified", True) is not False for r in records)
-    return 0 if ok else 1
+    return write_outputs(args, records, ok, notes=notes, left_out=skipped)

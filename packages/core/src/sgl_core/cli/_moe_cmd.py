@@ -16,7 +16,7 @@ from sgl_core.cli._moe_bench import (
     check_torch_moe,
     device_cases,
 )
-from sgl_core.cli._report import interpreted_note, print_table, pyplot, write_json
+from sgl_core.cli._report import interpreted_note, print_table, pyplot, write_outputs
 
 __all__ = ["add_parser", "run"]
 
@@ -101,13 +101,7 @@ def run(args: argparse.Namespace) -> int:
     ok = all(r.verified is not False for r in records)
     print(f"verified: {'yes' if ok else 'NO'}")
     print(f"wall time: {time.perf_counter() - started:.1f} s")
-    if args.json:
-        write_json(args.json, records, quick=args.quick)
-        print(f"wrote {args.json}")
-    if args.plot:
-        plot_moe(records, args.plot)
-        print(f"wrote {args.plot}")
-    return 0 if ok else 1
+    return write_outputs(args, records, ok, lambda path: plot_moe(records, path), quick=args.quick)
 
 
 def plot_moe(records: Sequence[MoERecord], path: str) -> None:

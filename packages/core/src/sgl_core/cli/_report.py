@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -29,7 +30,7 @@ __all__ = [
     "pyplot",
     "sync",
     "time_interleaved",
-    "write_json",
+    "write_outputs",
 ]
 
 K = TypeVar("K", bound=Hashable)
@@ -93,11 +94,24 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def write_json(path: str, records: Sequence[Any], **extra: Any) -> None:
-    """``{machine, records, **extra}``; a record is a dict or has ``to_json()``."""
-    rows = [r if isinstance(r, dict) else r.to_json() for r in records]
-    doc = {"machine": machine_info(), "records": rows, **extra}
-    Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+def write_outputs(
+    args: argparse.Namespace,
+    records: Sequence[Any],
+    ok: bool,
+    plot: Callable[[str], None] | None = None,
+    **extra: Any,
+) -> int:
+    """Write ``--json`` (``{machine, records, **extra}``; a record is a dict or has
+    ``to_json()``) and, given ``plot``, ``--plot``; returns the exit status (0: ``ok``)."""
+    if args.json:
+        rows = [r if isinstance(r, dict) else r.to_json() for r in records]
+        doc = {"machine": machine_info(), "records": rows, **extra}
+        Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    if plot is not None and args.plot:
+        plot(args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if ok else 1
 
 
 class Progress:
