@@ -18,19 +18,7 @@ import torch
 
 from sgl_core.kv._memory import available_host_bytes
 
-__all__ = [
-    "EXIT_STATUS",
-    "exit_status",
-    "CliParser",
-    "MEMORY_HEADROOM",
-    "UsageError",
-    "check_args",
-    "check_device",
-    "check_memory",
-    "check_output_path",
-    "check_plot_available",
-    "check_positive",
-]
+__all__ = ["EXIT_STATUS", "CliParser", "UsageError", "check_args", "check_memory", "exit_status"]
 
 
 def exit_status(verified: str) -> str:

@@ -83,13 +83,6 @@ def per_page(t: Transfer, *, to_host: bool, layer: int | None = None) -> None:
 BASELINES: dict[str, Callable[..., None]] = {"per_token": per_token, "per_page": per_page}
 
 
-def _fill_random(dev: Any, t: Transfer, seed: int) -> None:
-    gen = torch.Generator(device=dev.device).manual_seed(seed)
-    for comps in t.layers:
-        for rows, _ in comps:
-            rows.view(torch.int16).random_(0, 1 << 15, generator=gen)
-
-
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     # compare bit patterns: random fill holds NaN patterns, and equal() on them is False
     return bool(torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16)))
@@ -132,7 +125,10 @@ class _Bench:
         self.load_t = Transfer(self.dev, self.host, self.h_idx, self.d_dst)
         if self.fixed is not None:
             self.fixed_t = Transfer(self.dev, self.fixed, self.h_idx, self.d_src)
-        _fill_random(self.dev, self.backup_t, cfg.seed)
+        fill = torch.Generator(device=device).manual_seed(cfg.seed)
+        for comps in self.backup_t.layers:
+            for rows, _ in comps:
+                rows.view(torch.int16).random_(0, 1 << 15, generator=fill)
         self.nbytes = n * sum(
             rows.shape[1] * rows.element_size()
             for comps in self.backup_t.layers
@@ -212,10 +208,6 @@ class _Bench:
         return host_ok, dev_ok
 
 
-def _threads_of(impl: str, engine_threads: int) -> int:
-    return int(impl.removeprefix("copy@")) if impl.startswith("copy@") else engine_threads
-
-
 def run_case(case: Case, cfg: HicacheConfig, progress: Progress) -> list[Record]:
     """Measure one (backend, layout, io, page size) case; one record per impl and direction."""
     bench = _Bench(case, cfg)
@@ -226,10 +218,8 @@ def run_case(case: Case, cfg: HicacheConfig, progress: Progress) -> list[Record]
         checks[impl] = bench.verify(ops[(impl, "backup")], ops[(impl, "load")], t)
     engine_threads = torch.get_num_threads()
     # untimed before each op: the reference copies at their thread count, the rest as set
-    prepare = {
-        key: functools.partial(torch.set_num_threads, _threads_of(key[0], engine_threads))
-        for key in ops
-    }
+    threads = {k: int(k[0].removeprefix("copy@")) if "@" in k[0] else engine_threads for k in ops}
+    prepare = {key: functools.partial(torch.set_num_threads, n) for key, n in threads.items()}
     try:
         samples = time_interleaved(
             ops,

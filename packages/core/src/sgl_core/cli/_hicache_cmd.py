@@ -112,10 +112,13 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
         "threads), interleaved with the calibrated one: columns fixed GB/s and sgl/fixed",
     )
     # test and tuning knobs
-    p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--budget", type=float, help=argparse.SUPPRESS)
+    for flag, kind in (
+        ("--layers", int),
+        ("--tokens", int),
+        ("--warmup", int),
+        ("--budget", float),
+    ):
+        p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
     p.add_argument("--kv-lora-rank", type=int, default=512, help=argparse.SUPPRESS)
     p.add_argument("--rope-dim", type=int, default=64, help=argparse.SUPPRESS)
     p.set_defaults(run=run)

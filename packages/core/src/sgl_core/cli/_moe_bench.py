@@ -50,10 +50,6 @@ class _Combine:
         self.fuses_routed_scale_and_shared_add = folds
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     """max |got - ref| / max |ref| (``ref`` in float64)."""
     return float((got.double() - ref).abs().max() / ref.abs().max())
@@ -133,7 +129,13 @@ def bench_combine(
     nbytes = tokens * hidden * routed.element_size()
     shape = f"T={tokens},H={hidden}"
     return _records(
-        samples, errs, nbytes, device, op="combine", shape=shape, dtype=_dtype_name(dtype)
+        samples,
+        errs,
+        nbytes,
+        device,
+        op="combine",
+        shape=shape,
+        dtype=str(dtype).removeprefix("torch."),
     )
 
 
@@ -202,7 +204,7 @@ def check_torch_moe(
         device,
         op="moe_apply+combine",
         shape=f"T={tokens},H={hidden},I={inter},E={experts},top_k={top_k}",
-        dtype=_dtype_name(dtype),
+        dtype=str(dtype).removeprefix("torch."),
         note="vs dense float64 reference (every expert on every token, routing matrix)",
     )
 

@@ -24,11 +24,9 @@ __all__ = [
     "Progress",
     "Record",
     "interpreted_note",
-    "machine_info",
     "median",
     "print_table",
     "pyplot",
-    "sync",
     "time_interleaved",
     "write_outputs",
 ]
