@@ -112,13 +112,9 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
         "threads), interleaved with the calibrated one: columns fixed GB/s and sgl/fixed",
     )
     # test and tuning knobs
-    for flag, kind in (
-        ("--layers", int),
-        ("--tokens", int),
-        ("--warmup", int),
-        ("--budget", float),
-    ):
-        p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
+    for flag in ("--layers", "--tokens", "--warmup"):
+        p.add_argument(flag, type=int, help=argparse.SUPPRESS)
+    p.add_argument("--budget", type=float, help=argparse.SUPPRESS)
     p.add_argument("--kv-lora-rank", type=int, default=512, help=argparse.SUPPRESS)
     p.add_argument("--rope-dim", type=int, default=64, help=argparse.SUPPRESS)
     p.set_defaults(run=run)

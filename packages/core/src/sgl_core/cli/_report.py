@@ -144,27 +144,23 @@ class Progress:
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """A summary table: rich when installed and writing to a terminal, else aligned text."""
-    stream = sys.stdout
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
         Console = None  # type: ignore[assignment,misc]
-    if Console is not None and stream.isatty():
+    if Console is not None and sys.stdout.isatty():
         table = Table(title=title)
         for i, name in enumerate(header):
             table.add_column(name, justify="left" if i < 3 else "right")
         for row in rows:
             table.add_row(*row)
-        Console(file=stream).print(table)
+        Console(file=sys.stdout).print(table)
         return
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
-    print(title, file=stream)
+    widths = [max(map(len, column)) for column in zip(header, *rows, strict=True)]
+    print(title)
     for cells in (header, *rows):
-        line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
-        print(line.rstrip(), file=stream)
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
 
 
 def pyplot() -> ModuleType:
