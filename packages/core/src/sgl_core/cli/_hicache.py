@@ -97,16 +97,14 @@ class _Bench:
         self.case = case
         self.tokens = n
         self.dev = create_device_pool(case.backend, cfg, size=2 * n, page_size=ps)
-        self.host: Any = case.backend.create_host_pool(
-            self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
-        )
+        pool: dict[str, Any] = {"layout": case.layout, "io_backend": case.io_backend}
+        self.host: Any = case.backend.create_host_pool(self.dev, host_to_device_ratio=2.0, **pool)
         self.fixed: Any = None
         if cfg.compare_fixed:
             # the same pool built with the old preset: copy_threads 0 (ATen's own threads)
             fixed = dataclasses.replace(tuning_for(self.dev.device), copy_threads=0)
-            self.fixed = type(case.backend)(tuning=fixed).create_host_pool(  # type: ignore[call-arg]
-                self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
-            )
+            backend = type(case.backend)(tuning=fixed)  # type: ignore[call-arg]
+            self.fixed = backend.create_host_pool(self.dev, host_to_device_ratio=2.0, **pool)
         gen = torch.Generator().manual_seed(cfg.seed + ps)
         # device pages 1..2n/ps (page 0 is the padding page): half backed up, half loaded into
         pages = torch.randperm(2 * n // ps, generator=gen) + 1
