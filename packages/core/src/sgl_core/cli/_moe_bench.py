@@ -39,9 +39,6 @@ class MoERecord:
     #: Ran in Triton's interpreter (``TRITON_INTERPRET=1``): checked, but its timing is moot.
     interpreted: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 class _Combine:
     """A method that leaves the routed scale to the combine (``folds``) or scaled it itself."""

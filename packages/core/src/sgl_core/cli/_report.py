@@ -53,13 +53,7 @@ class Record:
     bit_exact: bool | None
     tokens: int = 0
     layers: int = 0
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        extra = data.pop("extra")
-        data.update(extra)
-        return data
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # more keys of its JSON row
 
 
 def interpreted_note(names: Iterable[str], measured: str = "GB/s") -> str:
@@ -99,10 +93,13 @@ def write_outputs(
     plot: Callable[[str], None] | None = None,
     **extra: Any,
 ) -> int:
-    """Write ``--json`` (``{machine, records, **extra}``; a record is a dict or has
-    ``to_json()``) and, given ``plot``, ``--plot``; returns the exit status (0: ``ok``)."""
+    """Write ``--json`` (``{machine, records, **extra}``; a record is a dict or a dataclass,
+    whose ``extra`` keys join its own) and, given ``plot``, ``--plot``; returns the exit
+    status (0: ``ok``)."""
     if args.json:
-        rows = [r if isinstance(r, dict) else r.to_json() for r in records]
+        rows = [r if isinstance(r, dict) else dataclasses.asdict(r) for r in records]
+        for row in rows:
+            row.update(row.pop("extra", None) or {})
         doc = {"machine": machine_info(), "records": rows, **extra}
         Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
