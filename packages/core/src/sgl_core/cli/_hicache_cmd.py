@@ -232,12 +232,8 @@ def run(args: argparse.Namespace) -> int:
         header, rows = table.summarize(got, plan.interpreted)
         title = f"{phase}: host pool transfers, GB/s{table.io_note(got)}; load {phase_load:.2f}"
         print_table(f"{title} to {_load():.2f}", header, rows)
-        for line in [*_calibration_lines(), *table.target_lines(got, plan.interpreted)]:
-            print(line)
-    for line in table.batch_lines(records):
-        print(line)
-    for line in table.legend(records, plan.interpreted):
-        print(line)
+        print("\n".join([*_calibration_lines(), *table.target_lines(got, plan.interpreted)]))
+    print("\n".join([*table.batch_lines(records), *table.legend(records, plan.interpreted)]))
     exact = all(r.bit_exact is not False for r in records)
     print(f"bit-exact: {'yes' if exact else 'NO (exit status 1)'}")
     load_end, cpus = _load(), os.cpu_count() or 1
