@@ -55,8 +55,8 @@ def left_out_stores() -> dict[str, str]:
     return {}
 
 
-def _check(args: argparse.Namespace) -> None:
-    check_args(args, ("page_size", "pages", "repeats", "layers"))
+def run(args: argparse.Namespace) -> int:
+    check_args(args, ("page_size", "pages", "repeats", "layers"))  # all checks before any work
     try:
         layout = HostLayout.parse(args.layout, argument="--layout")
     except ValueError as exc:
@@ -67,10 +67,6 @@ def _check(args: argparse.Namespace) -> None:
     batch = args.pages * args.page_size * args.layers * _ROW_BYTES
     # device pool 1x, host pool 2x, a stored copy in memory or page cache 1x
     check_memory("--pages/--page-size", 4 * batch, "the run")
-
-
-def run(args: argparse.Namespace) -> int:
-    _check(args)
     from sgl_core.l3._bench import run_l3_bench
 
     skipped = left_out_stores()
