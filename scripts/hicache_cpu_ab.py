@@ -35,15 +35,22 @@ from pathlib import Path
 from typing import Any
 
 
-def _cli_module(name: str) -> Any:
+def _cli_module(*names: str) -> Any:
     """A module of the bench CLI: ``sgl_core.cli`` (since the KV-model folders) or
-    ``sgl_core._cli`` (trees before them), so one script measures both."""
+    ``sgl_core._cli`` (trees before them), so one script measures both; the first of
+    ``names`` that exists."""
     import importlib
 
-    try:
-        return importlib.import_module(f"sgl_core.cli.{name}")
-    except ModuleNotFoundError:
-        return importlib.import_module(f"sgl_core._cli.{name}")
+    for name in names:
+        for package in ("sgl_core.cli", "sgl_core._cli"):
+            try:
+                return importlib.import_module(f"{package}.{name}")
+            except ModuleNotFoundError:
+                pass
+    raise ModuleNotFoundError(f"no bench CLI module of {names} in this tree")
+
+
+_MODELS = ("_hicache_models", "_hicache_plan")  # model shapes: before, since the merge
 
 
 KINDS = ("mla", "mha", "mha_v64")
@@ -63,13 +70,13 @@ def _narrow_v_pools(v_head_dim: int) -> None:
     original = _hicache.create_device_pool
 
     def create(backend: Any, cfg: Any, **kw: Any) -> Any:
-        shape = _cli_module("_hicache_models").MODELS[cfg.model]
+        shape = _cli_module(*_MODELS).MODELS[cfg.model]
         if not shape.is_mha:
             return original(backend, cfg, **kw)
         return backend.create_mha_device_pool(
             size=kw["size"],
             page_size=kw["page_size"],
-            dtype=cfg.dtype,
+            dtype=shape.dtype,
             head_num=shape.head_num,
             head_dim=shape.head_dim,
             layer_num=cfg.layers,
@@ -98,7 +105,7 @@ def run(
 
     bench = _cli_module("_hicache")
     Case, HicacheConfig, _Bench = bench.Case, bench.HicacheConfig, bench._Bench
-    pairs_of = _cli_module("_hicache_models").pairs_of
+    pairs_of = _cli_module(*_MODELS).pairs_of
 
     records: list[dict[str, object]] = []
     for kind in kinds:

@@ -85,7 +85,7 @@ NEUTRAL = [
     "testing/_suite_rows.py",
     "testing/_suite_values.py",
     "cli/_hicache_plan.py",
-    "cli/_baselines.py",
+    "cli/_hicache.py",
 ]
 FAMILY = re.compile(
     r"ascend|\bnpu\b|sgl_cuda|torch\.cuda|\bk_buffer|\bkv_buffer|backend\.name == .(?!torch)"

@@ -79,15 +79,15 @@ def test_unknown_backend_is_a_clear_error(capsys: pytest.CaptureFixture[str]) ->
 def test_verification_failure_exits_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sgl_core.cli import _baselines
+    from sgl_core.cli import _hicache
 
-    def broken(t: _baselines.Transfer, *, to_host: bool, layer: int | None = None) -> None:
-        _baselines.per_page(t, to_host=to_host, layer=layer)
+    def broken(t: _hicache.Transfer, *, to_host: bool, layer: int | None = None) -> None:
+        _hicache.per_page(t, to_host=to_host, layer=layer)
         for comps in t.layers[:1]:
             for rows, _ in comps:
                 rows.view(-1)[-1] += 1  # corrupt one element of the device pool
 
-    monkeypatch.setitem(_baselines.BASELINES, "per_page", broken)
+    monkeypatch.setitem(_hicache.BASELINES, "per_page", broken)
     assert main(["hicache", "--backend", "torch", "--layout", "layer_first", *TINY]) == 1
     assert "bit-exact: NO" in capsys.readouterr().out
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from sgl_core.cli import _hicache_cmd
-from sgl_core.cli._hicache_cmd import BusyProcesses
+from sgl_core.cli._hicache_cmd import busy_processes
 from sgl_core.cli.main import main
 
 TINY = ["--backend", "torch", "--layers", "2", "--pages", "2", "--repeats", "2", "--warmup", "0"]
 
 
 class Spawned:
-    """Every process ``BusyProcesses`` starts, kept to check they are gone."""
+    """Every process ``busy_processes`` starts, kept to check they are gone."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -41,21 +41,21 @@ def spawned(monkeypatch: pytest.MonkeyPatch) -> Spawned:
 
 
 def test_busy_processes_run_inside_the_block_and_are_gone_after(spawned: Spawned) -> None:
-    with BusyProcesses(2) as busy:
-        assert len(busy.procs) == 2 and all(p.poll() is None for p in busy.procs)
+    with busy_processes(2) as procs:
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
     assert len(spawned.procs) == 2 and spawned.all_gone()
 
 
 def test_busy_processes_are_stopped_on_an_error_and_on_ctrl_c(spawned: Spawned) -> None:
     for exc in (RuntimeError("boom"), KeyboardInterrupt()):
-        with pytest.raises(type(exc)), BusyProcesses(1):
+        with pytest.raises(type(exc)), busy_processes(1):
             raise exc
     assert len(spawned.procs) == 2 and spawned.all_gone()
 
 
 def test_a_busy_process_ends_by_itself() -> None:
-    with BusyProcesses(1, max_s=0.0) as busy:
-        assert busy.procs[0].wait(timeout=60) == 0  # its own time bound
+    with busy_processes(1, max_s=0.0) as procs:
+        assert procs[0].wait(timeout=60) == 0  # its own time bound
 
 
 def test_background_load_prints_quiet_and_loaded_tables(
@@ -130,7 +130,7 @@ def test_the_reference_copy_is_the_faster_thread_count(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     from sgl_core.backends._discovery import get_backend
     from sgl_core.cli._hicache import run_case
-    from sgl_core.cli._hicache_models import Case, HicacheConfig
+    from sgl_core.cli._hicache_plan import Case, HicacheConfig
     from sgl_core.cli._report import Progress
     from sgl_core.kv._enums import HostLayout, IOBackend
 

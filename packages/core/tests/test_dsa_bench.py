@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_core.cli import _baselines
+from sgl_core.cli import _hicache
 from sgl_core.cli.main import main
 
 TINY = ["--layers", "3", "--pages", "2", "--repeats", "1", "--warmup", "0", "--no-baselines"]
@@ -33,9 +33,9 @@ def test_deepseek_v32_verification_covers_the_indexer(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A baseline that drops the indexer components fails the bit-exact check (exit 1)."""
-    real = _baselines.per_page
+    real = _hicache.per_page
 
-    def kv_only(t: _baselines.Transfer, *, to_host: bool, layer: int | None = None) -> None:
+    def kv_only(t: _hicache.Transfer, *, to_host: bool, layer: int | None = None) -> None:
         saved = t.layers
         t.layers = [comps[:1] for comps in saved]
         try:
@@ -43,7 +43,7 @@ def test_deepseek_v32_verification_covers_the_indexer(
         finally:
             t.layers = saved
 
-    monkeypatch.setitem(_baselines.BASELINES, "per_page", kv_only)
+    monkeypatch.setitem(_hicache.BASELINES, "per_page", kv_only)
     argv = ["hicache", "--backend", "torch", "--model", "deepseek-v32", "--layout", "page_first"]
     tiny = [a for a in TINY if a != "--no-baselines"]
     assert main([*argv, "--page-size", "16", *tiny]) == 1

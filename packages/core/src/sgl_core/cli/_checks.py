@@ -18,18 +18,7 @@ import torch
 
 from sgl_core.kv._memory import available_host_bytes
 
-__all__ = [
-    "EXIT_STATUS",
-    "exit_status",
-    "CliParser",
-    "MEMORY_HEADROOM",
-    "UsageError",
-    "check_device",
-    "check_memory",
-    "check_output_path",
-    "check_plot_available",
-    "check_positive",
-]
+__all__ = ["EXIT_STATUS", "CliParser", "UsageError", "check_args", "check_memory", "exit_status"]
 
 
 def exit_status(verified: str) -> str:
@@ -59,14 +48,29 @@ class UsageError(Exception):
     """A command-line value that cannot work; reported in one line, exit status 2."""
 
 
-def check_positive(option: str, value: float | None, *, allow_zero: bool = False) -> None:
-    """``value`` is None (default) or a finite number > 0 (>= 0 with ``allow_zero``)."""
-    if value is None:
-        return
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not (math.isfinite(value) and low_ok):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise UsageError(f"{option} must be {bound}, got {value}")
+def check_args(
+    args: argparse.Namespace, positive: tuple[str, ...], nonneg: tuple[str, ...] = ()
+) -> torch.device | None:
+    """The checks commands share: options named (as attributes) > 0 or >= 0, then
+    ``--device``, ``--json`` and ``--plot`` where the command has them; returns the device."""
+    for name in positive + nonneg:
+        value, zero_ok = getattr(args, name), name in nonneg
+        if value is None:  # the option's default
+            continue
+        if not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
+            bound = ">= 0" if zero_ok else "> 0"
+            raise UsageError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
+    for option in ("json", "plot"):
+        check_output_path(f"--{option}", getattr(args, option, None))
+    if getattr(args, "plot", None):  # matplotlib comes with the bench extra
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError(
+                "--plot needs matplotlib: install sgl-core[bench] "
+                "(pip install './packages/core[bench]')"
+            ) from None
+    return check_device(getattr(args, "device", None))
 
 
 def check_device(spec: str | None) -> torch.device | None:
@@ -121,17 +125,6 @@ def check_output_path(option: str, path: str | None) -> None:
                 writable = False
     if not writable:
         raise UsageError(f"{option} {path!r}: cannot write there (permission or read-only)")
-
-
-def check_plot_available() -> None:
-    """``--plot`` needs matplotlib, which the ``bench`` extra installs."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError(
-            "--plot needs matplotlib: install sgl-core[bench] "
-            "(pip install './packages/core[bench]')"
-        ) from None
 
 
 def check_memory(

@@ -1,4 +1,11 @@
-"""``sgl-bench hicache``: host-pool backup/load bandwidth vs the copy limit and baselines."""
+"""``sgl-bench hicache``: host-pool backup/load bandwidth vs the copy limit and baselines.
+
+The baselines are transfers written the plain way (``per_token``: per layer, an
+``index_select`` and an indexed write; ``per_page``: per layer, a Python loop of
+one slice copy per page, like the upstream engine's ``direct`` path). Both run on
+any pool pair through the host pool's ``layer_views``: per layer,
+``(device_rows, host_pages)`` per component.
+"""
 
 from __future__ import annotations
 
@@ -10,21 +17,70 @@ from typing import Any
 
 import torch
 
-from sgl_core.cli._baselines import BASELINES, Transfer, contiguous_copy
-from sgl_core.cli._hicache_models import Case, HicacheConfig, create_device_pool, list_cases
+from sgl_core.cli._hicache_plan import Case, HicacheConfig, create_device_pool
 from sgl_core.cli._report import Progress, Record, median, time_interleaved
+from sgl_core.kv.protocols._kv_protocols import MLADevicePool, MLAHostPool
+from sgl_core.kv.protocols._protocols import LayerViews
 from sgl_core.transfer.copy._tuning import tuning_for
 
-__all__ = ["Case", "HicacheConfig", "list_cases", "run_case"]
+__all__ = ["BASELINES", "Case", "HicacheConfig", "Transfer", "per_page", "per_token", "run_case"]
 
 DIRECTIONS = ("backup", "load")
+Component = tuple[torch.Tensor, torch.Tensor]
 
 
-def _fill_random(dev: Any, t: Transfer, seed: int) -> None:
-    gen = torch.Generator(device=dev.device).manual_seed(seed)
-    for comps in t.layers:
-        for rows, _ in comps:
-            rows.view(torch.int16).random_(0, 1 << 15, generator=gen)
+class Transfer:
+    """One batch: paired host/device token indices of whole pages."""
+
+    def __init__(
+        self,
+        dev: MLADevicePool,
+        host: MLAHostPool,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+    ) -> None:
+        self.dev = dev
+        self.host = host
+        self.device_indices = device_indices
+        ps = host.page_size
+        self.host_page = host_indices // ps
+        self.host_offset = host_indices % ps
+        if not isinstance(host, LayerViews):
+            raise TypeError(f"{type(host).__name__} shows no layer views (layer_views)")
+        self.layers: list[list[Component]] = [
+            host.layer_views(dev, layer) for layer in range(dev.layer_num)
+        ]
+        self.page_pairs = list(
+            zip(host_indices[::ps].tolist(), device_indices[::ps].tolist(), strict=True)
+        )
+
+
+def per_token(t: Transfer, *, to_host: bool, layer: int | None = None) -> None:
+    """Per layer: gather the tokens with ``index_select``, scatter them one row each."""
+    d_idx = t.device_indices.to(t.dev.device)
+    layers = range(len(t.layers)) if layer is None else [layer]
+    for lay in layers:
+        for rows, pages in t.layers[lay]:
+            if to_host:
+                pages.index_put_((t.host_page, t.host_offset), rows.index_select(0, d_idx).cpu())
+            else:
+                rows.index_copy_(0, d_idx, pages[t.host_page, t.host_offset].to(rows.device))
+
+
+def per_page(t: Transfer, *, to_host: bool, layer: int | None = None) -> None:
+    """Per layer and page: one slice copy (the upstream ``direct`` loop)."""
+    ps = t.host.page_size
+    layers = range(len(t.layers)) if layer is None else [layer]
+    for lay in layers:
+        for rows, pages in t.layers[lay]:
+            for h, d in t.page_pairs:
+                if to_host:
+                    pages[h // ps].copy_(rows[d : d + ps])
+                else:
+                    rows[d : d + ps].copy_(pages[h // ps])
+
+
+BASELINES: dict[str, Callable[..., None]] = {"per_token": per_token, "per_page": per_page}
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -41,22 +97,21 @@ class _Bench:
         self.case = case
         self.tokens = n
         self.dev = create_device_pool(case.backend, cfg, size=2 * n, page_size=ps)
-        self.host: Any = case.backend.create_host_pool(
-            self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
-        )
+        pool: dict[str, Any] = {"layout": case.layout, "io_backend": case.io_backend}
+        self.host: Any = case.backend.create_host_pool(self.dev, host_to_device_ratio=2.0, **pool)
         self.fixed: Any = None
         if cfg.compare_fixed:
             # the same pool built with the old preset: copy_threads 0 (ATen's own threads)
             fixed = dataclasses.replace(tuning_for(self.dev.device), copy_threads=0)
-            self.fixed = type(case.backend)(tuning=fixed).create_host_pool(  # type: ignore[call-arg]
-                self.dev, layout=case.layout, host_to_device_ratio=2.0, io_backend=case.io_backend
-            )
+            backend = type(case.backend)(tuning=fixed)  # type: ignore[call-arg]
+            self.fixed = backend.create_host_pool(self.dev, host_to_device_ratio=2.0, **pool)
         gen = torch.Generator().manual_seed(cfg.seed + ps)
         # device pages 1..2n/ps (page 0 is the padding page): half backed up, half loaded into
         pages = torch.randperm(2 * n // ps, generator=gen) + 1
         offsets = torch.arange(ps)
-        self.d_src = (pages[: n // ps, None] * ps + offsets).flatten()
-        self.d_dst = (pages[n // ps :, None] * ps + offsets).flatten()
+        device = self.dev.device
+        self.d_src = (pages[: n // ps, None] * ps + offsets).flatten().to(device)
+        self.d_dst = (pages[n // ps :, None] * ps + offsets).flatten().to(device)
         if cfg.shuffle_host:
             host_pages = torch.randperm(self.host.size // ps, generator=gen)[: n // ps]
             self.h_idx = (host_pages[:, None] * ps + offsets).flatten()
@@ -64,20 +119,23 @@ class _Bench:
             got = self.host.alloc(n)
             assert got is not None
             self.h_idx = got
-        device = self.dev.device
-        self.d_src, self.d_dst = self.d_src.to(device), self.d_dst.to(device)
         self.backup_t = Transfer(self.dev, self.host, self.h_idx, self.d_src)
         self.load_t = Transfer(self.dev, self.host, self.h_idx, self.d_dst)
         if self.fixed is not None:
             self.fixed_t = Transfer(self.dev, self.fixed, self.h_idx, self.d_src)
-        _fill_random(self.dev, self.backup_t, cfg.seed)
+        fill = torch.Generator(device=device).manual_seed(cfg.seed)
+        for comps in self.backup_t.layers:
+            for rows, _ in comps:
+                rows.view(torch.int16).random_(0, 1 << 15, generator=fill)
         self.nbytes = n * sum(
             rows.shape[1] * rows.element_size()
             for comps in self.backup_t.layers
             for rows, _ in comps
         )
+        # the copy limit: one touched contiguous buffer of the same bytes on each side
         pin = bool(getattr(self.host, "pin_memory", False))
-        self.copy_dev, self.copy_host = contiguous_copy(self.nbytes, device, pin=pin)
+        self.copy_host = torch.ones(self.nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.copy_dev = torch.ones(self.nbytes, dtype=torch.uint8, device=device)
 
     # ------------------------------------------------------------------ ops
     def sgl_backup(self, host: Any = None) -> None:
@@ -148,10 +206,6 @@ class _Bench:
         return host_ok, dev_ok
 
 
-def _threads_of(impl: str, engine_threads: int) -> int:
-    return int(impl.removeprefix("copy@")) if impl.startswith("copy@") else engine_threads
-
-
 def run_case(case: Case, cfg: HicacheConfig, progress: Progress) -> list[Record]:
     """Measure one (backend, layout, io, page size) case; one record per impl and direction."""
     bench = _Bench(case, cfg)
@@ -162,10 +216,8 @@ def run_case(case: Case, cfg: HicacheConfig, progress: Progress) -> list[Record]
         checks[impl] = bench.verify(ops[(impl, "backup")], ops[(impl, "load")], t)
     engine_threads = torch.get_num_threads()
     # untimed before each op: the reference copies at their thread count, the rest as set
-    prepare = {
-        key: functools.partial(torch.set_num_threads, _threads_of(key[0], engine_threads))
-        for key in ops
-    }
+    threads = {k: int(k[0].removeprefix("copy@")) if "@" in k[0] else engine_threads for k in ops}
+    prepare = {key: functools.partial(torch.set_num_threads, n) for key, n in threads.items()}
     try:
         samples = time_interleaved(
             ops,

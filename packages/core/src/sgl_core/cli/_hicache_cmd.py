@@ -10,25 +10,25 @@ after ``max_s`` seconds, and each exits when its parent is gone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import subprocess
 import sys
 import time
-from types import TracebackType
+from collections.abc import Iterator
 
 import torch
 
+from sgl_core.cli import _hicache_table as table
 from sgl_core.cli._checks import EXIT_STATUS, CliParser
 from sgl_core.cli._hicache import run_case
-from sgl_core.cli._hicache_models import MODELS
-from sgl_core.cli._hicache_plan import Plan, plan_run
-from sgl_core.cli._hicache_table import batch_lines, io_note, legend, summarize, target_lines
-from sgl_core.cli._report import Progress, Record, print_table, write_json
+from sgl_core.cli._hicache_plan import MODELS, Plan, plan_run
+from sgl_core.cli._report import Progress, Record, print_table, write_outputs
 from sgl_core.kv._enums import HostLayout
 from sgl_core.transfer.copy._calibrate import copy_calibration
 
-__all__ = ["BUSY_CODE", "BusyProcesses", "add_parser", "run"]
+__all__ = ["BUSY_CODE", "add_parser", "busy_processes", "run"]
 
 
 def _int_list(text: str) -> list[int]:
@@ -112,9 +112,8 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
         "threads), interleaved with the calibrated one: columns fixed GB/s and sgl/fixed",
     )
     # test and tuning knobs
-    p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
+    for flag in ("--layers", "--tokens", "--warmup"):
+        p.add_argument(flag, type=int, help=argparse.SUPPRESS)
     p.add_argument("--budget", type=float, help=argparse.SUPPRESS)
     p.add_argument("--kv-lora-rank", type=int, default=512, help=argparse.SUPPRESS)
     p.add_argument("--rope-dim", type=int, default=64, help=argparse.SUPPRESS)
@@ -122,18 +121,17 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
 
 
 def _header(plan: Plan) -> str:
-    cfg = plan.cfg
-    dtype = str(cfg.dtype).removeprefix("torch.")
-    shape = MODELS[cfg.model]
+    cfg, shape = plan.cfg, plan.cfg.shape
+    dtype = str(shape.dtype).removeprefix("torch.")
     if shape.is_mha:
         row = f"K+V {shape.head_num} heads x {shape.head_dim} {dtype}"
-    elif cfg.kv_cache_dim is None:
+    elif shape.kv_cache_dim is None:
         row = f"({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) {dtype}"
     else:
-        row = f"{cfg.kv_cache_dim} packed {dtype}"
-    if cfg.index_head_dim is not None:
-        scale = " + fp32 scale" if cfg.with_index_k_scale else ""
-        row += f" + indexer {cfg.index_head_dim} {dtype}{scale}"
+        row = f"{shape.kv_cache_dim} packed {dtype}"
+    if shape.index_head_dim is not None:
+        scale = " + fp32 scale" if shape.with_index_k_scale else ""
+        row += f" + indexer {shape.index_head_dim} {dtype}{scale}"
     backends = ", ".join(sorted({c.backend.name for c in plan.cases}))
     pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
     sizes = ",".join(str(p) for p in plan.page_sizes)
@@ -189,47 +187,31 @@ while time.monotonic() < end and os.getppid() == parent:
 """
 
 
-class BusyProcesses:
-    """``with BusyProcesses(n):`` runs ``n`` bounded busy processes for the block."""
+@contextlib.contextmanager
+def busy_processes(count: int, max_s: float = 3600.0) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``with busy_processes(n) as procs:`` runs ``n`` bounded busy processes for the block.
 
-    def __init__(self, count: int, max_s: float = 3600.0) -> None:
-        self.count = count
-        self.max_s = max_s
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> BusyProcesses:
-        try:
-            for _ in range(self.count):
-                self.procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-c", BUSY_CODE, str(self.max_s), str(os.getpid())],
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                        start_new_session=True,  # Ctrl-C reaches us; we stop them
-                    )
+    Every process started is killed and reaped on exit, also when starting one fails.
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(count):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", BUSY_CODE, str(max_s), str(os.getpid())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C reaches us; we stop them
                 )
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        """Kill and reap every process started (idempotent)."""
-        for proc in self.procs:
+            )
+        yield procs
+    finally:
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-        for proc in self.procs:
+        for proc in procs:
             proc.wait()
-        self.procs.clear()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -244,18 +226,14 @@ def run(args: argparse.Namespace) -> int:
     records: list[Record] = []
     for phase, count in phases:
         phase_load = _load()
-        with BusyProcesses(count):
+        with busy_processes(count):
             got = _measure(plan, phase.split()[0])
         records.extend(got)
-        header, rows = summarize(got, plan.interpreted)
-        title = f"{phase}: host pool transfers, GB/s{io_note(got)}; load {phase_load:.2f}"
+        header, rows = table.summarize(got, plan.interpreted)
+        title = f"{phase}: host pool transfers, GB/s{table.io_note(got)}; load {phase_load:.2f}"
         print_table(f"{title} to {_load():.2f}", header, rows)
-        for line in [*_calibration_lines(), *target_lines(got, plan.interpreted)]:
-            print(line)
-    for line in batch_lines(records):
-        print(line)
-    for line in legend(records, plan.interpreted):
-        print(line)
+        print("\n".join([*_calibration_lines(), *table.target_lines(got, plan.interpreted)]))
+    print("\n".join([*table.batch_lines(records), *table.legend(records, plan.interpreted)]))
     exact = all(r.bit_exact is not False for r in records)
     print(f"bit-exact: {'yes' if exact else 'NO (exit status 1)'}")
     load_end, cpus = _load(), os.cpu_count() or 1
@@ -268,20 +246,14 @@ def run(args: argparse.Namespace) -> int:
             f"warning: the machine was busy (load above its {cpus} CPU(s)): other processes "
             "shared the CPUs, so GB/s and ratios of this run are not reliable; rerun when idle"
         )
-    if args.json:
-        calibration = [dataclasses.asdict(c) for c in copy_calibration()]
-        write_json(
-            args.json,
-            records,
-            command="hicache",
-            quick=plan.quick,
-            background_load=busy,
-            copy_calibration=calibration,
-        )
-        print(f"wrote {args.json}")
-    if args.plot:
-        from sgl_core.cli._plot import plot_hicache
-
-        plot_hicache([r for r in records if r.extra.get("phase") == "quiet"], args.plot)
-        print(f"wrote {args.plot}")
-    return 0 if exact else 1
+    quiet = [r for r in records if r.extra.get("phase") == "quiet"]
+    return write_outputs(
+        args,
+        records,
+        exact,
+        lambda path: table.plot_hicache(quiet, path),
+        command="hicache",
+        quick=plan.quick,
+        background_load=busy,
+        copy_calibration=[dataclasses.asdict(c) for c in copy_calibration()],
+    )

@@ -1,5 +1,8 @@
-"""``sgl-bench hicache`` before any work: arguments checked, backends and run size chosen.
+"""``sgl-bench hicache`` before any work: model shapes, the run's configuration and cases.
 
+Model shapes are each model's KV cache per tensor-parallel rank of 1 (all KV
+heads on one device); MHA rows have V as wide as K, MLA rows are
+``--kv-lora-rank`` + ``--rope-dim`` (hidden options, 512 + 64) or packed.
 Everything a run could fail on for a bad argument is decided here (exit 2,
 one line), so a long run never ends in an error it could have reported at
 the start: device names, sizes that cannot fit in memory, output paths,
@@ -11,23 +14,153 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from typing import Any
 
 import torch
 
 from sgl_core.backends._discovery import available_backends, get_backend
-from sgl_core.cli._checks import (
-    UsageError,
-    check_device,
-    check_memory,
-    check_output_path,
-    check_plot_available,
-    check_positive,
-)
-from sgl_core.cli._hicache_models import MODELS, Case, HicacheConfig, list_cases, pairs_of
+from sgl_core.cli._checks import UsageError, check_args, check_memory
 from sgl_core.errors import BackendUnavailableError
+from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv.protocols._protocols import Backend, EmulatedWithoutDevice
 
-__all__ = ["FULL_PAGE_SIZES", "INTERPRETED_SIZE", "Plan", "plan_run"]
+__all__ = ["MODELS", "Case", "HicacheConfig", "Plan", "create_device_pool", "pairs_of", "plan_run"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    name: str
+    layers: int
+    head_num: int = 0  # MHA: KV heads
+    head_dim: int = 0  # MHA
+    dtype: torch.dtype = torch.bfloat16
+    kv_cache_dim: int | None = None  # MLA packed rows of ``dtype``
+    index_head_dim: int | None = None  # the DSA indexer cache, on every layer
+    with_index_k_scale: bool = False
+
+    @property
+    def is_mha(self) -> bool:
+        return self.head_num > 0
+
+
+MODELS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        ModelShape("deepseek-v3", 61),
+        # FP8 MLA rows (512 fp8 + 4 fp32 scales + 64 bf16 rope = 656 bytes) and the DSA
+        # indexer cache (128 fp8 bytes + an fp32 scale per token) on every layer.
+        ModelShape(
+            "deepseek-v32",
+            61,
+            dtype=torch.uint8,
+            kv_cache_dim=656,
+            index_head_dim=128,
+            with_index_k_scale=True,
+        ),
+        ModelShape("llama3-70b", 80, head_num=8, head_dim=128),
+        ModelShape("qwen3-235b", 94, head_num=4, head_dim=128),
+    )
+}
+
+
+def pairs_of(backend: Backend, mha: bool) -> dict[HostLayout, frozenset[IOBackend]]:
+    """The (layout, io) pairs a backend builds for the model's pool kind."""
+    return dict(backend.supported_mha_pairs if mha else backend.supported_pairs)
+
+
+def create_device_pool(backend: Backend, cfg: HicacheConfig, *, size: int, page_size: int) -> Any:
+    """A device pool of the model's kind (MLA dims may be overridden by hidden options).
+
+    Typed ``Any``: the bench drives pools of either kind through the same calls.
+    """
+    shape = cfg.shape
+    common: dict[str, Any] = {"size": size, "page_size": page_size, "dtype": shape.dtype}
+    common.update(layer_num=cfg.layers, device=cfg.device)
+    if shape.is_mha:
+        return backend.create_mha_device_pool(
+            **common, head_num=shape.head_num, head_dim=shape.head_dim
+        )
+    return backend.create_device_pool(
+        **common,
+        kv_lora_rank=cfg.kv_lora_rank,
+        qk_rope_head_dim=cfg.qk_rope_head_dim,
+        kv_cache_dim=shape.kv_cache_dim,
+        index_head_dim=shape.index_head_dim,
+        with_index_k_scale=shape.with_index_k_scale,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class HicacheConfig:
+    """Model shape and run size (defaults: DeepSeek-V3 MLA cache in bf16)."""
+
+    layers: int = 61
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    tokens: int = 4096  # tokens moved per call, unless ``pages`` is given
+    pages: int | None = None  # pages moved per call
+    warmup: int = 1
+    repeats: int = 5
+    budget_s: float = 4.0  # per op: slow baselines stop repeating after this
+    baselines: tuple[str, ...] = ("per_token", "per_page")
+    shuffle_host: bool = False  # random host pages instead of host.alloc() slots
+    seed: int = 0
+    device: str | None = None
+    # a key of MODELS, which gives dtype, packed rows and indexer; MHA ignores the MLA dims
+    model: str = "deepseek-v3"
+    compare_fixed: bool = False  # also time "fixed": the old preset (ATen's threads), interleaved
+    copy_threads: tuple[int, ...] = (1,)  # the reference: the fastest of these torch thread counts
+
+    @property
+    def shape(self) -> ModelShape:
+        return MODELS[self.model]
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one token over every layer (MLA row or K and V, indexer included)."""
+        shape = self.shape
+        itemsize = torch.empty((), dtype=shape.dtype).element_size()
+        if shape.is_mha:
+            return self.layers * 2 * shape.head_num * shape.head_dim * itemsize
+        dim = shape.kv_cache_dim or self.kv_lora_rank + self.qk_rope_head_dim
+        index = (shape.index_head_dim or 0) * itemsize + (4 if shape.with_index_k_scale else 0)
+        return self.layers * (dim * itemsize + index)
+
+    def batch_tokens(self, page_size: int) -> int:
+        if self.pages is not None:
+            return self.pages * page_size
+        return max(page_size, self.tokens // page_size * page_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    backend: Backend
+    layout: HostLayout
+    io_backend: IOBackend
+    page_size: int
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.backend.name} {self.layout.value}/{self.io_backend.value} page {self.page_size}"
+        )
+
+
+def list_cases(
+    backends: list[Backend],
+    layouts: set[HostLayout] | None,
+    page_sizes: list[int],
+    mha: bool = False,
+) -> list[Case]:
+    return [
+        Case(backend, layout, io, page_size)
+        for backend in backends
+        for page_size in page_sizes
+        for layout, ios in pairs_of(backend, mha).items()
+        if layouts is None or layout in layouts
+        for io in sorted(ios, key=lambda i: i.value)
+    ]
+
 
 FULL_PAGE_SIZES = [1, 16, 64, 128]
 # Under Triton's interpreter a kernel runs as numpy calls per program: the run
@@ -93,32 +226,6 @@ def select_backends(spec: str | None, notes: list[str]) -> tuple[list[Backend], 
     return chosen, interpreted
 
 
-def _check_args(args: argparse.Namespace) -> torch.device | None:
-    for option, value in (
-        ("--pages", args.pages),
-        ("--layers", args.layers),
-        ("--tokens", args.tokens),
-        ("--repeats", args.repeats),
-        ("--budget", args.budget),
-        ("--kv-lora-rank", args.kv_lora_rank),
-        ("--rope-dim", args.rope_dim),
-    ):
-        check_positive(option, value)
-    check_positive("--warmup", args.warmup, allow_zero=True)
-    check_positive("--background-load", args.background_load, allow_zero=True)
-    most = 4 * (os.cpu_count() or 1)
-    if args.background_load > most:
-        raise UsageError(
-            f"--background-load must be at most {most} (4 per CPU), got {args.background_load}"
-        )
-    device = check_device(args.device)
-    check_output_path("--json", args.json)
-    check_output_path("--plot", args.plot)
-    if args.plot:
-        check_plot_available()
-    return device
-
-
 def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list[int], bool]:
     quick = not args.full  # a selection (--backend/--layout/--page-size) narrows the quick run
     page_sizes = args.page_size or (FULL_PAGE_SIZES if args.full else [64])
@@ -129,10 +236,6 @@ def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list
     )
     warmup_default = 0 if shrink else 1
     cfg = HicacheConfig(
-        dtype=model.dtype,
-        kv_cache_dim=model.kv_cache_dim,
-        index_head_dim=model.index_head_dim,
-        with_index_k_scale=model.with_index_k_scale,
         layers=args.layers or layers,
         kv_lora_rank=args.kv_lora_rank,
         qk_rope_head_dim=args.rope_dim,
@@ -151,12 +254,6 @@ def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list
     return cfg, page_sizes, quick
 
 
-def _device_on_host(backend: Backend, device: torch.device | None) -> bool:
-    if device is not None:
-        return device.type == "cpu"
-    return backend.name == "torch" or not backend.is_available()
-
-
 def _check_memory(cfg: HicacheConfig, plan_cases: list[Case], device: torch.device | None) -> None:
     """The largest case fits: device pool 2x the batch, host pool 4x, two copy buffers 1x."""
     row = cfg.row_bytes
@@ -164,7 +261,11 @@ def _check_memory(cfg: HicacheConfig, plan_cases: list[Case], device: torch.devi
     for case in plan_cases:
         n = cfg.batch_tokens(case.page_size)
         on_device = (2 * n + case.page_size) * row + n * row
-        host = 5 * n * row + (on_device if _device_on_host(case.backend, device) else 0)
+        if device is not None:
+            on_host = device.type == "cpu"
+        else:
+            on_host = case.backend.name == "torch" or not case.backend.is_available()
+        host = 5 * n * row + (on_device if on_host else 0)
         worst = max(worst, host)
     option = "--pages" if cfg.pages is not None else "--tokens/--page-size"
     check_memory(option, worst, "the largest case (pools and copy buffers)")
@@ -172,7 +273,13 @@ def _check_memory(cfg: HicacheConfig, plan_cases: list[Case], device: torch.devi
 
 def plan_run(args: argparse.Namespace) -> Plan:
     """Check every argument and resolve the run; ``UsageError`` before any work."""
-    device = _check_args(args)
+    positive = ("pages", "layers", "tokens", "repeats", "budget", "kv_lora_rank", "rope_dim")
+    device = check_args(args, positive, nonneg=("warmup", "background_load"))
+    most = 4 * (os.cpu_count() or 1)
+    if args.background_load > most:
+        raise UsageError(
+            f"--background-load must be at most {most} (4 per CPU), got {args.background_load}"
+        )
     notes: list[str] = []
     backends, interpreted = select_backends(args.backend or ("all" if args.full else None), notes)
     cfg, page_sizes, quick = _config(args, shrink=bool(interpreted))
@@ -181,10 +288,10 @@ def plan_run(args: argparse.Namespace) -> Plan:
             f"Triton interpreter: the run is shrunk to {cfg.layers} layers x {cfg.tokens} "
             f"tokens, {cfg.repeats} timed repeat (--layers/--tokens/--pages override)"
         )
-    cases = list_cases(backends, args.layout, page_sizes, mha=cfg.is_mha)
+    cases = list_cases(backends, args.layout, page_sizes, mha=cfg.shape.is_mha)
     if not cases:
         built = "; ".join(
-            f"{b.name}: {', '.join(layout.value for layout in pairs_of(b, cfg.is_mha))}"
+            f"{b.name}: {', '.join(layout.value for layout in pairs_of(b, cfg.shape.is_mha))}"
             for b in backends
         )
         raise UsageError(f"no selected backend builds the --layout given (layouts: {built})")

@@ -7,15 +7,8 @@ import importlib
 import time
 
 from sgl_core.backends._torch_backend import backend as torch_backend
-from sgl_core.cli._checks import (
-    CliParser,
-    UsageError,
-    check_memory,
-    check_output_path,
-    check_positive,
-    exit_status,
-)
-from sgl_core.cli._report import print_table, write_json
+from sgl_core.cli._checks import CliParser, UsageError, check_args, check_memory, exit_status
+from sgl_core.cli._report import print_table, write_outputs
 from sgl_core.kv._enums import HostLayout
 
 __all__ = ["add_parser", "left_out_stores", "run"]
@@ -62,9 +55,8 @@ def left_out_stores() -> dict[str, str]:
     return {}
 
 
-def _check(args: argparse.Namespace) -> None:
-    for option in ("page_size", "pages", "repeats", "layers"):
-        check_positive(f"--{option.replace('_', '-')}", getattr(args, option))
+def run(args: argparse.Namespace) -> int:
+    check_args(args, ("page_size", "pages", "repeats", "layers"))  # all checks before any work
     try:
         layout = HostLayout.parse(args.layout, argument="--layout")
     except ValueError as exc:
@@ -72,14 +64,9 @@ def _check(args: argparse.Namespace) -> None:
     if layout not in torch_backend.supported_pairs:
         built = ", ".join(x.value for x in torch_backend.supported_pairs)
         raise UsageError(f"--layout {layout.value!r}: the bench's torch host pool builds {built}")
-    check_output_path("--json", args.json)
     batch = args.pages * args.page_size * args.layers * _ROW_BYTES
     # device pool 1x, host pool 2x, a stored copy in memory or page cache 1x
     check_memory("--pages/--page-size", 4 * batch, "the run")
-
-
-def run(args: argparse.Namespace) -> int:
-    _check(args)
     from sgl_core.l3._bench import run_l3_bench
 
     skipped = left_out_stores()
@@ -108,8 +95,5 @@ def run(args: argparse.Namespace) -> int:
     if skipped:
         print(f"stores left out: {', '.join(sorted(skipped))} (reasons above)")
     print(f"wall time: {time.perf_counter() - started:.1f} s")
-    if args.json:
-        write_json(args.json, records, notes=notes, left_out=skipped)
-        print(f"wrote {args.json}")
     ok = all(r.get("verified", True) is not False for r in records)
-    return 0 if ok else 1
+    return write_outputs(args, records, ok, notes=notes, left_out=skipped)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,24 +39,50 @@ class MoERecord:
     #: Ran in Triton's interpreter (``TRITON_INTERPRET=1``): checked, but its timing is moot.
     interpreted: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+
+class _Combine:
+    """A method that leaves the routed scale to the combine (``folds``) or scaled it itself."""
+
+    def __init__(self, folds: bool) -> None:
+        self.fuses_routed_scale_and_shared_add = folds
 
 
-class _Folds:
-    """A method that leaves the routed scale to the combine (fused path)."""
-
-    fuses_routed_scale_and_shared_add: ClassVar[bool] = True
-
-
-class _Scales:
-    """A method that already scaled ``routed`` itself (unfused path)."""
-
-    fuses_routed_scale_and_shared_add: ClassVar[bool] = False
+def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |got - ref| / max |ref| (``ref`` in float64)."""
+    return float((got.double() - ref).abs().max() / ref.abs().max())
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+def _records(
+    samples: dict[str, list[float]],
+    errs: dict[str, tuple[float, float]],
+    nbytes: int,
+    device: torch.device,
+    **fields: Any,
+) -> list[MoERecord]:
+    """One record per timed impl; ``errs[impl]`` = (max error, tolerance); ``fields``: the rest.
+
+    With two impls the first one's speedup is over the second.
+    """
+    records: list[MoERecord] = []
+    for impl, times in samples.items():
+        err, tol = errs[impl]
+        seconds = median(times)
+        records.append(
+            MoERecord(
+                impl=impl,
+                device=str(device),
+                seconds=seconds,
+                bytes=nbytes,
+                gbps=nbytes / seconds / 1e9,
+                samples=len(times),
+                verified=err <= tol,
+                max_err=err,
+                **fields,
+            )
+        )
+    if len(records) == 2:
+        records[0].speedup = records[1].seconds / records[0].seconds
+    return records
 
 
 def bench_combine(
@@ -74,11 +100,13 @@ def bench_combine(
         shared.copy_(shared0)
 
     def fused() -> None:
-        out["fused"] = maybe_fuse_routed_scale_and_shared_add(_Folds(), routed, shared, SCALE)
+        out["fused"] = maybe_fuse_routed_scale_and_shared_add(_Combine(True), routed, shared, SCALE)
 
     def unfused() -> None:
         routed.mul_(SCALE)  # what a method that does not fold the scale does itself
-        out["unfused"] = maybe_fuse_routed_scale_and_shared_add(_Scales(), routed, shared, SCALE)
+        out["unfused"] = maybe_fuse_routed_scale_and_shared_add(
+            _Combine(False), routed, shared, SCALE
+        )
 
     ops = {"fused": fused, "unfused": unfused}
     samples = time_interleaved(
@@ -90,31 +118,22 @@ def bench_combine(
         prepare=dict.fromkeys(ops, reset),
     )
     ref = shared0.double() + SCALE * routed0.double()
-    scale = float(ref.abs().max())
-    records: list[MoERecord] = []
+    errs: dict[str, tuple[float, float]] = {}
     for impl, tol in (("fused", 2.0**-8), ("unfused", 2.0**-7)):
         reset()
         ops[impl]()
-        err = float((out[impl].double() - ref).abs().max()) / scale
-        seconds = median(samples[impl])
-        nbytes = tokens * hidden * routed.element_size()
-        records.append(
-            MoERecord(
-                impl=impl,
-                op="combine",
-                shape=f"T={tokens},H={hidden}",
-                dtype=_dtype_name(dtype),
-                device=str(device),
-                seconds=seconds,
-                bytes=nbytes,
-                gbps=nbytes / seconds / 1e9,
-                samples=len(samples[impl]),
-                verified=err <= tol,
-                max_err=err,
-            )
-        )
-    records[0].speedup = records[1].seconds / records[0].seconds
-    return records
+        errs[impl] = (_rel_err(out[impl], ref), tol)
+    nbytes = tokens * hidden * routed.element_size()
+    shape = f"T={tokens},H={hidden}"
+    return _records(
+        samples,
+        errs,
+        nbytes,
+        device,
+        op="combine",
+        shape=shape,
+        dtype=str(dtype).removeprefix("torch."),
+    )
 
 
 def _dense_moe(
@@ -166,33 +185,25 @@ def check_torch_moe(
     def apply() -> None:
         result["routed"] = method.apply(layer, x, topk_weights, topk_ids)
 
-    samples = time_interleaved({"apply": apply}, warmup=1, repeats=3, budget_s=10.0, device=device)
+    samples = time_interleaved(
+        {"torch_moe": apply}, warmup=1, repeats=3, budget_s=10.0, device=device
+    )
     combined = maybe_fuse_routed_scale_and_shared_add(
         method, result["routed"], shared.clone(), SCALE
     )
     ref = _dense_moe(x, w13, w2, topk_weights, topk_ids)
-    ref_combined = shared.double() + SCALE * ref
-    err = float((result["routed"].double() - ref).abs().max() / ref.abs().max())
-    err_c = float((combined.double() - ref_combined).abs().max() / ref_combined.abs().max())
-    shape = f"T={tokens},H={hidden},I={inter},E={experts},top_k={top_k}"
-    seconds = median(samples["apply"])
-    nbytes = (w13.numel() + w2.numel()) * w13.element_size()
-    return [
-        MoERecord(
-            impl="torch_moe",
-            op="moe_apply+combine",
-            shape=shape,
-            dtype=_dtype_name(dtype),
-            device=str(device),
-            seconds=seconds,
-            bytes=nbytes,
-            gbps=nbytes / seconds / 1e9,
-            samples=len(samples["apply"]),
-            verified=err <= 2e-2 and err_c <= 2e-2,
-            max_err=max(err, err_c),
-            note="vs dense float64 reference (every expert on every token, routing matrix)",
-        )
-    ]
+    err = _rel_err(result["routed"], ref)
+    err_c = _rel_err(combined, shared.double() + SCALE * ref)
+    return _records(
+        samples,
+        {"torch_moe": (max(err, err_c), 2e-2)},
+        (w13.numel() + w2.numel()) * w13.element_size(),
+        device,
+        op="moe_apply+combine",
+        shape=f"T={tokens},H={hidden},I={inter},E={experts},top_k={top_k}",
+        dtype=str(dtype).removeprefix("torch."),
+        note="vs dense float64 reference (every expert on every token, routing matrix)",
+    )
 
 
 def check_case(case: MoEBenchCase, device: torch.device, repeats: int) -> list[MoERecord]:
@@ -221,34 +232,22 @@ def check_case(case: MoEBenchCase, device: torch.device, repeats: int) -> list[M
         ops, warmup=1, repeats=repeats if device.type == "cuda" else 1, budget_s=30.0, device=device
     )
     ref = _dense_moe(x, ref_w.w13_weight, ref_w.w2_weight, topk_weights, topk_ids)
-    shape = f"T={tokens},H={hidden},I={ref_w.w2_weight.shape[2]},E={experts},top_k={top_k}"
-    nbytes = sum(
-        t.numel() * t.element_size()
-        for t in vars(case.layer).values()
-        if isinstance(t, torch.Tensor)
+    tols = {case.name: case.tolerance, "torch_dense": 3e-2}
+    records = _records(
+        samples,
+        {impl: (_rel_err(result[impl], ref), tol) for impl, tol in tols.items()},
+        sum(
+            t.numel() * t.element_size()
+            for t in vars(case.layer).values()
+            if isinstance(t, torch.Tensor)
+        ),
+        device,
+        op=f"moe_method:{case.name}",
+        shape=f"T={tokens},H={hidden},I={ref_w.w2_weight.shape[2]},E={experts},top_k={top_k}",
+        dtype="bfloat16",
+        note=case.note,
     )
-    records: list[MoERecord] = []
-    for impl in ops:
-        err = float((result[impl].double() - ref).abs().max() / ref.abs().max())
-        seconds = median(samples[impl])
-        records.append(
-            MoERecord(
-                impl=impl,
-                op=f"moe_method:{case.name}",
-                shape=shape,
-                dtype="bfloat16",
-                device=str(device),
-                seconds=seconds,
-                bytes=nbytes,
-                gbps=nbytes / seconds / 1e9,
-                samples=len(samples[impl]),
-                verified=err <= (case.tolerance if impl == case.name else 3e-2),
-                max_err=err,
-                note=case.note,
-                interpreted=impl == case.name and os.environ.get("TRITON_INTERPRET") == "1",
-            )
-        )
-    records[0].speedup = records[1].seconds / records[0].seconds
+    records[0].interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     return records
 
 

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 
 import torch
 
-from sgl_core.cli._checks import (
-    EXIT_STATUS,
-    CliParser,
-    check_device,
-    check_memory,
-    check_output_path,
-    check_plot_available,
-    check_positive,
-)
+from sgl_core.cli._checks import EXIT_STATUS, CliParser, check_args, check_memory
 from sgl_core.cli._moe_bench import (
     MoERecord,
     bench_combine,
@@ -23,7 +16,7 @@ from sgl_core.cli._moe_bench import (
     check_torch_moe,
     device_cases,
 )
-from sgl_core.cli._report import interpreted_note, print_table, write_json
+from sgl_core.cli._report import interpreted_note, print_table, pyplot, write_outputs
 
 __all__ = ["add_parser", "run"]
 
@@ -69,19 +62,9 @@ def _row(r: MoERecord) -> list[str]:
     ]
 
 
-def _check(args: argparse.Namespace) -> torch.device:
-    for option in ("tokens", "hidden", "repeats"):
-        check_positive(f"--{option}", getattr(args, option))
-    device = check_device(args.device)
-    check_output_path("--json", args.json)
-    check_output_path("--plot", args.plot)
-    if args.plot:
-        check_plot_available()
-    return device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def run(args: argparse.Namespace) -> int:
-    device = _check(args)
+    device = check_args(args, ("tokens", "hidden", "repeats"))
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokens = args.tokens or (1024 if args.quick else 4096)
     hidden = args.hidden or 7168
     repeats = args.repeats or (5 if args.quick else 11)
@@ -118,12 +101,27 @@ def run(args: argparse.Namespace) -> int:
     ok = all(r.verified is not False for r in records)
     print(f"verified: {'yes' if ok else 'NO'}")
     print(f"wall time: {time.perf_counter() - started:.1f} s")
-    if args.json:
-        write_json(args.json, records, quick=args.quick)
-        print(f"wrote {args.json}")
-    if args.plot:
-        from sgl_core.cli._plot import plot_moe
+    return write_outputs(args, records, ok, lambda path: plot_moe(records, path), quick=args.quick)
 
-        plot_moe(records, args.plot)
-        print(f"wrote {args.plot}")
-    return 0 if ok else 1
+
+def plot_moe(records: Sequence[MoERecord], path: str) -> None:
+    """Milliseconds per call of every timed MoE op, one panel per op."""
+    plt = pyplot()
+    ops = list(dict.fromkeys(r.op for r in records))
+    width = max(1, len(ops))
+    fig, axes = plt.subplots(1, width, figsize=(4.4 * width, 4.2), squeeze=False)
+    for ax, op in zip(axes[0], ops, strict=False):
+        mine = [r for r in records if r.op == op]
+        ms = [r.seconds * 1e3 for r in mine]
+        ax.bar(
+            [r.impl for r in mine], ms, color=["tab:blue", "tab:orange", "tab:green"][: len(mine)]
+        )
+        for i, value in enumerate(ms):
+            ax.annotate(f"{value:.2f} ms", (i, value), ha="center", va="bottom")
+        ax.set_title(f"{op}\n{mine[0].shape} {mine[0].dtype}", fontsize=9)
+        ax.set_ylabel("ms per call (lower is better)")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("sgl-bench moe")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

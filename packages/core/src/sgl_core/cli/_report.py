@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -12,20 +13,22 @@ import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from types import ModuleType
+from typing import Any, TypeVar
 
 import torch
+
+from sgl_core.transfer.copy._calibration_cache import host_id
 
 __all__ = [
     "Progress",
     "Record",
     "interpreted_note",
-    "machine_info",
     "median",
     "print_table",
-    "sync",
+    "pyplot",
     "time_interleaved",
-    "write_json",
+    "write_outputs",
 ]
 
 K = TypeVar("K", bound=Hashable)
@@ -50,30 +53,13 @@ class Record:
     bit_exact: bool | None
     tokens: int = 0
     layers: int = 0
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        extra = data.pop("extra")
-        data.update(extra)
-        return data
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # more keys of its JSON row
 
 
 def interpreted_note(names: Iterable[str], measured: str = "GB/s") -> str:
     """The footnote for rows marked ``*``: they ran in Triton's interpreter, timing is moot."""
     listed = ", ".join(sorted(names))
     return f"* {listed}: Triton interpreter on CPU: {measured} not meaningful (correctness only)"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _mem_total_gb() -> float | None:
@@ -87,7 +73,7 @@ def _mem_total_gb() -> float | None:
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": host_id()["cpu"],
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "mem_total_gb": _mem_total_gb(),
@@ -100,11 +86,27 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def write_json(path: str, records: Sequence[Any], **extra: Any) -> None:
-    """``{machine, records, **extra}``; a record is a dict or has ``to_json()``."""
-    rows = [r if isinstance(r, dict) else r.to_json() for r in records]
-    doc = {"machine": machine_info(), "records": rows, **extra}
-    Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+def write_outputs(
+    args: argparse.Namespace,
+    records: Sequence[Any],
+    ok: bool,
+    plot: Callable[[str], None] | None = None,
+    **extra: Any,
+) -> int:
+    """Write ``--json`` (``{machine, records, **extra}``; a record is a dict or a dataclass,
+    whose ``extra`` keys join its own) and, given ``plot``, ``--plot``; returns the exit
+    status (0: ``ok``)."""
+    if args.json:
+        rows = [r if isinstance(r, dict) else dataclasses.asdict(r) for r in records]
+        for row in rows:
+            row.update(row.pop("extra", None) or {})
+        doc = {"machine": machine_info(), "records": rows, **extra}
+        Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    if plot is not None and args.plot:
+        plot(args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if ok else 1
 
 
 class Progress:
@@ -137,31 +139,35 @@ class Progress:
             self._bar = None
 
 
-def print_table(
-    title: str, header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO | None = None
-) -> None:
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """A summary table: rich when installed and writing to a terminal, else aligned text."""
-    stream = out if out is not None else sys.stdout
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
         Console = None  # type: ignore[assignment,misc]
-    if Console is not None and stream.isatty():
+    if Console is not None and sys.stdout.isatty():
         table = Table(title=title)
         for i, name in enumerate(header):
             table.add_column(name, justify="left" if i < 3 else "right")
         for row in rows:
             table.add_row(*row)
-        Console(file=stream).print(table)
+        Console(file=sys.stdout).print(table)
         return
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
-    print(title, file=stream)
+    widths = [max(map(len, column)) for column in zip(header, *rows, strict=True)]
+    print(title)
     for cells in (header, *rows):
-        line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
-        print(line.rstrip(), file=stream)
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend (the ``bench`` extra; imported on first use)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def sync(device: torch.device) -> None:
