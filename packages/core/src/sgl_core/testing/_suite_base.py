@@ -15,7 +15,14 @@ import pytest
 import torch
 
 from sgl_core import Backend, MHADevicePool, MLADevicePool, get_backend
-from sgl_core.testing._helpers import device_rows, fill_device_random, host_bytes, page_indices
+from sgl_core.testing._helpers import (
+    device_bytes,
+    device_rows,
+    fill_device_random,
+    host_bytes,
+    page_indices,
+    slot_count,
+)
 from sgl_core.testing._kinds import KINDS, DevicePool, HostPool, KindCase, Pair, sorted_pairs
 
 __all__ = ["SuiteBase"]
@@ -112,6 +119,21 @@ class SuiteBase:
         return backend.create_mha_device_pool(size=pages * page_size, page_size=page_size, **args)
 
     # --------------------------------------------------------------- helpers
+    def mla_pool(
+        self, backend: Backend, *, pages: int | None = None, seed: int | None = None, **options: Any
+    ) -> MLADevicePool:
+        """An MLA pool of this class's rows (``options`` over them), pages of 16 tokens.
+
+        Built by ``backend`` itself, whatever ``make_device_pool`` does; filled
+        with random bits when ``seed`` is given.
+        """
+        count = self.device_pages if pages is None else pages
+        args = self.device_pool_args(**options)
+        dev = backend.create_device_pool(size=count * 16, page_size=16, **args)
+        if seed is not None:
+            fill_device_random(dev, seed)
+        return dev
+
     @staticmethod
     def pairs(backend: Backend) -> list[Pair]:
         """Every MLA pair of the backend (the kind-parametrized checks get theirs as ``pair``)."""
@@ -179,14 +201,12 @@ class SuiteBase:
         for page in range(host.size // page_size):
             if page not in host_pages:
                 assert torch.equal(before_host[page], after_host[page]), f"{what}: host {page}"
-        all_slots = torch.arange(dst.size + dst.page_size, dtype=torch.int64)
-        untouched = torch.ones(all_slots.numel(), dtype=torch.bool)
+        untouched = torch.ones(slot_count(dst), dtype=torch.bool)
         untouched[d_idx] = False
-        dst_before = [device_rows(dst, layer, all_slots) for layer in range(self.layer_num)]
+        dst_before = device_bytes(dst)
         for layer in range(self.layer_num):
             host.load_to_device_per_layer(dst, h_idx, d_idx, layer, io)
-        for layer in range(self.layer_num):
+        for layer, now in enumerate(device_bytes(dst)):
             expected = device_rows(src, layer, d_idx)
             assert torch.equal(expected, device_rows(dst, layer, d_idx)), f"{what}: layer {layer}"
-            now = device_rows(dst, layer, all_slots)
             assert torch.equal(now[untouched], dst_before[layer][untouched]), f"{what}: slot"

@@ -5,146 +5,88 @@ section 7): another dtype, another shape or a meta tensor is a typed error
 before any byte moves, never a silent conversion. ``layer_id`` is any integer
 (``operator.index``: numpy integers, 0-d integer tensors), never a ``bool``.
 Pools say what they are (``repr``), a host pool remembers the ``io_backend``
-it was built with, and a mismatched device pool is named field by field
-(those three on every kind). The accessor checks build their own small
-pools, so every backend runs them whatever its ``kinds`` say.
+it was built with, and a mismatched device pool is named field by field.
+Every check runs on every kind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from sgl_core import Backend, IndexerCache, KVRows, MLADevicePool
+from sgl_core import Backend
 from sgl_core.errors import ArgumentTypeError, DeviceError, PoolMismatchError, ShapeMismatchError
-from sgl_core.testing._helpers import device_rows, fill_device_random, page_indices, same_bytes
+from sgl_core.testing._helpers import (
+    device_rows,
+    fill_device_random,
+    page_indices,
+    refused,
+    row_parts,
+    write_parts,
+    write_random_rows,
+)
 from sgl_core.testing._kinds import DevicePool, HostPool, KindCase, Pair
 from sgl_core.testing._suite_base import SuiteBase
 
 __all__ = ["ValueChecks"]
 
 PAGE = 16
+_DTYPES = (
+    torch.int64,
+    torch.float64,
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.uint8,
+    torch.int8,
+)
 
 
 class ValueChecks(SuiteBase):
     """Rows of another dtype or shape, meta rows and integer layer ids, on every accessor."""
 
-    def value_pool(self, backend: Backend, **options: Any) -> MLADevicePool:
-        args = self.device_pool_args(**options)
-        dev = backend.create_device_pool(size=2 * PAGE, page_size=PAGE, **args)
-        fill_device_random(dev, 31)
-        return dev
-
-    def other_dtypes(self) -> tuple[torch.dtype, ...]:
-        return tuple(d for d in (torch.int64, torch.float32, torch.float16) if d != self.dtype)
-
-    @staticmethod
-    def refused(
-        error: type[Exception],
-        read: Callable[[], list[torch.Tensor]],
-        call: Callable[..., object],
-        *args: object,
-    ) -> None:
-        """``call(*args)`` raises ``error`` and ``read()`` sees the same bytes after."""
-        before = read()
-        with pytest.raises(error):
-            call(*args)
-        assert same_bytes(before, read()), f"a refused call ({error.__name__}) changed the pool"
-
-    @staticmethod
-    def pool_bytes(dev: DevicePool) -> Callable[[], list[torch.Tensor]]:
-        every = torch.arange(dev.size + dev.page_size, dtype=torch.int64)
-        return lambda: [device_rows(dev, layer, every) for layer in range(dev.layer_num)]
-
-    def test_split_rows_are_written_as_given_or_refused(self, backend: Backend) -> None:
-        dev = self.value_pool(backend)
-        loc = page_indices([1], PAGE)
-        n, device = loc.numel(), dev.device
-        nope = torch.zeros((n, 1, self.kv_lora_rank), dtype=self.dtype, device=device)
-        rope = torch.zeros((n, 1, self.qk_rope_head_dim), dtype=self.dtype, device=device)
-        read = self.pool_bytes(dev)
-        for dtype in self.other_dtypes():
-            self.refused(
-                ShapeMismatchError, read, dev.set_mla_kv_buffer, 1, loc, nope.to(dtype), rope
-            )
-            self.refused(
-                ShapeMismatchError, read, dev.set_mla_kv_buffer, 1, loc, nope, rope.to(dtype)
-            )
-        self.refused(ShapeMismatchError, read, dev.set_mla_kv_buffer, 1, loc, nope[1:], rope)
-        self.refused(ShapeMismatchError, read, dev.set_mla_kv_buffer, 1, loc, nope, rope[..., 1:])
-        self.refused(DeviceError, read, dev.set_mla_kv_buffer, 1, loc, nope.to("meta"), rope)
-        self.refused(DeviceError, read, dev.set_mla_kv_buffer, 1, loc, nope, rope.to("meta"))
-
-    def test_raw_rows_of_another_dtype_are_refused(self, backend: Backend) -> None:
-        dim = self.kv_lora_rank + self.qk_rope_head_dim
-        dev = self.value_pool(backend, dtype=torch.uint8, kv_cache_dim=dim)
-        loc = page_indices([1], PAGE)
-        rows = torch.zeros((loc.numel(), dim), dtype=torch.uint8, device=dev.device)
-        read = self.pool_bytes(dev)
-        assert isinstance(dev, KVRows)
-        set_rows = dev.set_kv_rows
-        for dtype in (torch.int64, torch.float32, torch.int8):
-            self.refused(ShapeMismatchError, read, set_rows, 1, loc, rows.to(dtype))
-        self.refused(ShapeMismatchError, read, set_rows, 1, loc, rows[:, 1:])
-        self.refused(DeviceError, read, set_rows, 1, loc, rows.to("meta"))
-
-    def test_indexer_rows_of_another_dtype_are_refused(self, backend: Backend) -> None:
-        dev = self.value_pool(
-            backend, index_head_dim=8, indexer_layer_ids=[0, 2], with_index_k_scale=True
-        )
-        loc = page_indices([1], PAGE)
-        n, device = loc.numel(), dev.device
-        keys = torch.zeros((n, 1, 8), dtype=self.dtype, device=device)
-        scales = torch.ones((n, 1, 1), dtype=torch.float32, device=device)
-        read = self.pool_bytes(dev)
-        assert isinstance(dev, IndexerCache)
-        set_keys = dev.set_index_k_buffer
-        for dtype in self.other_dtypes():
-            self.refused(ShapeMismatchError, read, set_keys, 2, loc, keys.to(dtype), scales)
-        for dtype in (torch.bfloat16, torch.float64):
-            self.refused(ShapeMismatchError, read, set_keys, 2, loc, keys, scales.to(dtype))
-        self.refused(DeviceError, read, set_keys, 2, loc, keys.to("meta"), scales)
-        self.refused(DeviceError, read, set_keys, 2, loc, keys, scales.to("meta"))
-
-    def test_mha_rows_of_another_dtype_are_refused(self, backend: Backend) -> None:
-        if not backend.supported_mha_pairs:
-            pytest.skip(f"backend {backend.name!r} builds no MHA pools")
-        dev = self.make_mha_device_pool(backend, page_size=PAGE, pages=2)
-        fill_device_random(dev, 32)
-        loc = page_indices([1], PAGE)
-        n, device = loc.numel(), dev.device
-        k = torch.zeros((n, dev.head_num, dev.head_dim), dtype=self.dtype, device=device)
-        v = torch.zeros((n, dev.head_num, dev.v_head_dim), dtype=self.dtype, device=device)
-        read = self.pool_bytes(dev)
-        for dtype in self.other_dtypes():
-            self.refused(ShapeMismatchError, read, dev.set_kv_buffer, 1, loc, k.to(dtype), v)
-            self.refused(ShapeMismatchError, read, dev.set_kv_buffer, 1, loc, k, v.to(dtype))
-        self.refused(ShapeMismatchError, read, dev.set_kv_buffer, 1, loc, k, v[:, :1])
-        self.refused(DeviceError, read, dev.set_kv_buffer, 1, loc, k.to("meta"), v)
-        self.refused(DeviceError, read, dev.set_kv_buffer, 1, loc, k, v.to("meta"))
-
-    def test_any_integer_is_a_layer_id(self, backend: Backend) -> None:
-        dev = self.value_pool(backend)
-        loc = page_indices([1], PAGE)
-        n, device = loc.numel(), dev.device
-        ones = torch.ones((n, 1, self.kv_lora_rank), dtype=self.dtype, device=device)
-        twos = torch.full((n, 1, self.qk_rope_head_dim), 2, dtype=self.dtype, device=device)
-        for layer in (np.int64(1), np.int32(2), torch.tensor(1)):
-            dev.set_mla_kv_buffer(layer, loc, ones, twos)  # type: ignore[arg-type]
-            nope, rope = dev.get_mla_kv_buffer(layer, loc)  # type: ignore[arg-type]
-            assert torch.equal(nope.cpu(), ones.cpu()) and torch.equal(rope.cpu(), twos.cpu())
-        read = self.pool_bytes(dev)
-        for bad in (True, np.bool_(True), torch.tensor(True), 1.0, "1"):
-            self.refused(ArgumentTypeError, read, dev.set_mla_kv_buffer, bad, loc, ones, twos)
-
     def kind_pool(self, backend: Backend, kind: KindCase, **options: Any) -> DevicePool:
         dev = self.make_pool(backend, kind, page_size=PAGE, pages=2, **options)
         fill_device_random(dev, 31)
         return dev
+
+    def test_rows_of_another_dtype_or_shape_are_refused(
+        self, backend: Backend, kind: KindCase
+    ) -> None:
+        """Each part a row writer takes (KV, K, V, indexer key, scale) is checked alone.
+
+        Another dtype, fewer rows, narrower rows or fewer heads is a
+        ``ShapeMismatchError``, a meta tensor a ``DeviceError``; no byte changes.
+        """
+        dev = self.kind_pool(backend, kind)
+        loc = page_indices([1], PAGE)
+        layer = self.layer_num - 1  # one with an indexer row in the indexer kinds
+        parts = row_parts(dev, layer, loc)
+        write_parts(dev, layer, loc, parts)  # the parts as read back are taken
+        for i, part in enumerate(parts):
+            bad = [part.to(dtype) for dtype in _DTYPES if dtype != part.dtype]
+            bad += [part[1:], part[..., 1:], part.to("meta")]
+            if part.dim() == 3 and part.shape[1] > 1:
+                bad.append(part[:, 1:])
+            for value in bad:
+                error = DeviceError if value.is_meta else ShapeMismatchError
+                values = [*parts[:i], value, *parts[i + 1 :]]
+                refused(error, dev, write_parts, dev, layer, loc, values)
+
+    def test_any_integer_is_a_layer_id(self, backend: Backend, kind: KindCase) -> None:
+        dev = self.kind_pool(backend, kind)
+        loc = page_indices([1], PAGE)
+        gen = torch.Generator().manual_seed(34)
+        layer: Any
+        for layer in (np.int64(1), np.int32(2), torch.tensor(1)):
+            written = write_random_rows(dev, layer, loc, gen)
+            assert torch.equal(device_rows(dev, layer, loc), written), f"layer {layer!r}"
+        parts = row_parts(dev, 1, loc)
+        for bad in (True, np.bool_(True), torch.tensor(True), 1.0, "1"):
+            refused(ArgumentTypeError, dev, write_parts, dev, bad, loc, parts)
 
     def test_pools_say_what_they_are(self, backend: Backend, kind: KindCase) -> None:
         dev = self.kind_pool(backend, kind)
@@ -178,8 +120,7 @@ class ValueChecks(SuiteBase):
             host.load_to_device_per_layer(twin, loc, loc, layer_id)
             assert torch.equal(device_rows(twin, layer, loc), device_rows(dev, layer, loc))
         bare: HostPool = backend.create_host_pool(dev, layout=layout)
-        read = self.pool_bytes(dev)
-        self.refused(ArgumentTypeError, read, bare.backup_from_device_all_layer, dev, loc, loc)
+        refused(ArgumentTypeError, dev, bare.backup_from_device_all_layer, dev, loc, loc)
 
     def test_mismatch_names_the_field(self, backend: Backend, kind: KindCase, pair: Pair) -> None:
         layout, io = pair
