@@ -93,12 +93,6 @@ class KindCase:
             options["with_index_k_scale"] = self.with_index_k_scale
         return options
 
-    def other_indexer(self) -> dict[str, Any]:
-        """Options (over this kind's) of the same rows with another indexer: none, or one."""
-        if self.index_head_dim is None:
-            return {"index_head_dim": 8, "indexer_layer_ids": [0], "with_index_k_scale": True}
-        return {"index_head_dim": None, "indexer_layer_ids": None, "with_index_k_scale": False}
-
     def mismatches(self, device_pool: Any) -> dict[str, dict[str, Any]]:
         """Options (over this kind's) of pools that differ from ``device_pool`` in one field.
 
@@ -112,8 +106,21 @@ class KindCase:
         if self.mha:
             cases["other head_num"] = {"head_num": device_pool.head_num + 1}
             cases["other v_head_dim"] = {"v_head_dim": device_pool.v_head_dim * 2}
-        else:
-            cases["other indexer"] = self.other_indexer()
+        elif self.index_head_dim is None:
+            cases["an indexer"] = {
+                "index_head_dim": 8,
+                "indexer_layer_ids": [0],
+                "with_index_k_scale": True,
+            }
+        else:  # every field of the indexer, and none
+            cases["no indexer"] = {
+                "index_head_dim": None,
+                "indexer_layer_ids": None,
+                "with_index_k_scale": False,
+            }
+            cases["other indexer layers"] = {"indexer_layer_ids": [1]}
+            cases["other index_head_dim"] = {"index_head_dim": 2 * self.index_head_dim}
+            cases["other index scale"] = {"with_index_k_scale": not self.with_index_k_scale}
         return cases
 
 
