@@ -27,19 +27,17 @@ from sgl_core.testing._helpers import (
 )
 from sgl_core.testing._kinds import KindCase, Pair
 from sgl_core.testing._suite_rows import RowChecks
-from sgl_core.testing._suite_values import ValueChecks
 
 __all__ = ["BackendConformanceSuite"]
 
 
-class BackendConformanceSuite(RowChecks, ValueChecks):
+class BackendConformanceSuite(RowChecks):
     """Subclass with ``backend_name`` set; pytest collects the ``test_*`` methods.
 
     Hooks, class attributes, the kind x pair parameters and helpers:
     ``SuiteBase``; pool and L3 checks: ``PoolChecks``; bad calls and
-    concurrency: ``MisuseChecks``; packed rows and the indexer cache:
-    ``RowChecks``; rows of another dtype or shape, meta rows and integer
-    layer ids: ``ValueChecks``; the transfer checks are here.
+    concurrency: ``MisuseChecks``; the values row writers take, packed rows
+    and the indexer cache: ``RowChecks``; the transfer checks are here.
     """
 
     def test_backend_says_what_it_is(self, backend: Backend) -> None:
