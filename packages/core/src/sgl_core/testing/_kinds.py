@@ -84,14 +84,10 @@ class KindCase:
 
     def options(self) -> dict[str, Any]:
         """This kind's MLA row options (only those set); empty for MHA."""
-        options: dict[str, Any] = {}
-        if self.kv_cache_dim is not None:
-            options["kv_cache_dim"] = self.kv_cache_dim
+        names = [] if self.kv_cache_dim is None else ["kv_cache_dim"]
         if self.index_head_dim is not None:
-            options["index_head_dim"] = self.index_head_dim
-            options["indexer_layer_ids"] = self.indexer_layer_ids
-            options["with_index_k_scale"] = self.with_index_k_scale
-        return options
+            names += ["index_head_dim", "indexer_layer_ids", "with_index_k_scale"]
+        return {name: getattr(self, name) for name in names}
 
     def mismatches(self, device_pool: Any) -> dict[str, dict[str, Any]]:
         """Options (over this kind's) of pools that differ from ``device_pool`` in one field.

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from sgl_core import Backend, HostLayout, IOBackend
 from sgl_core.errors import UnsupportedLayoutError
 from sgl_core.testing._helpers import (
+    device_bytes,
     device_rows,
     fill_device_random,
     page_indices,
@@ -141,12 +142,10 @@ class BackendConformanceSuite(RowChecks):
         host.backup_from_device_all_layer(src, idx, idx, io)
         dst = self.make_pool(backend, kind)
         fill_device_random(dst, 4)
-        all_slots = torch.arange(dst.size + dst.page_size, dtype=torch.int64)
-        before = [device_rows(dst, layer, all_slots) for layer in range(self.layer_num)]
+        before = device_bytes(dst)
         target = self.layer_num - 1
         host.load_to_device_per_layer(dst, idx, idx, target, io)
-        for layer in range(self.layer_num):
-            now = device_rows(dst, layer, all_slots)
+        for layer, now in enumerate(device_bytes(dst)):
             if layer != target:
                 assert torch.equal(now, before[layer]), f"{layout.value}: layer {layer} touched"
         assert torch.equal(device_rows(dst, target, idx), device_rows(src, target, idx))

@@ -29,6 +29,9 @@ __all__ = ["SuiteBase"]
 
 
 _ROW_OPTIONS = ("kv_cache_dim", "index_head_dim", "indexer_layer_ids", "with_index_k_scale")
+#: The class attributes each kind's device pools are built with (then the kind's options).
+_MLA_ARGS = ("dtype", "kv_lora_rank", "qk_rope_head_dim", "layer_num")
+_MHA_ARGS = ("dtype", "head_num", "head_dim", "layer_num")
 
 
 def _pair_id(pair: Pair) -> str:
@@ -86,13 +89,7 @@ class SuiteBase:
 
     def device_pool_args(self, **options: Any) -> dict[str, Any]:
         """``create_device_pool``'s arguments but the sizes: this class's, then ``options``."""
-        return {
-            "dtype": self.dtype,
-            "kv_lora_rank": self.kv_lora_rank,
-            "qk_rope_head_dim": self.qk_rope_head_dim,
-            "layer_num": self.layer_num,
-            **options,
-        }
+        return {**{name: getattr(self, name) for name in _MLA_ARGS}, **options}
 
     def make_device_pool(
         self, backend: Backend, *, page_size: int, pages: int, **options: Any
@@ -109,13 +106,7 @@ class SuiteBase:
         self, backend: Backend, *, page_size: int, pages: int, **options: Any
     ) -> MHADevicePool:
         """Build a small MHA device pool; override to pass backend-specific options."""
-        args: dict[str, Any] = {
-            "dtype": self.dtype,
-            "head_num": self.head_num,
-            "head_dim": self.head_dim,
-            "layer_num": self.layer_num,
-            **options,
-        }
+        args = {**{name: getattr(self, name) for name in _MHA_ARGS}, **options}
         return backend.create_mha_device_pool(size=pages * page_size, page_size=page_size, **args)
 
     # --------------------------------------------------------------- helpers
