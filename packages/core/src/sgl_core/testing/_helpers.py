@@ -24,7 +24,6 @@ __all__ = [
     "device_rows",
     "fill_device_random",
     "host_bytes",
-    "indexer_slot",
     "is_packed",
     "page_indices",
     "random_bits",
@@ -67,15 +66,6 @@ def is_packed(device_pool: DevicePool) -> bool:
         return False
     pool = cast(MLADevicePool, device_pool)
     return pool.kv_cache_dim != pool.kv_lora_rank + pool.qk_rope_head_dim
-
-
-def indexer_slot(device_pool: DevicePool, layer_id: int) -> int | None:
-    """The layer's indexer slot, None when the pool (or the layer) has no indexer."""
-    if is_mha_device_pool(device_pool) or not isinstance(device_pool, IndexerCache):
-        return None
-    if device_pool.index_head_dim is None:
-        return None
-    return device_pool.indexer_slot(layer_id)
 
 
 def write_parts(
@@ -135,8 +125,11 @@ def row_parts(device_pool: DevicePool, layer_id: int, loc: torch.Tensor) -> list
         parts = [mla.get_kv_rows(layer_id, loc)]
     else:
         parts = list(mla.get_mla_kv_buffer(layer_id, loc))
-    if indexer_slot(mla, layer_id) is not None:
-        assert isinstance(mla, IndexerCache)
+    if (  # the layer's indexer key (and scale)
+        isinstance(mla, IndexerCache)
+        and mla.index_head_dim is not None
+        and mla.indexer_slot(layer_id) is not None
+    ):
         keys, scales = mla.get_index_k_buffer(layer_id, loc)
         parts += [keys] if scales is None else [keys, scales]
     return parts
