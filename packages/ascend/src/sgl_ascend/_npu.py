@@ -27,7 +27,6 @@ __all__ = [
     "grouped_matmul",
     "import_torch_npu",
     "npu_available",
-    "pin_host_memory",
     "resolve_device",
     "synchronize",
     "transfer_stream",
@@ -87,13 +86,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
             "(check the driver, CANN and ASCEND_RT_VISIBLE_DEVICES)"
         )
     return torch.device(text)
-
-
-def pin_host_memory(requested: bool | None, device: torch.device, default: bool) -> bool:
-    """Pin host pools of NPU device pools (unless ``requested is False``); else ``default``."""
-    if device.type != "npu" or requested is False:
-        return default
-    return True
 
 
 @contextlib.contextmanager
