@@ -92,13 +92,16 @@ class KindCase:
     def mismatches(self, device_pool: Any) -> dict[str, dict[str, Any]]:
         """Options (over this kind's) of pools that differ from ``device_pool`` in one field.
 
-        A host pool built for ``device_pool`` must refuse each of them, byte-exact.
+        A host pool built for ``device_pool`` must refuse each of them, byte-exact,
+        and none shares its L3 page identity.
         Widths change by a factor, not an offset, so each still suits every
         layout its kind's pool suits (word-moving kernels take whole 8-byte words).
         """
         cases: dict[str, dict[str, Any]] = {
             "other layer_num": {"layer_num": 1 + device_pool.layer_num}
         }
+        if self.kv_cache_dim is not None:
+            cases["other kv_cache_dim"] = {"kv_cache_dim": 2 * self.kv_cache_dim}
         if self.mha:
             cases["other head_num"] = {"head_num": device_pool.head_num + 1}
             cases["other v_head_dim"] = {"v_head_dim": device_pool.v_head_dim * 2}

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sgl_core import Backend, HostLayout, IOBackend
+from sgl_core import Backend, IOBackend
 from sgl_core.errors import UnsupportedLayoutError
 from sgl_core.testing._helpers import (
     device_bytes,
@@ -45,19 +45,6 @@ class BackendConformanceSuite(RowChecks):
         assert backend.supported_pairs, "a backend must support at least one MLA pair"
         assert isinstance(backend.name, str)
         assert isinstance(backend.is_available(), bool)
-
-    def test_supported_pairs_are_typed(self, backend: Backend, kind: KindCase) -> None:
-        pairs = kind.pairs(backend)
-        for layout, ios in pairs.items():
-            assert isinstance(layout, HostLayout) and ios
-            assert all(isinstance(io, IOBackend) for io in ios)
-            chosen = kind.default_io(backend, layout)
-            assert chosen in ios, f"default io of {layout.value!r}: {chosen!r} not in {set(ios)}"
-            assert kind.default_io(backend, layout.value) is chosen  # strings too, same answer
-        for layout in HostLayout:
-            if layout not in pairs:
-                with pytest.raises(UnsupportedLayoutError):
-                    kind.default_io(backend, layout)
 
     def test_page_granularity_is_what_the_pool_says(
         self, backend: Backend, kind: KindCase, pair: Pair

@@ -30,7 +30,6 @@ from sgl_core.errors import (
     SGLError,
     ShapeMismatchError,
 )
-from sgl_core.l3 import page_format
 from sgl_core.testing._helpers import (
     device_bytes,
     device_rows,
@@ -62,7 +61,7 @@ _DTYPES = (
 
 
 class RowChecks(MisuseChecks):
-    """Values the row writers take or refuse, raw and packed rows, the indexer, page identity."""
+    """Values the row writers take or refuse, raw and packed rows, the indexer cache."""
 
     def dsa_pool(self, backend: Backend, **options: Any) -> MLADevicePool:
         """A DeepSeek-V3.2-shaped pool: 656-byte uint8 rows, fp8-byte keys, fp32 scales."""
@@ -142,25 +141,6 @@ class RowChecks(MisuseChecks):
             self.mla_pool(backend, index_head_dim=8, indexer_layer_ids=[self.layer_num])
         with pytest.raises(SGLError):
             self.mla_pool(backend, indexer_layer_ids=[0])
-
-    def test_indexer_is_part_of_the_page_format(self, backend: Backend) -> None:
-        """Pools that differ only in the indexer never share a page identity."""
-        configs: list[dict[str, Any]] = [
-            {},
-            {"index_head_dim": 8},
-            {"index_head_dim": 8, "with_index_k_scale": True},
-            {"index_head_dim": 8, "indexer_layer_ids": [1]},
-            {"index_head_dim": 16},
-            {"kv_cache_dim": 40, "dtype": torch.uint8},
-            {"kv_cache_dim": 48, "dtype": torch.uint8},
-        ]
-        for layout in backend.supported_pairs:
-            formats = [
-                page_format(backend.create_host_pool(self.mla_pool(backend, **c), layout=layout))
-                for c in configs
-            ]
-            prints = [f.fingerprint for f in formats]
-            assert len(set(prints)) == len(prints), f"{layout}: {[f.describe() for f in formats]}"
 
     def kind_pool(self, backend: Backend, kind: KindCase, **options: Any) -> DevicePool:
         dev = self.make_pool(backend, kind, page_size=PAGE, pages=2, **options)
