@@ -141,11 +141,8 @@ def grouped_matmul(
     W8A8: int8 ``x``/``weight`` with ``scale (E, N)`` and ``per_token_scale (T,)``.
     """
     torch_npu: Any = import_torch_npu()
-    kwargs: dict[str, Any] = {}
-    if scale is not None:
-        kwargs["scale"] = [scale]
-    if per_token_scale is not None:
-        kwargs["per_token_scale"] = [per_token_scale]
+    scales = (("scale", scale), ("per_token_scale", per_token_scale))
+    kwargs = {name: [t] for name, t in scales if t is not None}
     out = torch_npu.npu_grouped_matmul(
         x=[x],
         weight=[weight],

@@ -67,20 +67,19 @@ class SuiteBase:
         if "kind" not in names and "pair" not in names:
             return
         backend = get_backend(self.backend_name)
-        if "kind" not in names:
-            pairs = list(sorted_pairs(backend.supported_pairs))
-            metafunc.parametrize("pair", pairs, ids=[_pair_id(p) for p in pairs])
-            return
         kinds = [k for k in self.kinds if k.pairs(backend)]
-        if "pair" not in names:
+        if "kind" not in names:
+            pairs = self.pairs(backend)
+            metafunc.parametrize("pair", pairs, ids=[_pair_id(p) for p in pairs])
+        elif "pair" not in names:
             metafunc.parametrize("kind", kinds, ids=[k.name for k in kinds])
-            return
-        cases = [
-            pytest.param(kind, pair, id=f"{kind.name}-{_pair_id(pair)}")
-            for kind in kinds
-            for pair in sorted_pairs(kind.pairs(backend))
-        ]
-        metafunc.parametrize(("kind", "pair"), cases)
+        else:
+            cases = [
+                pytest.param(kind, pair, id=f"{kind.name}-{_pair_id(pair)}")
+                for kind in kinds
+                for pair in sorted_pairs(kind.pairs(backend))
+            ]
+            metafunc.parametrize(("kind", "pair"), cases)
 
     # ----------------------------------------------------------------- hooks
     @pytest.fixture
