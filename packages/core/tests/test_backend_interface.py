@@ -83,7 +83,6 @@ NEUTRAL = [
     "testing/_suite_misuse.py",
     "testing/_suite_pools.py",
     "testing/_suite_rows.py",
-    "testing/_suite_values.py",
     "cli/_hicache_plan.py",
     "cli/_hicache.py",
 ]

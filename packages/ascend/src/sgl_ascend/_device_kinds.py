@@ -79,44 +79,34 @@ class AscendMLADevicePool(AscendDevicePool, MLADevicePoolBase, IndexerRows):
     ) -> None:
         """Write ``(n, 1, kv_lora_rank)`` / ``(n, 1, qk_rope_head_dim)`` rows at token ``loc``."""
         loc = self._check_loc(layer_id, loc)
-        v_buffer = self._split_v("set_mla_kv_buffer")
+        self._split_v("set_mla_kv_buffer")
         n = loc.numel()
         nope = self._values("cache_k_nope", cache_k_nope, (n, 1, self.kv_lora_rank))
         rope = self._values("cache_k_rope", cache_k_rope, (n, 1, self.qk_rope_head_dim))
-        self._rows(self.k_buffer, layer_id).index_copy_(0, loc, nope)
-        self._rows(v_buffer, layer_id).index_copy_(0, loc, rope)
+        self._write(layer_id, loc, [nope, rope])
 
     def get_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the ``(k_nope, k_rope)`` rows at token ``loc``."""
         loc = self._check_loc(layer_id, loc)
-        v_buffer = self._split_v("get_mla_kv_buffer")
-        return (
-            self._rows(self.k_buffer, layer_id).index_select(0, loc).view(self.dtype),
-            self._rows(v_buffer, layer_id).index_select(0, loc).view(self.dtype),
-        )
+        self._split_v("get_mla_kv_buffer")
+        nope, rope = self._read(layer_id, loc, 2)
+        return nope, rope
 
     def set_kv_rows(self, layer_id: int, loc: torch.Tensor, rows: torch.Tensor) -> None:
         """Write raw ``(n, kv_cache_dim)`` rows of the pool's dtype (no conversion) at ``loc``."""
         loc = self._check_loc(layer_id, loc)
         check_raw_rows(rows, loc.numel(), self.kv_cache_dim, self.dtype)
         raw = byte_view(rows.to(self.device).contiguous())
-        start = 0
-        for buffer in self.components[: self.kv_components]:
-            width = buffer.shape[-1]
-            part = raw[:, start : start + width].unsqueeze(1)
-            self._rows(buffer, layer_id).index_copy_(0, loc, part)
-            start += width
+        widths = [b.shape[-1] for b in self.components[: self.kv_components]]
+        self._write(layer_id, loc, [part.unsqueeze(1) for part in torch.split(raw, widths, dim=-1)])
 
     def get_kv_rows(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
         """A copy of the raw ``(n, kv_cache_dim)`` rows at ``loc``, of the pool's dtype."""
         loc = self._check_loc(layer_id, loc)
-        parts = [
-            self._rows(b, layer_id).index_select(0, loc)[:, 0]
-            for b in self.components[: self.kv_components]
-        ]
-        return torch.cat(parts, dim=-1).view(self.dtype)
+        parts = self._read(layer_id, loc, self.kv_components)
+        return torch.cat([part[:, 0] for part in parts], dim=-1)
 
 
 class AscendMHADevicePool(AscendDevicePool, MHADevicePoolBase):
@@ -147,16 +137,12 @@ class AscendMHADevicePool(AscendDevicePool, MHADevicePoolBase):
         n = loc.numel()
         k_rows = self._values("cache_k", cache_k, (n, self.head_num, self.head_dim))
         v_rows = self._values("cache_v", cache_v, (n, self.head_num, self.v_head_dim))
-        self._rows(self.k_buffer, layer_id).index_copy_(0, loc, k_rows)
-        self._rows(self.v_buffer, layer_id).index_copy_(0, loc, v_rows)
+        self._write(layer_id, loc, [k_rows, v_rows])
 
     def get_kv_buffer(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the ``(k, v)`` rows at token ``loc``."""
-        loc = self._check_loc(layer_id, loc)
-        return (
-            self._rows(self.k_buffer, layer_id).index_select(0, loc).view(self.dtype),
-            self._rows(self.v_buffer, layer_id).index_select(0, loc).view(self.dtype),
-        )
+        k, v = self._read(layer_id, self._check_loc(layer_id, loc), 2)
+        return k, v
 
 
 _views: weakref.WeakKeyDictionary[Any, AscendDevicePool] = weakref.WeakKeyDictionary()

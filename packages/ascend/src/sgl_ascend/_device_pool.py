@@ -140,6 +140,16 @@ class AscendDevicePool(abc.ABC):
         """
         return byte_view(buffer[row].view(self.slot_count, buffer.shape[-2], buffer.shape[-1]))
 
+    def _write(self, layer_id: int, loc: torch.Tensor, rows: list[torch.Tensor]) -> None:
+        """Copy checked byte ``rows`` into the leading components' rows of layer ``layer_id``."""
+        for buffer, part in zip(self.components, rows, strict=False):
+            self._rows(buffer, layer_id).index_copy_(0, loc, part)
+
+    def _read(self, layer_id: int, loc: torch.Tensor, count: int) -> list[torch.Tensor]:
+        """Copies of the first ``count`` components' rows at ``loc``, of the pool's dtype."""
+        buffers = self.components[:count]
+        return [self._rows(b, layer_id).index_select(0, loc).view(self.dtype) for b in buffers]
+
     def _values(
         self, name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype | None = None
     ) -> torch.Tensor:

@@ -12,7 +12,6 @@ from typing import ClassVar, TypeVar
 
 import torch
 
-from sgl_ascend import _npu
 from sgl_ascend._device_kinds import AscendMHADevicePool, AscendMLADevicePool, engine_view
 from sgl_ascend._device_pool import AscendDevicePool, KvSplitSpec
 from sgl_ascend._transfer import KvSplitMover
@@ -112,7 +111,10 @@ class AscendHostPool(TokenPages[DevT, ShapeT]):
         return self._ascend(device_pool).spec
 
     def _pin_policy(self, requested: bool | None, device: torch.device) -> bool:
-        return _npu.pin_host_memory(requested, device, super()._pin_policy(requested, device))
+        """Host pools of NPU device pools are pinned unless ``requested is False``."""
+        if device.type == "npu" and requested is not False:
+            return True
+        return super()._pin_policy(requested, device)
 
     def _is_page_granular(self, io_backend: IOBackend) -> bool:
         return True

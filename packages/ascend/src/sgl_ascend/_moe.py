@@ -47,10 +47,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per output channel of ``w (E, N, K)``: ``(q (E, N, K), scale (E, N))``."""
-    wf = w.float()
-    scale = wf.abs().amax(dim=-1).clamp(min=1e-12) / _INT8_MAX
-    q = torch.round(wf / scale.unsqueeze(-1)).clamp(-_INT8_MAX, _INT8_MAX).to(torch.int8)
-    return q, scale
+    return quantize_per_token(w)  # the same int8 of each last-dim row
 
 
 @dataclasses.dataclass
@@ -134,19 +131,33 @@ class _Groups:
 
 def _grouped(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    layer: MoEWeights | W8A8MoEWeights,
+    name: str,
     groups: _Groups,
-    out_dtype: torch.dtype,
-    row_scale: torch.Tensor | None = None,
-    weight_scale: torch.Tensor | None = None,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
-    """``x_rows @ weight[e].T`` per expert group, scales applied if given.
+    """``x_rows @ weight[e].T`` per expert group, of ``layer``'s ``{name}_weight``.
 
-    On an NPU one ``grouped_matmul`` in ``out_dtype``; elsewhere (the torch
-    path) a float32 loop over the groups.
+    W8A8 weights (a ``{name}_weight_scale``): ``x`` quantized per token first
+    (a row's own scale, so before or after the gather agrees), both scales
+    applied. On an NPU one ``grouped_matmul`` in ``dtype``; elsewhere (the
+    torch path) a float32 loop over the groups.
     """
+    weight = getattr(layer, f"{name}_weight")
+    weight_scale: torch.Tensor | None = getattr(layer, f"{name}_weight_scale", None)
+    row_scale = None
+    if weight_scale is not None:
+        x, row_scale = quantize_per_token(x)
     if x.device.type == "npu":
-        return _npu_grouped(x, weight, groups, out_dtype, row_scale, weight_scale)
+        scale_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+        return _npu.grouped_matmul(
+            x,
+            weight.transpose(1, 2),
+            torch.cumsum(groups.counts, 0),
+            output_dtype=dtype,
+            scale=None if weight_scale is None else weight_scale.to(scale_dtype),
+            per_token_scale=row_scale,
+        )
     out = torch.empty((x.shape[0], weight.shape[1]), dtype=torch.float32, device=x.device)
     for expert, start, end in groups.bounds():
         acc = x[start:end].float() @ weight[expert].float().t()
@@ -156,23 +167,19 @@ def _grouped(
     return out if row_scale is None else out * row_scale.unsqueeze(-1)
 
 
-def _npu_grouped(
+def _experts(
+    layer: MoEWeights | W8A8MoEWeights,
     x: torch.Tensor,
-    weight: torch.Tensor,
-    groups: _Groups,
-    out_dtype: torch.dtype,
-    row_scale: torch.Tensor | None,
-    weight_scale: torch.Tensor | None,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
 ) -> torch.Tensor:
-    scale_dtype = torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32
-    return _npu.grouped_matmul(
-        x,
-        weight.transpose(1, 2),
-        torch.cumsum(groups.counts, 0),
-        output_dtype=out_dtype,
-        scale=None if weight_scale is None else weight_scale.to(scale_dtype),
-        per_token_scale=row_scale,
-    )
+    """Both methods' ``apply``: the weights say the quantization."""
+    if not check_routing(x, topk_weights, topk_ids, layer.num_experts, layer.hidden_size):
+        return x.new_zeros((0, layer.hidden_size))
+    groups = _Groups.of(topk_ids, layer.num_experts)
+    gate_up = _grouped(x[groups.order // groups.top_k], layer, "w13", groups, x.dtype)
+    down = _grouped(silu_and_mul(gate_up), layer, "w2", groups, x.dtype)
+    return groups.combine(down, topk_weights, x.dtype)
 
 
 class AscendMoEMethod:
@@ -188,13 +195,7 @@ class AscendMoEMethod:
         topk_ids: torch.Tensor,
     ) -> torch.Tensor:
         """Unscaled routed output ``(tokens, hidden)`` in ``x.dtype``."""
-        if not check_routing(x, topk_weights, topk_ids, layer.num_experts, layer.hidden_size):
-            return x.new_zeros((0, layer.hidden_size))
-        groups = _Groups.of(topk_ids, layer.num_experts)
-        rows = x[groups.order // groups.top_k]
-        inter = silu_and_mul(_grouped(rows, layer.w13_weight, groups, x.dtype))
-        down = _grouped(inter, layer.w2_weight, groups, x.dtype)
-        return groups.combine(down, topk_weights, x.dtype)
+        return _experts(layer, x, topk_weights, topk_ids)
 
 
 class AscendW8A8DynamicMoEMethod:
@@ -210,16 +211,7 @@ class AscendW8A8DynamicMoEMethod:
         topk_ids: torch.Tensor,
     ) -> torch.Tensor:
         """Unscaled routed output ``(tokens, hidden)`` in ``x.dtype``."""
-        if not check_routing(x, topk_weights, topk_ids, layer.num_experts, layer.hidden_size):
-            return x.new_zeros((0, layer.hidden_size))
-        groups = _Groups.of(topk_ids, layer.num_experts)
-        qx, sx = quantize_per_token(x)
-        rows, row_scale = qx[groups.order // groups.top_k], sx[groups.order // groups.top_k]
-        w13, w2 = layer.w13_weight, layer.w2_weight
-        gate_up = _grouped(rows, w13, groups, x.dtype, row_scale, layer.w13_weight_scale)
-        q_inter, inter_scale = quantize_per_token(silu_and_mul(gate_up))
-        down = _grouped(q_inter, w2, groups, x.dtype, inter_scale, layer.w2_weight_scale)
-        return groups.combine(down, topk_weights, x.dtype)
+        return _experts(layer, x, topk_weights, topk_ids)
 
 
 if TYPE_CHECKING:

@@ -27,7 +27,6 @@ __all__ = [
     "grouped_matmul",
     "import_torch_npu",
     "npu_available",
-    "pin_host_memory",
     "resolve_device",
     "synchronize",
     "transfer_stream",
@@ -89,13 +88,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(text)
 
 
-def pin_host_memory(requested: bool | None, device: torch.device, default: bool) -> bool:
-    """Pin host pools of NPU device pools (unless ``requested is False``); else ``default``."""
-    if device.type != "npu" or requested is False:
-        return default
-    return True
-
-
 @contextlib.contextmanager
 def transfer_stream(device: torch.device) -> Iterator[None]:
     """Run the enclosed copies on a per-device side stream, ordered with the caller's.
@@ -149,11 +141,8 @@ def grouped_matmul(
     W8A8: int8 ``x``/``weight`` with ``scale (E, N)`` and ``per_token_scale (T,)``.
     """
     torch_npu: Any = import_torch_npu()
-    kwargs: dict[str, Any] = {}
-    if scale is not None:
-        kwargs["scale"] = [scale]
-    if per_token_scale is not None:
-        kwargs["per_token_scale"] = [per_token_scale]
+    scales = (("scale", scale), ("per_token_scale", per_token_scale))
+    kwargs = {name: [t] for name, t in scales if t is not None}
     out = torch_npu.npu_grouped_matmul(
         x=[x],
         weight=[weight],

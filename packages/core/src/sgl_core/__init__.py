@@ -20,9 +20,9 @@ bases, the KV spec, the mover seam, the copy kit, entry-point groups) is
 # No ``from __future__ import annotations`` here: it would bind ``annotations``
 # in the package namespace (``dir(sgl_core)``), and this module annotates nothing.
 from sgl_core import errors
+from sgl_core.backends._backend_base import TorchBackend
 from sgl_core.backends._discovery import available_backends, clear_backend_cache, get_backend
 from sgl_core.backends._public import publish_names as _publish_names
-from sgl_core.backends._torch_backend import TorchBackend
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv.protocols._dsa_protocols import IndexerCache, KVRows
 from sgl_core.kv.protocols._kv_protocols import (

@@ -1,16 +1,26 @@
-"""Plumbing shared by backends whose pools are one device and one host class."""
+"""Plumbing shared by backends whose pools are one device and one host class, and ``torch``.
+
+The portable ``torch`` backend (:class:`TorchBackend`) runs on any torch
+device: the embedded default on a machine without accelerators and the
+oracle the conformance suite compares other backends against. Its device
+pools are the per-layer layout; its host pools support every token-row
+layout with ``direct``, for MLA and for MHA.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import ClassVar, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar, overload
 
+import torch
 from typing_extensions import Unpack
 
 from sgl_core.errors import UnsupportedLayoutError
 from sgl_core.kv._enums import HostLayout, IOBackend
+from sgl_core.kv.device._device_pool import PerLayerMHADevicePool, PerLayerMLADevicePool
 from sgl_core.kv.device._engine_views import as_device_pool, as_mha_device_pool
 from sgl_core.kv.host._host_kinds import MHAHostPoolBase, MLAHostPoolBase
+from sgl_core.kv.host._token_host_pool import MHATokenHostPool, TokenRowHostPool
 from sgl_core.kv.protocols._kv_protocols import (
     HostPoolOptions,
     MHADevicePool,
@@ -22,7 +32,7 @@ from sgl_core.kv.protocols._kv_protocols import (
 )
 from sgl_core.transfer.copy._tuning import CopyTuning
 
-__all__ = ["PoolBackend"]
+__all__ = ["PoolBackend", "TorchBackend", "backend"]
 
 DeviceT = TypeVar("DeviceT", bound=MLADevicePool)
 HostT = TypeVar("HostT", bound=MLAHostPoolBase)
@@ -176,3 +186,37 @@ class PoolBackend(Generic[DeviceT, HostT]):
             pool: MHAHostPool = host(as_mha_device_pool(device_pool), **options, tuning=self.tuning)
             return pool
         return self._host_pool_class(as_device_pool(device_pool), **options, tuning=self.tuning)
+
+
+class TorchBackend(PoolBackend[PerLayerMLADevicePool, TokenRowHostPool]):
+    """Backend ``"torch"``: always available."""
+
+    name = "torch"
+    #: Every layout runs only ``direct`` (torch copies, no kernels).
+    io_preference = (IOBackend.DIRECT,)
+
+    def __init__(self, *, tuning: CopyTuning | None = None) -> None:
+        super().__init__(
+            PerLayerMLADevicePool,
+            TokenRowHostPool,
+            tuning=tuning,
+            mha_device_pool_class=PerLayerMHADevicePool,
+            mha_host_pool_class=MHATokenHostPool,
+        )
+
+
+backend = TorchBackend()
+
+if TYPE_CHECKING:
+    from sgl_core.kv.protocols._kv_protocols import MLAHostPool
+    from sgl_core.kv.protocols._protocols import Backend
+
+    _backend: Backend = backend
+    _device: MLADevicePool = backend.create_device_pool(
+        size=1, page_size=1, dtype=torch.bfloat16, kv_lora_rank=1, qk_rope_head_dim=1, layer_num=1
+    )
+    _host: MLAHostPool = backend.create_host_pool(_device, layout="layer_first")
+    _mha_device: MHADevicePool = backend.create_mha_device_pool(
+        size=1, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=1, layer_num=1
+    )
+    _mha_host: MHAHostPool = backend.create_host_pool(_mha_device, layout="page_head")

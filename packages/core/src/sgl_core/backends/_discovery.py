@@ -14,7 +14,7 @@ import os
 import threading
 from importlib.metadata import EntryPoint, entry_points
 
-from sgl_core.backends._torch_backend import backend as _torch_backend
+from sgl_core.backends._backend_base import backend as _torch_backend
 from sgl_core.errors import AmbiguousBackendError, BackendNotFoundError, BackendUnavailableError
 from sgl_core.kv.protocols._protocols import Backend
 

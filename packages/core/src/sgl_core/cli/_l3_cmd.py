@@ -6,7 +6,7 @@ import argparse
 import importlib
 import time
 
-from sgl_core.backends._torch_backend import backend as torch_backend
+from sgl_core.backends._backend_base import backend as torch_backend
 from sgl_core.cli._checks import CliParser, UsageError, check_args, check_memory, exit_status
 from sgl_core.cli._report import print_table, write_outputs
 from sgl_core.kv._enums import HostLayout

@@ -53,12 +53,9 @@ def _capability(owner: object, name: str) -> bool:
 
 
 def _finite_real(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ArgumentTypeError(f"{name} must be a finite real number, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ArgumentTypeError(f"{name} must be a finite real number, got {value!r}")
-    return number
+    return float(value)
 
 
 def folds_routed_scale(experts: object) -> bool:

@@ -9,8 +9,10 @@ accessors only, so one check compares rows of every kind.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import cast
 
+import pytest
 import torch
 
 from sgl_core import IndexerCache, KVRows, MHADevicePool, MLADevicePool
@@ -18,18 +20,20 @@ from sgl_core.backend import is_mha_device_pool
 from sgl_core.testing._kinds import DevicePool, HostPool
 
 __all__ = [
+    "device_bytes",
     "device_rows",
     "fill_device_random",
     "host_bytes",
-    "indexer_slot",
     "is_packed",
     "page_indices",
     "random_bits",
     "read_memory",
+    "refused",
     "row_parts",
     "same_bytes",
     "slot_count",
     "snapshot",
+    "write_parts",
     "write_random_rows",
 ]
 
@@ -64,52 +68,39 @@ def is_packed(device_pool: DevicePool) -> bool:
     return pool.kv_cache_dim != pool.kv_lora_rank + pool.qk_rope_head_dim
 
 
-def indexer_slot(device_pool: DevicePool, layer_id: int) -> int | None:
-    """The layer's indexer slot, None when the pool (or the layer) has no indexer."""
-    if is_mha_device_pool(device_pool) or not isinstance(device_pool, IndexerCache):
-        return None
-    if device_pool.index_head_dim is None:
-        return None
-    return device_pool.indexer_slot(layer_id)
+def write_parts(
+    device_pool: DevicePool, layer_id: int, loc: torch.Tensor, parts: list[torch.Tensor]
+) -> None:
+    """Write ``parts`` (as ``row_parts`` reads them) into one layer's rows at ``loc``."""
+    if is_mha_device_pool(device_pool):
+        cast(MHADevicePool, device_pool).set_kv_buffer(layer_id, loc, *parts)
+        return
+    mla = cast(MLADevicePool, device_pool)
+    if is_packed(mla):
+        assert isinstance(mla, KVRows)
+        mla.set_kv_rows(layer_id, loc, parts[0])
+        indexer = parts[1:]
+    else:
+        mla.set_mla_kv_buffer(layer_id, loc, parts[0], parts[1])
+        indexer = parts[2:]
+    if indexer:  # the layer's key (and scale)
+        assert isinstance(mla, IndexerCache)
+        mla.set_index_k_buffer(layer_id, loc, *indexer)
 
 
 def write_random_rows(
     device_pool: DevicePool, layer_id: int, loc: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
-    """Write random bits into one layer's rows at ``loc``, through the public accessors.
+    """Write random bits into every part of one layer's rows at ``loc``, through the API.
 
-    Every part of the row: K and V, or the KV row (split or packed) and the
-    layer's indexer key and scale. Returns the bytes written, as
-    ``device_rows`` reads them back.
+    Returns the bytes written, as ``device_rows`` reads them back.
     """
-    n, dtype = loc.numel(), device_pool.dtype
-    if is_mha_device_pool(device_pool):
-        mha = cast(MHADevicePool, device_pool)
-        k = random_bits((n, mha.head_num, mha.head_dim), dtype, generator)
-        v = random_bits((n, mha.head_num, mha.v_head_dim), dtype, generator)
-        mha.set_kv_buffer(layer_id, loc, k, v)
-        return _row_bytes([k, v], n)
-    mla = cast(MLADevicePool, device_pool)
-    if is_packed(mla):
-        assert isinstance(mla, KVRows)
-        parts = [random_bits((n, mla.kv_cache_dim), dtype, generator)]
-        mla.set_kv_rows(layer_id, loc, parts[0])
-    else:
-        parts = [
-            random_bits((n, 1, mla.kv_lora_rank), dtype, generator),
-            random_bits((n, 1, mla.qk_rope_head_dim), dtype, generator),
-        ]
-        mla.set_mla_kv_buffer(layer_id, loc, parts[0], parts[1])
-    if indexer_slot(mla, layer_id) is not None:
-        assert isinstance(mla, IndexerCache)
-        assert mla.index_head_dim is not None
-        keys = random_bits((n, 1, mla.index_head_dim), dtype, generator)
-        scale = None
-        if mla.has_index_k_scale:
-            scale = random_bits((n, 1, 1), torch.float32, generator)
-        mla.set_index_k_buffer(layer_id, loc, keys, scale)
-        parts += [keys] if scale is None else [keys, scale]
-    return _row_bytes(parts, n)
+    parts = [
+        random_bits(tuple(p.shape), p.dtype, generator)
+        for p in row_parts(device_pool, layer_id, loc)
+    ]
+    write_parts(device_pool, layer_id, loc, parts)
+    return _row_bytes(parts, loc.numel())
 
 
 def fill_device_random(device_pool: DevicePool, seed: int) -> None:
@@ -134,8 +125,11 @@ def row_parts(device_pool: DevicePool, layer_id: int, loc: torch.Tensor) -> list
         parts = [mla.get_kv_rows(layer_id, loc)]
     else:
         parts = list(mla.get_mla_kv_buffer(layer_id, loc))
-    if indexer_slot(mla, layer_id) is not None:
-        assert isinstance(mla, IndexerCache)
+    if (  # the layer's indexer key (and scale)
+        isinstance(mla, IndexerCache)
+        and mla.index_head_dim is not None
+        and mla.indexer_slot(layer_id) is not None
+    ):
         keys, scales = mla.get_index_k_buffer(layer_id, loc)
         parts += [keys] if scales is None else [keys, scales]
     return parts
@@ -160,15 +154,31 @@ def host_bytes(host_pool: HostPool) -> list[torch.Tensor]:
     ]
 
 
+def device_bytes(device_pool: DevicePool) -> list[torch.Tensor]:
+    """Every slot's rows of every layer (``device_rows``), comparable with ``same_bytes``."""
+    loc = torch.arange(slot_count(device_pool), dtype=torch.int64)
+    return [device_rows(device_pool, layer, loc) for layer in range(device_pool.layer_num)]
+
+
 def snapshot(device_pool: DevicePool, host_pool: HostPool) -> list[torch.Tensor]:
     """All bytes of both pools, comparable with ``same_bytes``."""
-    loc = torch.arange(slot_count(device_pool), dtype=torch.int64)
-    dev = [device_rows(device_pool, layer, loc) for layer in range(device_pool.layer_num)]
-    return dev + host_bytes(host_pool)
+    return device_bytes(device_pool) + host_bytes(host_pool)
 
 
 def same_bytes(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def refused(
+    error: type[Exception], device_pool: DevicePool, call: Callable[..., object], *args: object
+) -> None:
+    """``call(*args)`` raises ``error`` and ``device_pool`` keeps every byte."""
+    before = device_bytes(device_pool)
+    with pytest.raises(error):
+        call(*args)
+    assert same_bytes(before, device_bytes(device_pool)), (
+        f"a refused call ({error.__name__}) changed the pool"
+    )
 
 
 def read_memory(ptr: int, nbytes: int) -> bytes:

@@ -84,36 +84,42 @@ class KindCase:
 
     def options(self) -> dict[str, Any]:
         """This kind's MLA row options (only those set); empty for MHA."""
-        options: dict[str, Any] = {}
-        if self.kv_cache_dim is not None:
-            options["kv_cache_dim"] = self.kv_cache_dim
+        names = [] if self.kv_cache_dim is None else ["kv_cache_dim"]
         if self.index_head_dim is not None:
-            options["index_head_dim"] = self.index_head_dim
-            options["indexer_layer_ids"] = self.indexer_layer_ids
-            options["with_index_k_scale"] = self.with_index_k_scale
-        return options
-
-    def other_indexer(self) -> dict[str, Any]:
-        """Options (over this kind's) of the same rows with another indexer: none, or one."""
-        if self.index_head_dim is None:
-            return {"index_head_dim": 8, "indexer_layer_ids": [0], "with_index_k_scale": True}
-        return {"index_head_dim": None, "indexer_layer_ids": None, "with_index_k_scale": False}
+            names += ["index_head_dim", "indexer_layer_ids", "with_index_k_scale"]
+        return {name: getattr(self, name) for name in names}
 
     def mismatches(self, device_pool: Any) -> dict[str, dict[str, Any]]:
         """Options (over this kind's) of pools that differ from ``device_pool`` in one field.
 
-        A host pool built for ``device_pool`` must refuse each of them, byte-exact.
+        A host pool built for ``device_pool`` must refuse each of them, byte-exact,
+        and none shares its L3 page identity.
         Widths change by a factor, not an offset, so each still suits every
         layout its kind's pool suits (word-moving kernels take whole 8-byte words).
         """
         cases: dict[str, dict[str, Any]] = {
             "other layer_num": {"layer_num": 1 + device_pool.layer_num}
         }
+        if self.kv_cache_dim is not None:
+            cases["other kv_cache_dim"] = {"kv_cache_dim": 2 * self.kv_cache_dim}
         if self.mha:
             cases["other head_num"] = {"head_num": device_pool.head_num + 1}
             cases["other v_head_dim"] = {"v_head_dim": device_pool.v_head_dim * 2}
-        else:
-            cases["other indexer"] = self.other_indexer()
+        elif self.index_head_dim is None:
+            cases["an indexer"] = {
+                "index_head_dim": 8,
+                "indexer_layer_ids": [0],
+                "with_index_k_scale": True,
+            }
+        else:  # every field of the indexer, and none
+            cases["no indexer"] = {
+                "index_head_dim": None,
+                "indexer_layer_ids": None,
+                "with_index_k_scale": False,
+            }
+            cases["other indexer layers"] = {"indexer_layer_ids": [1]}
+            cases["other index_head_dim"] = {"index_head_dim": 2 * self.index_head_dim}
+            cases["other index scale"] = {"with_index_k_scale": not self.with_index_k_scale}
         return cases
 
 

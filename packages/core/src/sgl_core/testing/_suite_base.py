@@ -15,13 +15,23 @@ import pytest
 import torch
 
 from sgl_core import Backend, MHADevicePool, MLADevicePool, get_backend
-from sgl_core.testing._helpers import device_rows, fill_device_random, host_bytes, page_indices
+from sgl_core.testing._helpers import (
+    device_bytes,
+    device_rows,
+    fill_device_random,
+    host_bytes,
+    page_indices,
+    slot_count,
+)
 from sgl_core.testing._kinds import KINDS, DevicePool, HostPool, KindCase, Pair, sorted_pairs
 
 __all__ = ["SuiteBase"]
 
 
 _ROW_OPTIONS = ("kv_cache_dim", "index_head_dim", "indexer_layer_ids", "with_index_k_scale")
+#: The class attributes each kind's device pools are built with (then the kind's options).
+_MLA_ARGS = ("dtype", "kv_lora_rank", "qk_rope_head_dim", "layer_num")
+_MHA_ARGS = ("dtype", "head_num", "head_dim", "layer_num")
 
 
 def _pair_id(pair: Pair) -> str:
@@ -57,20 +67,19 @@ class SuiteBase:
         if "kind" not in names and "pair" not in names:
             return
         backend = get_backend(self.backend_name)
-        if "kind" not in names:
-            pairs = list(sorted_pairs(backend.supported_pairs))
-            metafunc.parametrize("pair", pairs, ids=[_pair_id(p) for p in pairs])
-            return
         kinds = [k for k in self.kinds if k.pairs(backend)]
-        if "pair" not in names:
+        if "kind" not in names:
+            pairs = self.pairs(backend)
+            metafunc.parametrize("pair", pairs, ids=[_pair_id(p) for p in pairs])
+        elif "pair" not in names:
             metafunc.parametrize("kind", kinds, ids=[k.name for k in kinds])
-            return
-        cases = [
-            pytest.param(kind, pair, id=f"{kind.name}-{_pair_id(pair)}")
-            for kind in kinds
-            for pair in sorted_pairs(kind.pairs(backend))
-        ]
-        metafunc.parametrize(("kind", "pair"), cases)
+        else:
+            cases = [
+                pytest.param(kind, pair, id=f"{kind.name}-{_pair_id(pair)}")
+                for kind in kinds
+                for pair in sorted_pairs(kind.pairs(backend))
+            ]
+            metafunc.parametrize(("kind", "pair"), cases)
 
     # ----------------------------------------------------------------- hooks
     @pytest.fixture
@@ -79,13 +88,7 @@ class SuiteBase:
 
     def device_pool_args(self, **options: Any) -> dict[str, Any]:
         """``create_device_pool``'s arguments but the sizes: this class's, then ``options``."""
-        return {
-            "dtype": self.dtype,
-            "kv_lora_rank": self.kv_lora_rank,
-            "qk_rope_head_dim": self.qk_rope_head_dim,
-            "layer_num": self.layer_num,
-            **options,
-        }
+        return {**{name: getattr(self, name) for name in _MLA_ARGS}, **options}
 
     def make_device_pool(
         self, backend: Backend, *, page_size: int, pages: int, **options: Any
@@ -102,16 +105,25 @@ class SuiteBase:
         self, backend: Backend, *, page_size: int, pages: int, **options: Any
     ) -> MHADevicePool:
         """Build a small MHA device pool; override to pass backend-specific options."""
-        args: dict[str, Any] = {
-            "dtype": self.dtype,
-            "head_num": self.head_num,
-            "head_dim": self.head_dim,
-            "layer_num": self.layer_num,
-            **options,
-        }
+        args = {**{name: getattr(self, name) for name in _MHA_ARGS}, **options}
         return backend.create_mha_device_pool(size=pages * page_size, page_size=page_size, **args)
 
     # --------------------------------------------------------------- helpers
+    def mla_pool(
+        self, backend: Backend, *, pages: int | None = None, seed: int | None = None, **options: Any
+    ) -> MLADevicePool:
+        """An MLA pool of this class's rows (``options`` over them), pages of 16 tokens.
+
+        Built by ``backend`` itself, whatever ``make_device_pool`` does; filled
+        with random bits when ``seed`` is given.
+        """
+        count = self.device_pages if pages is None else pages
+        args = self.device_pool_args(**options)
+        dev = backend.create_device_pool(size=count * 16, page_size=16, **args)
+        if seed is not None:
+            fill_device_random(dev, seed)
+        return dev
+
     @staticmethod
     def pairs(backend: Backend) -> list[Pair]:
         """Every MLA pair of the backend (the kind-parametrized checks get theirs as ``pair``)."""
@@ -179,14 +191,12 @@ class SuiteBase:
         for page in range(host.size // page_size):
             if page not in host_pages:
                 assert torch.equal(before_host[page], after_host[page]), f"{what}: host {page}"
-        all_slots = torch.arange(dst.size + dst.page_size, dtype=torch.int64)
-        untouched = torch.ones(all_slots.numel(), dtype=torch.bool)
+        untouched = torch.ones(slot_count(dst), dtype=torch.bool)
         untouched[d_idx] = False
-        dst_before = [device_rows(dst, layer, all_slots) for layer in range(self.layer_num)]
+        dst_before = device_bytes(dst)
         for layer in range(self.layer_num):
             host.load_to_device_per_layer(dst, h_idx, d_idx, layer, io)
-        for layer in range(self.layer_num):
+        for layer, now in enumerate(device_bytes(dst)):
             expected = device_rows(src, layer, d_idx)
             assert torch.equal(expected, device_rows(dst, layer, d_idx)), f"{what}: layer {layer}"
-            now = device_rows(dst, layer, all_slots)
             assert torch.equal(now[untouched], dst_before[layer][untouched]), f"{what}: slot"

@@ -148,23 +148,6 @@ class MisuseChecks(PoolChecks):
         host.load_to_device_per_layer(other, h_idx.clone(), d_idx.clone(), 1, io)
         assert torch.equal(device_rows(dev, 1, d_idx), device_rows(other, 1, d_idx))
 
-    @staticmethod
-    def _load_repeatedly(
-        host: HostPool,
-        dev: DevicePool,
-        indices: tuple[torch.Tensor, torch.Tensor],
-        io: IOBackend,
-        start: threading.Barrier,
-        failures: list[BaseException],
-    ) -> None:
-        try:
-            start.wait()
-            for _ in range(24):
-                for layer in range(dev.layer_num):
-                    host.load_to_device_per_layer(dev, indices[0], indices[1], layer, io)
-        except BaseException as exc:
-            failures.append(exc)
-
     def test_concurrent_backup_and_load(self, backend: Backend, kind: KindCase, pair: Pair) -> None:
         """A write-back thread and a load thread share a pool; neither sees the other's plan."""
         if not self.concurrent_transfers:
@@ -176,10 +159,17 @@ class MisuseChecks(PoolChecks):
         back_h, back_d = page_indices([7, 9], 16), page_indices([3, 4], 16)
         failures: list[BaseException] = []
         start = threading.Barrier(2)
-        thread = threading.Thread(
-            target=self._load_repeatedly,
-            args=(host, dev, (load_h, load_d), io, start, failures),
-        )
+
+        def load_repeatedly() -> None:
+            try:
+                start.wait()
+                for _ in range(24):
+                    for layer in range(dev.layer_num):
+                        host.load_to_device_per_layer(dev, load_h, load_d, layer, io)
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=load_repeatedly)
         thread.start()
         start.wait()
         for _ in range(24):

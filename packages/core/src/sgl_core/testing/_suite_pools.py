@@ -15,6 +15,7 @@ from sgl_core.errors import (
     SGLError,
     UnsupportedLayoutError,
 )
+from sgl_core.l3 import page_format
 from sgl_core.testing._helpers import device_rows, page_indices, read_memory, row_parts
 from sgl_core.testing._kinds import KindCase, Pair
 from sgl_core.testing._suite_base import SuiteBase
@@ -46,16 +47,24 @@ class PoolChecks(SuiteBase):
         with pytest.raises(PoolSizeError):  # petabytes
             self.make_pool(backend, kind, pages=2**40)
 
-    def test_unsupported_layout_rejected_at_build(self, backend: Backend, kind: KindCase) -> None:
+    def test_pairs_are_typed_and_the_rest_rejected(self, backend: Backend, kind: KindCase) -> None:
+        """Typed pairs with a default io backend; a pair not declared is refused at build."""
         dev = self.make_pool(backend, kind, pages=2)
         pairs = kind.pairs(backend)
         for layout in HostLayout:
             if layout not in pairs:
+                with pytest.raises(UnsupportedLayoutError):
+                    kind.default_io(backend, layout)
                 with pytest.raises(UnsupportedLayoutError, match="supported pairs"):
                     backend.create_host_pool(dev, layout=layout)
         with pytest.raises(UnsupportedLayoutError):
             backend.create_host_pool(dev, layout="no_such_layout")
         for layout, ios in pairs.items():
+            assert isinstance(layout, HostLayout) and ios
+            assert all(isinstance(io, IOBackend) for io in ios)
+            chosen = kind.default_io(backend, layout)
+            assert chosen in ios, f"default io of {layout.value!r}: {chosen!r} not in {set(ios)}"
+            assert kind.default_io(backend, layout.value) is chosen  # strings too, same answer
             for io in IOBackend:
                 if io not in ios:
                     with pytest.raises(UnsupportedLayoutError, match="supported pairs"):
@@ -105,9 +114,10 @@ class PoolChecks(SuiteBase):
             host.set_from_flat_data_page(0, page[:-1])
         with pytest.raises(ValueError):
             host.get_page_buffer_meta([1, 2])
-        # The page of a pool with other rows is refused.
+        # A pool with other rows has another page identity, and refuses the page.
         for name, options in kind.mismatches(dev).items():
             _, other = self.build(backend, kind, layout, 16, **options)
+            assert page_format(other).fingerprint != page_format(host).fingerprint, name
             if other.get_dummy_flat_data_page().numel() != page.numel():
                 with pytest.raises(ValueError):
                     other.set_from_flat_data_page(0, page)
