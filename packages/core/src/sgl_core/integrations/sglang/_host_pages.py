@@ -127,12 +127,8 @@ class SGLangEntryMembers:
     def is_stride_page_aligned(self, page_size_bytes: int = HOST_PAGE_BYTES) -> bool:
         """True when every storage object of every page starts ``page_size_bytes``-aligned.
 
-        Each object's address is ``base + page * stride`` (one base and stride
-        per object of a page, as every layout here lays pages out evenly), so
-        the first page's addresses and the step to the second page decide all
-        pages. Unlike SGLang (which answers False for ``layer_first``), this
-        holds for every layout: ``layer_first`` objects are aligned when the
-        buffer, a layer's slab and a page's rows all are.
+        Each object's address is ``base + page * stride`` (every layout lays
+        pages out evenly), so pages 0 and 1 decide all (docs/sglang.md).
         """
         if isinstance(page_size_bytes, bool) or not isinstance(page_size_bytes, int):
             raise ArgumentTypeError("page_size_bytes must be an int")

@@ -1,11 +1,7 @@
 """Our host pool as the ``INDEXER`` entry of SGLang 0.5.23's DeepSeek-V3.2 stack.
 
-SGLang's ``_DsaStrategy`` builds a ``HostPoolGroup`` whose ``INDEXER`` entry
-(``DSAIndexerHostPoolBuilder``, anchored on the KV host pool) copies whole
-index pages: per page and indexer layer one ``uint8`` row of ``page_size``
-keys then ``page_size`` float32 scales. :class:`SGLangIndexerHostPool` is
-that entry on one of our host pools built over ``IndexerPagesView``; its
-builder, :func:`indexer_host_pool_builder`, is in ``_builder``.
+The entry, its buffers and where it differs from SGLang's
+``DSAIndexerPoolHost``: docs/sglang.md. Its builder is in ``_builder``.
 """
 
 from __future__ import annotations
@@ -61,10 +57,8 @@ def page_runs(indices: object, page_size: int, name: str) -> torch.Tensor:
 class SGLangIndexerHostPool(SGLangEntryMembers):
     """One of our host pools of ``IndexerPagesView`` as SGLang's ``DSAIndexerPoolHost``.
 
-    Sizes and buffers as SGLang's (``page_size`` and ``size`` in tokens, as
-    the KV anchor's; ``layer_num`` the indexer layers); the inner pool
-    (:attr:`pool`) counts pages, one slot each. Our pools keep no padding
-    page, so ``indexer_page_num`` is the anchor's pages (SGLang's has two more).
+    Sizes as SGLang's (``page_size`` and ``size`` in tokens, as the KV
+    anchor's); the inner pool (:attr:`pool`) counts pages, one slot each.
     """
 
     storage_format_tag = None
