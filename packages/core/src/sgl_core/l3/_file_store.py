@@ -1,10 +1,8 @@
 """``FilePageStore``: the embedded L3 default, one file per page (docs/design.md section 8).
 
-A page file is a :class:`~sgl_core.l3._record.PageHeader` (with the
-payload's CRC-32), then the page's objects. A bad file is a miss, counted as
-``"corrupt"`` and deleted (only if it is still the file that was read).
-Files of the old ``<root>/objects/`` format are neither read nor counted.
-Page bytes are read and written outside the store lock.
+A bad file is a miss, counted as ``"corrupt"`` and deleted (only if it is
+still the file that was read). Files of the old ``<root>/objects/`` format
+are neither read nor counted. Page bytes are read and written outside the store lock.
 """
 
 from __future__ import annotations

@@ -165,17 +165,17 @@ def _component(buffer: object, name: str) -> tuple[str, int] | None:
     return str(buffer.dtype), int(buffer.shape[-1])
 
 
+_SHAPE_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
+_HOST_FIELDS = (*_SHAPE_FIELDS, "kv_cache_dim", "flat_page_dtype", "indexer_layer_ids")
+
+
 def _derived_fields(host: object) -> dict[str, object]:
     fields: dict[str, object] = {}
     shape = getattr(host, "shape", None)
-    for name in ("kv_lora_rank", "qk_rope_head_dim"):
+    for name in _HOST_FIELDS:
         value = getattr(host, name, None)
-        if value is None:
+        if value is None and name in _SHAPE_FIELDS:  # row dims may live on the pool's shape
             value = getattr(shape, name, None)
-        if value is not None:
-            fields[name] = value
-    for name in ("kv_cache_dim", "flat_page_dtype", "indexer_layer_ids"):
-        value = getattr(host, name, None)
         if value is not None:
             fields[name] = value
     for name in ("index_k_buffer", "index_k_scale_buffer"):
