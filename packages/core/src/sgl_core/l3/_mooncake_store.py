@@ -82,16 +82,6 @@ class MooncakePageStore(MooncakeClient):
                     self._count_error(rc)
         return self._tally("set", pages, ok, [c != 1 for c in codes])
 
-    def _save(self, pages: list[Page], idx: list[int]) -> dict[int, int]:
-        """Save pages ``idx``' host bytes in this thread's scratch; ``{i: scratch address}``."""
-        addr = self._thread_buffer(sum(pages[i].nbytes for i in idx))
-        where: dict[int, int] = {}
-        for i in idx:
-            pages[i].move(addr, into=False)
-            where[i] = addr
-            addr += pages[i].nbytes
-        return where
-
     def batch_get(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
@@ -104,7 +94,13 @@ class MooncakePageStore(MooncakeClient):
             self._error("OBJECT_NOT_FOUND", missing)
         fetch = [i for i, c in enumerate(codes) if c == 1]
         if fetch:
-            saved = self._save(pages, fetch) if self._config.restore_on_failed_get else None
+            saved: dict[int, int] = {}  # page -> its host bytes' copy in this thread's scratch
+            if self._config.restore_on_failed_get:
+                addr = self._thread_buffer(sum(pages[i].nbytes for i in fetch))
+                for i in fetch:
+                    pages[i].move(addr, into=False)
+                    saved[i] = addr
+                    addr += pages[i].nbytes
             scratch, view = self._header_scratch(len(fetch))
             rcs = self._transfer("batch_get_into_multi_buffers", scratch, pages, mkeys, fetch)
             bad_keys = []
@@ -122,7 +118,7 @@ class MooncakePageStore(MooncakeClient):
                     bad_keys.append(mkeys[i])
                 else:
                     ok[i] = True
-                if not ok[i] and saved is not None:
+                if not ok[i] and i in saved:
                     page.move(saved[i], into=True)
             if bad_keys:
                 # Forced: this read holds a lease on them. A concurrent reader of
