@@ -24,7 +24,7 @@ from sgl_core.integrations.vllm._blocks import BlockHost, chunk_slots
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
 from sgl_core.l3 import PageStore
 
-__all__ = ["CHUNK_LAYOUT", "BlockStore", "ChunkRows", "chunk_format_fields", "positive_int"]
+__all__ = ["BlockStore", "CHUNK_LAYOUT", "ChunkRows", "chunk_format_fields", "positive_int"]
 
 #: The ``layout`` of a chunk row (its byte order is vLLM's CPU worker's).
 CHUNK_LAYOUT = "vllm_chunk_row"
