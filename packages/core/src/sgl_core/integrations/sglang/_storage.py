@@ -174,12 +174,8 @@ class SGLangPageStorage:
 
     # ------------------------------------------------------------ v2
     def register_mem_host_pool_v2(self, host_pool: _Registered, host_pool_name: Any) -> None:
-        """Bind one ``HostPoolGroup`` entry's host pool to a store of its own.
-
-        The anchor pool (the one ``register_mem_pool_host`` bound) keeps the
-        anchor's store and keys; any other pool gets its own store and a key
-        part naming the pool.
-        """
+        """Bind one ``HostPoolGroup`` entry's host pool to a store of its own (the anchor,
+        bound by ``register_mem_pool_host``, keeps the anchor's store and keys)."""
         name = pool_name(host_pool_name)
         if not isinstance(host_pool, (SGLangHostPool, SGLangIndexerHostPool)):
             raise PageStoreArgumentError(
