@@ -153,8 +153,7 @@ class SGLangHostPool(SGLangEntryMembers):
 
     # ------------------------------------------------------------ L3 pages
     def get_data_page(self, index: object, flat: bool = True) -> torch.Tensor:
-        page: torch.Tensor = self.pool.get_data_page(self._page(index), flat)
-        return page
+        return self.pool.get_data_page(self._page(index), flat)
 
     def get_page_buffer_meta(
         self, indices: torch.Tensor | Sequence[int]
@@ -173,8 +172,7 @@ class SGLangHostPool(SGLangEntryMembers):
         return ptrs, sizes
 
     def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
-        infos: tuple[list[int], list[int], list[int]] = self.pool.get_contiguous_buf_infos()
-        return infos
+        return self.pool.get_contiguous_buf_infos()
 
 
 def wrap_host_pool(
