@@ -25,7 +25,7 @@ def enter_private_netns() -> bool:
     """
     if os.environ.get("SGLTEST_L3_NETNS", "1") == "0":
         return False
-    from sgl_core.l3._netns import enter_private_netns as enter
+    from sgl_core.l3._mooncake_lib import enter_private_netns as enter
 
     return enter()
 

@@ -1,9 +1,7 @@
 """L3 page stores: host-pool pages in a third tier beyond one machine's memory.
 
 * :func:`page_keys` — chained SHA-256 keys, one per full page of tokens.
-* :class:`PageStore` — the contract (``register_host_pool``, ``batch_exists``,
-  ``batch_set``, ``batch_get``, ``clear``, ``stats``); see
-  :mod:`sgl_core.l3._protocol` for the semantics every store keeps.
+* :class:`PageStore` — the contract every store keeps (docs/design.md section 8).
 * :class:`FilePageStore` — the embedded default, a local directory.
 * :class:`MooncakePageStore` — the Mooncake distributed store (extra
   ``mooncake``: ``pip install './packages/core[mooncake]'``; ``mooncake`` is

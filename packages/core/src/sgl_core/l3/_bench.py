@@ -7,7 +7,7 @@ baseline) in turn, so drifts hit all of them alike; medians are reported.
 Every get is checked bit-exact against the source pages.
 
 Mooncake runs only where its listeners cannot be reached from the network
-(its client binds every interface, see :mod:`sgl_core.l3._netns`): the
+(its client binds every interface, see :mod:`sgl_core.l3._mooncake_lib`): the
 default factories start it only in a network namespace with nothing but
 loopback and skip it with a note otherwise.
 """
@@ -30,8 +30,8 @@ import torch
 
 from sgl_core.l3._file_store import FilePageStore
 from sgl_core.l3._keys import page_keys
+from sgl_core.l3._mooncake_lib import isolate_network
 from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore
-from sgl_core.l3._netns import isolate_network
 from sgl_core.l3._protocol import PageStore
 
 __all__ = ["default_store_factories", "mooncake_on_loopback", "run_l3_bench"]

@@ -3,8 +3,7 @@
 Page files are ``<root>/pages/<xx>/<64 hex digits>``; temp files end in
 ``.tmp`` and are ``flock``-ed by their writer until the rename, which is how a
 store tells a live writer's temp file from one whose writer died.
-``<root>/store.lock`` is ``flock``-ed by every open store for its lifetime:
-shared by unbounded stores, exclusive by a bounded one (``hold_root``).
+``<root>/store.lock``: docs/design.md section 8, "One capacity per root".
 """
 
 from __future__ import annotations

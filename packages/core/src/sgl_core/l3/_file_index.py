@@ -128,15 +128,6 @@ class FileIndex(StoreState):
                 "FilePageStore: removed %d temp file(s) of writers that died mid-write", reclaimed
             )
 
-    def _recheck_foreign_tmp(self) -> None:
-        """Drop counted temp files of other writers that are gone or finished (lock held)."""
-        for path in list(self._foreign_tmp):
-            state = tmp_state(path)
-            if state is None or state == -1:
-                del self._foreign_tmp[path]
-            else:
-                self._foreign_tmp[path] = state
-
     def _on_disk(self) -> int:
         return self._committed + self._reserved + sum(self._foreign_tmp.values())
 
@@ -172,7 +163,7 @@ class FileIndex(StoreState):
         if need > self._capacity:
             return False
         if self._foreign_tmp and self._on_disk() + need > self._capacity:
-            self._recheck_foreign_tmp()
+            self._reclaim_tmp()  # other writers may have finished or died
         while self._on_disk() + need > self._capacity:
             victim = next((k for k in self._lru if k != protect), None)
             if victim is None:
@@ -220,7 +211,7 @@ class FileIndex(StoreState):
     def stats(self) -> PageStoreStats:
         with self._lock:
             if self._foreign_tmp:
-                self._recheck_foreign_tmp()
+                self._reclaim_tmp()
             return PageStoreStats.from_counts(
                 self._counts,
                 self._errors,

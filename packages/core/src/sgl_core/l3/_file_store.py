@@ -1,10 +1,8 @@
 """``FilePageStore``: the embedded L3 default, one file per page (docs/design.md section 8).
 
-A page file is a :class:`~sgl_core.l3._record.PageHeader` (with the
-payload's CRC-32), then the page's objects. A bad file is a miss, counted as
-``"corrupt"`` and deleted (only if it is still the file that was read).
-Files of the old ``<root>/objects/`` format are neither read nor counted.
-Page bytes are read and written outside the store lock.
+A bad file is a miss, counted as ``"corrupt"`` and deleted (only if it is
+still the file that was read). Files of the old ``<root>/objects/`` format
+are neither read nor counted. Page bytes are read and written outside the store lock.
 """
 
 from __future__ import annotations
@@ -88,15 +86,45 @@ class FilePageStore(FileIndex):
         return self._tally("set", pages, ok, moved)
 
     def _set_page(self, fmt: PageFormat, page: Page, name: str) -> bool:
+        """Write the page to a locked temp file and rename it into place; True once committed.
+
+        The commit (rename plus index update) runs under the store lock, so
+        ``clear()`` and eviction see a page either before or after it.
+        """
         size = HEADER_SIZE + page.nbytes
         with self._lock:
             if not self._make_room(size, protect=name):
                 self._errors["no_space"] += 1
                 return False
             self._reserved += size
+        path = self._file(name)
         committed = False
         try:
-            committed = self._write_and_commit(fmt, page, name, size)
+            fd, tmp = self._open_tmp(name)
+            try:
+                views = page.views()
+                header = PageHeader.new(fmt.digest, page.key, page.nbytes, page.crc32(views))
+                write_all(fd, [memoryview(header.pack()), *views])
+                if self._fsync:
+                    os.fsync(fd)
+                path.parent.mkdir(exist_ok=True)
+                with self._lock:
+                    os.replace(tmp, path)
+                    self._forget(name)
+                    self._lru[name] = size
+                    self._committed += size
+                    self._reserved -= size
+                    committed = True
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                raise
+            finally:
+                with self._lock:
+                    self._own_tmp.discard(tmp)
+                os.close(fd)
+            if self._fsync:
+                fsync_dir(path.parent)
         except OSError as exc:
             logger.warning("FilePageStore: writing page %r failed: %s", page.key, exc)
             self._error("io_error")
@@ -105,39 +133,6 @@ class FilePageStore(FileIndex):
                 with self._lock:
                     self._reserved -= size
         return committed
-
-    def _write_and_commit(self, fmt: PageFormat, page: Page, name: str, size: int) -> bool:
-        """Write the page to a locked temp file and rename it into place; True once committed.
-
-        The commit (rename plus index update) runs under the store lock, so
-        ``clear()`` and eviction see a page either before or after it.
-        """
-        path = self._file(name)
-        fd, tmp = self._open_tmp(name)
-        try:
-            views = page.views()
-            header = PageHeader.new(fmt.digest, page.key, page.nbytes, page.crc32(views)).pack()
-            write_all(fd, [memoryview(header), *views])
-            if self._fsync:
-                os.fsync(fd)
-            path.parent.mkdir(exist_ok=True)
-            with self._lock:
-                os.replace(tmp, path)
-                self._forget(name)
-                self._lru[name] = size
-                self._committed += size
-                self._reserved -= size
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        finally:
-            with self._lock:
-                self._own_tmp.discard(tmp)
-            os.close(fd)
-        if self._fsync:
-            fsync_dir(path.parent)
-        return True
 
     def _read_page(self, fmt: PageFormat, page: Page, name: str) -> int | None:
         """Read and verify the page file into this thread's staging buffer; its address or None."""

@@ -18,9 +18,6 @@ attributes only, never from its class or device family:
   ``None``, a ``torch.dtype`` or a tuple/list of those, and may not repeat a
   derived field (so it cannot hide one). A new field changes the
   fingerprint: earlier pages become misses, never misreads.
-
-The fingerprint is SHA-256 over a canonical JSON rendering of every field
-plus :data:`FORMAT_VERSION`; stores use its first 16 bytes.
 """
 
 from __future__ import annotations
@@ -165,17 +162,17 @@ def _component(buffer: object, name: str) -> tuple[str, int] | None:
     return str(buffer.dtype), int(buffer.shape[-1])
 
 
+_SHAPE_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
+_HOST_FIELDS = (*_SHAPE_FIELDS, "kv_cache_dim", "flat_page_dtype", "indexer_layer_ids")
+
+
 def _derived_fields(host: object) -> dict[str, object]:
     fields: dict[str, object] = {}
     shape = getattr(host, "shape", None)
-    for name in ("kv_lora_rank", "qk_rope_head_dim"):
+    for name in _HOST_FIELDS:
         value = getattr(host, name, None)
-        if value is None:
+        if value is None and name in _SHAPE_FIELDS:  # row dims may live on the pool's shape
             value = getattr(shape, name, None)
-        if value is not None:
-            fields[name] = value
-    for name in ("kv_cache_dim", "flat_page_dtype", "indexer_layer_ids"):
-        value = getattr(host, name, None)
         if value is not None:
             fields[name] = value
     for name in ("index_k_buffer", "index_k_scale_buffer"):
@@ -191,43 +188,41 @@ def page_format(host: KVHostPool) -> PageFormat:
     a host pool (it lacks an attribute the protocol promises).
     """
     try:
-        return _page_format(host)
+        page_size = _positive_int(host, "page_size")
+        layer_num = _positive_int(host, "layer_num")
+        if not isinstance(host.dtype, torch.dtype):
+            raise PageStoreArgumentError(f"host.dtype must be a torch.dtype, got {host.dtype!r}")
+        ptrs, sizes = host.get_page_buffer_meta(torch.arange(page_size, dtype=torch.int64))
+        if not ptrs or len(ptrs) != len(sizes):
+            raise PageStoreArgumentError(
+                f"host.get_page_buffer_meta returned {len(ptrs)} pointers and {len(sizes)} sizes "
+                "for one page"
+            )
+        fields = _derived_fields(host)
+        hook = getattr(host, "page_format_fields", None)
+        if hook is not None:
+            extra = hook()
+            if not isinstance(extra, Mapping):
+                raise PageStoreArgumentError("host.page_format_fields() must return a mapping")
+            for name, value in extra.items():
+                if not isinstance(name, str) or not name:
+                    raise PageStoreArgumentError(
+                        f"page format field names must be str, got {name!r}"
+                    )
+                if name in fields:  # a declared value must not hide what the pool's buffers say
+                    raise PageStoreArgumentError(
+                        f"page_format_fields() declares {name!r}, a field derived from the pool"
+                    )
+                fields[name] = value
+        return PageFormat(
+            layout=_layout_name(host.layout),
+            dtype=str(host.dtype),
+            page_size=page_size,
+            layer_num=layer_num,
+            object_bytes=tuple(int(s) for s in sizes),
+            fields=tuple(sorted((name, _field_text(v, name)) for name, v in fields.items())),
+        )
     except (AttributeError, TypeError) as exc:
         raise PageStoreArgumentError(
             f"host is not an MLAHostPool ({type(host).__name__}): {exc}"
         ) from None
-
-
-def _page_format(host: KVHostPool) -> PageFormat:
-    page_size = _positive_int(host, "page_size")
-    layer_num = _positive_int(host, "layer_num")
-    if not isinstance(host.dtype, torch.dtype):
-        raise PageStoreArgumentError(f"host.dtype must be a torch.dtype, got {host.dtype!r}")
-    ptrs, sizes = host.get_page_buffer_meta(torch.arange(page_size, dtype=torch.int64))
-    if not ptrs or len(ptrs) != len(sizes):
-        raise PageStoreArgumentError(
-            f"host.get_page_buffer_meta returned {len(ptrs)} pointers and {len(sizes)} sizes "
-            "for one page"
-        )
-    fields = _derived_fields(host)
-    hook = getattr(host, "page_format_fields", None)
-    if hook is not None:
-        extra = hook()
-        if not isinstance(extra, Mapping):
-            raise PageStoreArgumentError("host.page_format_fields() must return a mapping")
-        for name, value in extra.items():
-            if not isinstance(name, str) or not name:
-                raise PageStoreArgumentError(f"page format field names must be str, got {name!r}")
-            if name in fields:  # a declared value must not hide what the pool's buffers say
-                raise PageStoreArgumentError(
-                    f"page_format_fields() declares {name!r}, a field derived from the pool"
-                )
-            fields[name] = value
-    return PageFormat(
-        layout=_layout_name(host.layout),
-        dtype=str(host.dtype),
-        page_size=page_size,
-        layer_num=layer_num,
-        object_bytes=tuple(int(s) for s in sizes),
-        fields=tuple(sorted((name, _field_text(v, name)) for name, v in fields.items())),
-    )

@@ -46,12 +46,9 @@ def page_keys(
 ) -> list[str]:
     """Return one key per **full** page of ``token_ids`` (a trailing partial page has none).
 
-    ``key_i = namespace + sha256(key_{i-1} | 0x00 | int64-le tokens of page i)``,
-    hex encoded; ``key_{-1}`` is ``prior_key`` (the last key of the pages before
-    ``token_ids``, to continue a chain) or the empty string. ``namespace`` (a
-    model name, a tenant, ...) prefixes every key, so stores shared by several
-    models never mix their pages; a ``prior_key`` from another namespace chains
-    to different keys as well.
+    The recipe and ``namespace``: docs/design.md section 8, "Keys"; ``prior_key``
+    (the last key of the pages before ``token_ids``) continues a chain, and one
+    from another namespace chains to different keys as well.
 
     ``scheme="sglang"`` produces SGLang's (0.5.23) storage page hashes instead,
     so pages are shared with an SGLang fleet: ``key_i = sha256(digest_{i-1} |

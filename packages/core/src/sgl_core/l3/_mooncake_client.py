@@ -141,12 +141,12 @@ class MooncakeClient(StoreState):
         if self._closed:
             raise PageStoreNotReadyError("this MooncakePageStore is closed")
 
-    def _header_scratch(self, pages: int) -> int:
-        """Address of this thread's registered scratch for ``pages`` page headers."""
+    def _header_scratch(self, pages: int) -> tuple[int, memoryview]:
+        """This thread's registered scratch for ``pages`` page headers: address, byte view."""
         need = pages * HEADER_SIZE
         buf: ctypes.Array[ctypes.c_char] | None = getattr(self._tls, "headers", None)
         if buf is not None and len(buf) >= need:
-            return ctypes.addressof(buf)
+            return ctypes.addressof(buf), memoryview(buf).cast("B")[:need]
         new = ctypes.create_string_buffer(max(need, _SCRATCH_PAGES * HEADER_SIZE))
         addr = ctypes.addressof(new)
         with self._lock:
@@ -158,7 +158,7 @@ class MooncakeClient(StoreState):
                 self._client.unregister_buffer(old)
                 self._scratch_regs.pop(old, None)
         self._tls.headers = new
-        return addr
+        return addr, memoryview(new).cast("B")[:need]
 
     def _count_error(self, code: int, n: int = 1) -> None:
         self._error(error_name(code), n)

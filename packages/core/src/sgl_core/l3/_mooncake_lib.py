@@ -44,16 +44,24 @@ against a live master on loopback):
   master starts empty).
 * The client's transfer-engine listeners (P2P handshake RPC, TCP transport)
   bind 0.0.0.0/[::] on ephemeral ports; ``MC_TCP_BIND_ADDRESS`` does not
-  change that in this version. Tests confine them to a private network
-  namespace where one exists.
+  change that in this version. So code that runs a throwaway store on one
+  machine (``sgl-bench l3``, the tests) runs it in a private network namespace
+  whose only interface is ``lo`` (:func:`isolate_network`): nothing outside
+  the process tree can reach those listeners.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
+import functools
 import importlib
 import importlib.util
 import os
 import shutil
+import socket
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +71,10 @@ __all__ = [
     "ERROR_NAMES",
     "OBJECT_ALREADY_EXISTS",
     "OBJECT_NOT_FOUND",
+    "enter_private_netns",
     "error_name",
+    "isolate_network",
+    "loopback_only",
     "master_binary",
     "mooncake_available",
     "new_store",
@@ -163,3 +174,57 @@ def new_store() -> Any:
     maps them to results.
     """
     return _import("mooncake.store").MooncakeDistributedStore()
+
+
+_CLONE_NEWNET = 0x40000000
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP_LOOPBACK_RUNNING = 0x1 | 0x8 | 0x40
+
+
+def loopback_only() -> bool:
+    """True when this thread's network namespace has no interface but ``lo``."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return False
+    return names <= {"lo"}
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = struct.pack("16sh22x", b"lo", _IFF_UP_LOOPBACK_RUNNING)
+        fcntl.ioctl(s, _SIOCSIFFLAGS, ifr)
+
+
+@functools.cache
+def enter_private_netns() -> bool:
+    """Move this thread into a new network namespace with only ``lo`` (up); False if not allowed.
+
+    The calling thread, and so every thread and process it starts afterwards:
+    call it from the main thread before starting Mooncake. It needs
+    ``CAP_SYS_ADMIN`` (root) and changes nothing when it fails. Done at most
+    once per process: later calls answer the first call's result.
+    """
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return False
+    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWNET) != 0:
+        return False
+    _loopback_up()
+    return True
+
+
+def isolate_network() -> tuple[bool, str]:
+    """Make sure listeners opened from now on are reachable from this machine's loopback only.
+
+    Returns ``(True, how)`` when this thread is (now) in a network namespace
+    with only ``lo``, else ``(False, why not)``.
+    """
+    if enter_private_netns.cache_info().currsize and enter_private_netns():
+        return True, "in a private network namespace with only loopback (entered by this process)"
+    if loopback_only():
+        with contextlib.suppress(OSError):
+            _loopback_up()
+        return True, "in a network namespace with only loopback"
+    if enter_private_netns():
+        return True, "moved into a private network namespace with only loopback (127.0.0.1)"
+    return False, "cannot enter a private network namespace (needs root or CAP_SYS_ADMIN)"

@@ -1,15 +1,13 @@
 """``MooncakePageStore``: host-pool pages in the Mooncake store (docs/design.md section 8).
 
-Mooncake keeps the first whole object put under a key, so concurrent writers
-leave one writer's page. ``batch_set`` skips pages that exist; ``batch_get``
-fetches only existing pages, so a missing page writes no byte. With
-``restore_on_failed_get`` (default) the fetched pages' host bytes are saved
-first and put back for any page whose transfer or header check fails.
+Mooncake keeps the first whole object put under a key (``_mooncake_lib``), so
+concurrent writers leave one writer's page. ``batch_get`` fetches only
+existing pages, so a missing page writes no byte; with ``restore_on_failed_get``
+the fetched pages' host bytes are saved first and put back on a failed check.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Sequence
 
@@ -71,12 +69,11 @@ class MooncakePageStore(MooncakeClient):
         ok = [c == 1 for c in codes]
         todo = [i for i, c in enumerate(codes) if c != 1]
         if todo:
-            scratch = self._header_scratch(len(todo))
-            headers = memoryview((ctypes.c_char * (len(todo) * HEADER_SIZE)).from_address(scratch))
+            scratch, headers = self._header_scratch(len(todo))
             for t, i in enumerate(todo):
                 crc = pages[i].crc32() if self._config.verify_checksum else None
                 header = PageHeader.new(fmt.digest, pages[i].key, pages[i].nbytes, crc)
-                header.pack_into(headers.cast("B"), t * HEADER_SIZE)
+                header.pack_into(headers, t * HEADER_SIZE)
             rcs = self._transfer("batch_put_from_multi_buffers", scratch, pages, mkeys, todo)
             for i, rc in zip(todo, rcs, strict=True):
                 if rc in (0, OBJECT_ALREADY_EXISTS):
@@ -84,16 +81,6 @@ class MooncakePageStore(MooncakeClient):
                 else:
                     self._count_error(rc)
         return self._tally("set", pages, ok, [c != 1 for c in codes])
-
-    def _save(self, pages: list[Page], idx: list[int]) -> dict[int, int]:
-        """Save pages ``idx``' host bytes in this thread's scratch; ``{i: scratch address}``."""
-        addr = self._thread_buffer(sum(pages[i].nbytes for i in idx))
-        where: dict[int, int] = {}
-        for i in idx:
-            pages[i].move(addr, into=False)
-            where[i] = addr
-            addr += pages[i].nbytes
-        return where
 
     def batch_get(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
@@ -107,14 +94,19 @@ class MooncakePageStore(MooncakeClient):
             self._error("OBJECT_NOT_FOUND", missing)
         fetch = [i for i, c in enumerate(codes) if c == 1]
         if fetch:
-            saved = self._save(pages, fetch) if self._config.restore_on_failed_get else None
-            scratch = self._header_scratch(len(fetch))
+            saved: dict[int, int] = {}  # page -> its host bytes' copy in this thread's scratch
+            if self._config.restore_on_failed_get:
+                addr = self._thread_buffer(sum(pages[i].nbytes for i in fetch))
+                for i in fetch:
+                    pages[i].move(addr, into=False)
+                    saved[i] = addr
+                    addr += pages[i].nbytes
+            scratch, view = self._header_scratch(len(fetch))
             rcs = self._transfer("batch_get_into_multi_buffers", scratch, pages, mkeys, fetch)
-            view = memoryview((ctypes.c_char * (len(fetch) * HEADER_SIZE)).from_address(scratch))
             bad_keys = []
             for f, (i, rc) in enumerate(zip(fetch, rcs, strict=True)):
                 page = pages[i]
-                raw = view[f * HEADER_SIZE : (f + 1) * HEADER_SIZE].cast("B")
+                raw = view[f * HEADER_SIZE : (f + 1) * HEADER_SIZE]
                 crc = page.crc32 if self._config.verify_checksum else None
                 if rc != HEADER_SIZE + page.nbytes:
                     self._count_error(rc if rc < 0 else _SIZE_MISMATCH)
@@ -126,7 +118,7 @@ class MooncakePageStore(MooncakeClient):
                     bad_keys.append(mkeys[i])
                 else:
                     ok[i] = True
-                if not ok[i] and saved is not None:
+                if not ok[i] and i in saved:
                     page.move(saved[i], into=True)
             if bad_keys:
                 # Forced: this read holds a lease on them. A concurrent reader of

@@ -106,12 +106,8 @@ def _checked(check: Callable[..., _T], *args: object) -> _T:
 
 
 def host_index_tensor(host_indices: object) -> torch.Tensor:
-    """``host_indices`` as a 1-D int64 CPU tensor; floats, bools, str, ... raise.
-
-    A tensor must be ``torch.int64`` (as for transfers); a sequence must hold
-    ints (``numpy`` integers too), never floats or bools: nothing is rounded.
-    The checks are the host pools' (``as_index_tensor``), raised as L3 twins.
-    """
+    """``host_indices`` as a 1-D int64 CPU tensor, checked as the host pools'
+    ``as_index_tensor`` does (nothing is rounded), raised as L3 twins."""
     tensor = _checked(as_index_tensor, host_indices, "host_indices")
     return tensor.detach().to("cpu")
 

@@ -2,13 +2,9 @@
 
 The semantics every store keeps are docs/design.md section 8 ("Contract"),
 checked by ``tests/l3/test_l3_conformance.py`` and ``tests/l3/test_l3_faults.py``.
-Per-page outcomes (miss, failed transfer, full or down store) are results,
-never exceptions; the errors (all :class:`sgl_core.errors.SGLError`) are
-raised for misuse and unworkable configuration before any byte moves. A bad
-host index raises a class that is both a :class:`PageStoreArgumentError` and
-the host pools' error for that fault (:class:`~sgl_core.errors.IndexDTypeError`,
-``IndexShapeError``, ``IndexOutOfRangeError``, ``DuplicateIndexError``,
-``PageAlignmentError``), so either ``except`` clause catches it.
+A bad host index raises a class that is both a :class:`PageStoreArgumentError`
+and the host pools' error for that fault (:data:`HOST_INDEX_ERRORS`), so
+either ``except`` clause catches it.
 """
 
 from __future__ import annotations

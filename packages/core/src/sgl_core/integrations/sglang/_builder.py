@@ -148,13 +148,10 @@ class IndexerHostPoolBuilder:
                 f"declared indexer layers {tuple(owned)} are not the pool's {fmt.layer_ids}"
             )
         info = getattr(decl, "storage_info", None)
-        per_token = getattr(info, "bytes_per_token_per_layer", None)
-        if per_token != fmt.index_head_dim + SCALE_BYTES or getattr(info, "dtype", None) != (
-            torch.uint8
-        ):
+        per_token, dtype = (getattr(info, n, None) for n in ("bytes_per_token_per_layer", "dtype"))
+        if per_token != fmt.index_head_dim + SCALE_BYTES or dtype != torch.uint8:
             raise PoolMismatchError(
-                f"declared {per_token} bytes per token and layer "
-                f"({getattr(info, 'dtype', None)}); we mirror "
+                f"declared {per_token} bytes per token and layer ({dtype}); we mirror "
                 f"{fmt.index_head_dim + SCALE_BYTES} uint8 (keys, then one float32 scale)"
             )
 

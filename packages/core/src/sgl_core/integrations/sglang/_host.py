@@ -1,14 +1,8 @@
 """Our host pools (MLA and MHA/GQA) as SGLang 0.5.23's ``HostKVCache``.
 
-:class:`SGLangHostPool` carries the members that SGLang's controllers, L2
-engine and storage backends read from a host pool, with SGLang's meaning, on
-any of our host pools (docs/sglang.md lists them). L3 flat pages and page
-meta are in SGLang's order: MLA pages as ``MLATokenToKVPoolHost``'s; MHA
-pages as ``MHATokenToKVPoolHost``'s (a flat page is K then V; ``layer_first``
-page meta lists each layer's K object then its V object, where our MHA pools
-list all K layers, then all V layers). Every transfer is still validated in full by our pool
-(SGLang does not): a bad index raises an ``sgl_core.errors`` exception and
-changes nothing.
+The members SGLang reads, their page bytes and order, and where we differ:
+docs/sglang.md. Every transfer is still validated in full by our pool (SGLang
+does not): a bad index raises an ``sgl_core.errors`` exception and changes nothing.
 """
 
 from __future__ import annotations
@@ -159,8 +153,7 @@ class SGLangHostPool(SGLangEntryMembers):
 
     # ------------------------------------------------------------ L3 pages
     def get_data_page(self, index: object, flat: bool = True) -> torch.Tensor:
-        page: torch.Tensor = self.pool.get_data_page(self._page(index), flat)
-        return page
+        return self.pool.get_data_page(self._page(index), flat)
 
     def get_page_buffer_meta(
         self, indices: torch.Tensor | Sequence[int]
@@ -179,8 +172,7 @@ class SGLangHostPool(SGLangEntryMembers):
         return ptrs, sizes
 
     def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
-        infos: tuple[list[int], list[int], list[int]] = self.pool.get_contiguous_buf_infos()
-        return infos
+        return self.pool.get_contiguous_buf_infos()
 
 
 def wrap_host_pool(

@@ -111,9 +111,9 @@ class SGLangEntryMembers:
         page: torch.Tensor = self._base.get_dummy_flat_data_page()
         return page
 
-    def _page_ptrs(self, page: int) -> list[int]:
+    def _page_meta(self, page: int) -> tuple[list[int], list[int]]:
         ps = self.page_size
-        return self.get_page_buffer_meta(list(range(page * ps, (page + 1) * ps)))[0]
+        return self.get_page_buffer_meta(list(range(page * ps, (page + 1) * ps)))
 
     def get_page_buffer_element_size(self, split_factor: int = 1) -> int:
         """Bytes of the first storage object of a page (SGLang's storage element)."""
@@ -121,29 +121,24 @@ class SGLangEntryMembers:
             raise UnsupportedLayoutError(
                 f"split_factor={split_factor}: heads are not split across storage objects here"
             )
-        _, sizes = self.get_page_buffer_meta(list(range(self.page_size)))
-        return int(sizes[0])
+        return int(self._page_meta(0)[1][0])
 
     def is_stride_page_aligned(self, page_size_bytes: int = HOST_PAGE_BYTES) -> bool:
         """True when every storage object of every page starts ``page_size_bytes``-aligned.
 
-        Each object's address is ``base + page * stride`` (one base and stride
-        per object of a page, as every layout here lays pages out evenly), so
-        the first page's addresses and the step to the second page decide all
-        pages. Unlike SGLang (which answers False for ``layer_first``), this
-        holds for every layout: ``layer_first`` objects are aligned when the
-        buffer, a layer's slab and a page's rows all are.
+        Each object's address is ``base + page * stride`` (every layout lays
+        pages out evenly), so pages 0 and 1 decide all (docs/sglang.md).
         """
         if isinstance(page_size_bytes, bool) or not isinstance(page_size_bytes, int):
             raise ArgumentTypeError("page_size_bytes must be an int")
         if page_size_bytes <= 0:
             raise ArgumentTypeError(f"page_size_bytes must be positive, got {page_size_bytes}")
-        first = self._page_ptrs(0)
+        first = self._page_meta(0)[0]
         if any(ptr % page_size_bytes for ptr in first):
             return False
         if self.page_num < 2:
             return True
-        second = self._page_ptrs(1)
+        second = self._page_meta(1)[0]
         return all((b - a) % page_size_bytes == 0 for a, b in zip(first, second, strict=True))
 
     def prepare_transfer_indices(

@@ -1,11 +1,7 @@
 """Our host pool as the ``INDEXER`` entry of SGLang 0.5.23's DeepSeek-V3.2 stack.
 
-SGLang's ``_DsaStrategy`` builds a ``HostPoolGroup`` whose ``INDEXER`` entry
-(``DSAIndexerHostPoolBuilder``, anchored on the KV host pool) copies whole
-index pages: per page and indexer layer one ``uint8`` row of ``page_size``
-keys then ``page_size`` float32 scales. :class:`SGLangIndexerHostPool` is
-that entry on one of our host pools built over ``IndexerPagesView``; its
-builder, :func:`indexer_host_pool_builder`, is in ``_builder``.
+The entry, its buffers and where it differs from SGLang's
+``DSAIndexerPoolHost``: docs/sglang.md. Its builder is in ``_builder``.
 """
 
 from __future__ import annotations
@@ -20,13 +16,13 @@ from sgl_core.errors import (
     ArgumentTypeError,
     IndexDTypeError,
     IndexShapeError,
-    LayerIndexError,
     PageAlignmentError,
     PoolMismatchError,
 )
 from sgl_core.integrations.sglang._host import SGLangHostPool
 from sgl_core.integrations.sglang._host_pages import SGLangEntryMembers, page_index
 from sgl_core.kv._enums import HostLayout
+from sgl_core.kv._validation import check_layer_id, check_page_runs
 from sgl_core.kv.device._indexer import SCALE_BYTES
 from sgl_core.kv.device._paged_indexer import IndexerPagesView
 from sgl_core.kv.host._host_kinds import MLAHostPoolBase
@@ -53,28 +49,16 @@ def page_runs(indices: object, page_size: int, name: str) -> torch.Tensor:
         raise IndexDTypeError(f"{name} must be int32 or int64, got {indices.dtype}")
     if indices.dim() != 1:
         raise IndexShapeError(f"{name} must be 1-D, got shape {tuple(indices.shape)}")
-    if indices.numel() % page_size:
-        raise PageAlignmentError(
-            f"{name}: {indices.numel()} indices are not whole pages of {page_size} tokens "
-            "(the indexer moves whole pages)"
-        )
-    runs = indices.to("cpu", torch.int64).view(-1, page_size)
-    starts = runs[:, 0]
-    expected = starts[:, None] + torch.arange(page_size)
-    if bool((starts % page_size).any()) or not torch.equal(runs, expected):
-        raise PageAlignmentError(
-            f"{name} must be runs of whole, aligned pages of {page_size} tokens"
-        )
-    return starts // page_size
+    runs = indices.to("cpu", torch.int64)
+    check_page_runs(runs, page_size, name)  # the indexer moves whole pages
+    return runs[::page_size] // page_size
 
 
 class SGLangIndexerHostPool(SGLangEntryMembers):
     """One of our host pools of ``IndexerPagesView`` as SGLang's ``DSAIndexerPoolHost``.
 
-    Sizes and buffers as SGLang's (``page_size`` and ``size`` in tokens, as
-    the KV anchor's; ``layer_num`` the indexer layers); the inner pool
-    (:attr:`pool`) counts pages, one slot each. Our pools keep no padding
-    page, so ``indexer_page_num`` is the anchor's pages (SGLang's has two more).
+    Sizes as SGLang's (``page_size`` and ``size`` in tokens, as the KV
+    anchor's); the inner pool (:attr:`pool`) counts pages, one slot each.
     """
 
     storage_format_tag = None
@@ -166,13 +150,10 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
 
     def _host_layer(self, layer_id: int) -> int | None:
         """The host layer of device layer ``layer_id`` (None: a layer with shared top-k)."""
-        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
-            raise ArgumentTypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
-        if not 0 <= layer_id <= self.end_layer:
-            raise LayerIndexError(f"layer_id={layer_id} is outside [0, {self.end_layer + 1})")
-        if layer_id not in self.indexer_layer_ids:
+        layer = check_layer_id(layer_id, self.end_layer + 1)
+        if layer not in self.indexer_layer_ids:
             return None  # as SGLang: the layer reuses another's top-k and has no index pages
-        return self.indexer_layer_ids.index(layer_id)
+        return self.indexer_layer_ids.index(layer)
 
     # ------------------------------------------------------------ pages
     def _page(self, index: object) -> int:

@@ -1,11 +1,7 @@
 """``SGLangPageStorage``: SGLang 0.5.23's ``HiCacheStorage`` (v1, generic, v2) on our stores.
 
-Store keys are SGLang's page hashes suffixed with the model name, the shard
-(:func:`shard_key_parts`), the host layout and, for a pool other than the
-anchor, the pool's name: a page of another model, layout, shard or pool is a
-miss, never a wrong hit. Each v2 pool has its own store and key suffix; every
-v2 call is checked in full before any byte moves (a bad call raises
-``PageStoreArgumentError``).
+Store keys (model, shard, layout and pool suffixes, so a page of another one
+is a miss) and the v2 checks: docs/sglang.md.
 """
 
 from __future__ import annotations
@@ -178,12 +174,8 @@ class SGLangPageStorage:
 
     # ------------------------------------------------------------ v2
     def register_mem_host_pool_v2(self, host_pool: _Registered, host_pool_name: Any) -> None:
-        """Bind one ``HostPoolGroup`` entry's host pool to a store of its own.
-
-        The anchor pool (the one ``register_mem_pool_host`` bound) keeps the
-        anchor's store and keys; any other pool gets its own store and a key
-        part naming the pool.
-        """
+        """Bind one ``HostPoolGroup`` entry's host pool to a store of its own (the anchor,
+        bound by ``register_mem_pool_host``, keeps the anchor's store and keys)."""
         name = pool_name(host_pool_name)
         if not isinstance(host_pool, (SGLangHostPool, SGLangIndexerHostPool)):
             raise PageStoreArgumentError(

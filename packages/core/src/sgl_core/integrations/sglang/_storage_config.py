@@ -128,19 +128,6 @@ def rank_root_name(config: Any) -> str:
     return "-".join(parts) if parts else "rank"
 
 
-def _file_store(extra: Mapping[str, Any], config: Any, pool: str | None) -> PageStore:
-    path = extra.get("path")
-    if not isinstance(path, str) or not path:
-        raise PageStoreArgumentError("extra_config needs 'path' (a directory) for store=file")
-    capacity = extra.get("capacity_bytes")
-    root = Path(path)
-    if capacity is not None:  # one bounded root per rank (and per extra pool)
-        root = root / rank_root_name(config)
-    if pool is not None:
-        root = root / f"pool-{pool}"
-    return FilePageStore(str(root), capacity)
-
-
 def build_store(extra: Mapping[str, Any], config: Any, pool: str | None = None) -> PageStore:
     """The store ``extra`` names (``store``: ``file`` or ``mooncake``).
 
@@ -149,7 +136,16 @@ def build_store(extra: Mapping[str, Any], config: Any, pool: str | None = None) 
     """
     kind = extra.get("store", "file")
     if kind == "file":
-        return _file_store(extra, config, pool)
+        path = extra.get("path")
+        if not isinstance(path, str) or not path:
+            raise PageStoreArgumentError("extra_config needs 'path' (a directory) for store=file")
+        capacity = extra.get("capacity_bytes")
+        root = Path(path)
+        if capacity is not None:  # one bounded root per rank (and per extra pool)
+            root = root / rank_root_name(config)
+        if pool is not None:
+            root = root / f"pool-{pool}"
+        return FilePageStore(str(root), capacity)
     if kind == "mooncake":
         fields = extra.get("mooncake", {})
         if not isinstance(fields, Mapping):

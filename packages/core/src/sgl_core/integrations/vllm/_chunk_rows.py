@@ -1,22 +1,14 @@
 """vLLM's offloaded chunks as pages of our L3 stores (no vLLM import).
 
-``SglPageStoreTier``'s side: vLLM's tiering spec hands a secondary tier a
-memoryview of its CPU tier's chunk rows. :class:`ChunkRows` is that view as a
-host pool of one-page slots for our page stores, and
-:func:`chunk_format_fields` is what gives a row's bytes their meaning (model,
-KV groups, chunking, parallel sizes, layouts), the page format's identity: a
-chunk of another format is a miss.
-
-``SglOffloadingSpec``'s side: each host page of a :class:`BlockHost` is one
-vLLM block of every layer, so a page store registered on its pool
-(:class:`BlockStore`) keeps each block as one page under our record: the page
-format (layout, dtype, page size, layers, row dims) and a checksum are checked
-before a byte reaches the pool, so a block of another dtype, host layout or
-block size is a miss. What the format cannot see (another model of the same
-shapes) is the key's job: keys are ``<model>@<offload key hex>.<j>of<blocks
-per chunk>`` (vLLM keys a chunk by the hash at its end, so sub-block ``j`` of
-a 2-block chunk is another block than sub-block ``j`` of a 1-block one), the
-model name escaped so that no name forges another's prefix.
+``SglPageStoreTier``'s side: :class:`ChunkRows` (vLLM's CPU tier chunk rows as
+a host pool of one-page slots) and :func:`chunk_format_fields` (the page
+format's identity: a chunk of another format is a miss). ``SglOffloadingSpec``'s
+side: :class:`BlockStore`, one page per vLLM block of a :class:`BlockHost`
+(docs/vllm.md, "Our page records"). What the format cannot see (another model
+of the same shapes) is the key's job: vLLM keys a chunk by the hash at its end,
+so sub-block ``j`` of a 2-block chunk is another block than sub-block ``j`` of
+a 1-block one (hence ``.<j>of<blocks per chunk>``), and the model name is
+escaped so that no name forges another's prefix.
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ from sgl_core.integrations.vllm._blocks import BlockHost, chunk_slots
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
 from sgl_core.l3 import PageStore
 
-__all__ = ["CHUNK_LAYOUT", "BlockStore", "ChunkRows", "chunk_format_fields", "positive_int"]
+__all__ = ["BlockStore", "CHUNK_LAYOUT", "ChunkRows", "chunk_format_fields", "positive_int"]
 
 #: The ``layout`` of a chunk row (its byte order is vLLM's CPU worker's).
 CHUNK_LAYOUT = "vllm_chunk_row"

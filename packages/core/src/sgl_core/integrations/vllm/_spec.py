@@ -15,6 +15,7 @@ from typing import Any
 
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
 from sgl_core.integrations.vllm._blocks import BlockDeviceView, BlockHost, BlockRows, kv_dtype
+from sgl_core.integrations.vllm._chunk_rows import positive_int
 from sgl_core.integrations.vllm._tier import _BASE, _vllm, register_tier_with_vllm
 
 __all__ = ["SglOffloadingSpec", "SglOffloadingWorker", "register_with_vllm"]
@@ -130,12 +131,9 @@ class SglOffloadingSpec:
             raise UnsupportedLayoutError(
                 "canonical_layout is not supported by SglOffloadingSpec (direct layout only)"
             )
-        cpu_bytes = self.extra_config.get("cpu_bytes_to_use")
-        if isinstance(cpu_bytes, bool) or not isinstance(cpu_bytes, int) or cpu_bytes <= 0:
-            raise ArgumentTypeError(
-                f"kv_connector_extra_config.cpu_bytes_to_use must be a positive int, "
-                f"got {cpu_bytes!r}"
-            )
+        cpu_bytes = positive_int(
+            "kv_connector_extra_config.cpu_bytes_to_use", self.extra_config.get("cpu_bytes_to_use")
+        )
         world = max(int(config.parallel.world_size), 1)
         self.kv_bytes_per_chunk = (
             int(config.worker_kv_bytes_per_block) * world * self.blocks_per_chunk

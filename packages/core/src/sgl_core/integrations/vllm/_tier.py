@@ -2,10 +2,7 @@
 
 Imports nothing from vLLM at import time (an import-linter contract): the tier
 becomes a *virtual* ``SecondaryTierManager`` once vLLM's offloading base is
-loaded (``_spec`` registers it when the package is imported). Each chunk row
-is one page under :class:`ChunkRows`' page format, so a chunk of another
-model, dtype or layout is a miss; reads are verified before a byte reaches
-the primary row (docs/vllm.md).
+loaded (``_spec`` registers it). Its page records and jobs: docs/vllm.md.
 """
 
 from __future__ import annotations
