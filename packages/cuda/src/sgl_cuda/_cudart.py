@@ -8,8 +8,9 @@ extra ``size_t* failIdx`` argument that CUDA 13 removed, so the argument list is
 chosen from ``cudaRuntimeGetVersion``.
 
 Pointer, size and attribute arrays are read by the runtime during the call, so
-plain (pageable) CPU int64 tensors are enough. The legacy NULL stream is not
-allowed by the API; :mod:`sgl_cuda._copy_engine` handles that.
+plain (pageable) CPU int64 tensors are enough. A batch is queued on the
+current stream, or on a side stream ordered both ways with it when that is
+the legacy NULL stream (refused by the API).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ _SRC_ACCESS_ORDER_STREAM = 1
 _FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1
 _FIRST_BATCH_VERSION = 12080
 _NO_FAIL_IDX_VERSION = 13000
+# Copies per runtime call: bounds the arrays the driver walks in one call.
+MAX_BATCH = 1 << 14
 
 
 class BatchCopyError(RuntimeError):
@@ -109,6 +112,42 @@ class Runtime:
         name = self.lib.cudaGetErrorString(code)  # restype set at load: bytes or None
         return name.decode() if isinstance(name, bytes) else f"cudaError {code}"
 
+    def queue(
+        self,
+        pieces: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        device_index: int,
+        on_device: tuple[bool, bool],
+        *,
+        prefer_overlap: bool,
+    ) -> None:
+        """Queue ``pieces`` (``src``, ``dst``, ``size``) on the current stream of the device,
+        in calls of at most ``MAX_BATCH`` copies; ``on_device``: src, dst on the GPU."""
+        with torch.cuda.device(device_index):
+            current = torch.cuda.current_stream(device_index)
+            stream = current
+            if current.cuda_stream == 0:  # the legacy stream: the API refuses it
+                stream = _side_stream(device_index)
+                stream.wait_stream(current)
+            src, dst, size = (t.contiguous() for t in pieces)
+            try:
+                for lo in range(0, size.numel(), MAX_BATCH):
+                    hi = lo + MAX_BATCH
+                    self.memcpy_batch(
+                        dst[lo:hi],
+                        src[lo:hi],
+                        size[lo:hi],
+                        stream.cuda_stream,
+                        device_index=device_index,
+                        src_on_device=on_device[0],
+                        dst_on_device=on_device[1],
+                        prefer_overlap=prefer_overlap,
+                    )
+            finally:
+                # Also after a failed chunk: chunks already queued stay ordered before
+                # whatever the current stream does next (e.g. the per-piece fallback).
+                if stream is not current:
+                    current.wait_stream(stream)
+
     def memcpy_batch(
         self,
         dsts: torch.Tensor,
@@ -173,6 +212,16 @@ def _location(on_device: bool, device_index: int) -> _MemLocation:
 
 _lock = threading.Lock()
 _loaded: list[Runtime | None] = []
+_side_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(index: int) -> torch.cuda.Stream:
+    with _lock:
+        stream = _side_streams.get(index)
+        if stream is None:
+            stream = torch.cuda.Stream(index)  # type: ignore[no-untyped-call]
+            _side_streams[index] = stream
+        return stream
 
 
 def runtime() -> Runtime | None:

@@ -23,6 +23,7 @@ from sgl_core.errors import (
     ShapeMismatchError,
 )
 from sgl_cuda import _copy_engine
+from sgl_cuda._path_choice import resolve_mode
 
 __all__ = [
     "transfer_kv_all_layer_direct_lf_pf",
@@ -79,7 +80,7 @@ def transfer_kv_direct(
     and only checked to be positive.
     """
     _check_page_size(page_size)
-    copy_mode = _copy_engine.resolve_mode(mode)
+    copy_mode = resolve_mode(mode)
     src_list, dst_list = list(src_layers), list(dst_layers)
     if len(src_list) != len(dst_list):
         raise ShapeMismatchError(
@@ -139,10 +140,9 @@ def _pages(
 ) -> None:
     """Whole pages between page-first-direct ``hosts`` and per-layer ``groups`` (from ``first``)."""
     src_idx, dst_idx = _page_indices(*indices, ps)
-    layer_ids = [torch.arange(first, first + len(g), dtype=torch.int64) for g in groups]
-    parts = list(zip(hosts, layer_ids, groups, strict=True))
+    parts = list(zip(hosts, groups, strict=True))
     host_idx, dev_idx = (dst_idx, src_idx) if to_host else (src_idx, dst_idx)
-    if _copy_engine.page_first(parts, host_idx, dev_idx, ps, options[0], to_host=to_host):
+    if _copy_engine.page_first(parts, first, host_idx, dev_idx, ps, options[0], to_host=to_host):
         return
     runs = merge_runs(src_idx[::ps], dst_idx[::ps], unit=ps)
     pairs = []
@@ -174,7 +174,7 @@ def transfer_kv_per_layer_direct_pf_lf(
     component). Indices must be whole, aligned pages (only the count is checked).
     """
     ps = _check_page_size(page_size)
-    copy_mode = _copy_engine.resolve_mode(mode)
+    copy_mode = resolve_mode(mode)
     if isinstance(layer_id, bool) or not isinstance(layer_id, int) or layer_id < 0:
         raise LayerIndexError(f"layer_id must be a non-negative int, got {layer_id!r}")
     hosts = list(src_ptrs)
@@ -199,7 +199,7 @@ def transfer_kv_all_layer_direct_lf_pf(
     components); ``dst_ptrs`` the page-first-direct buffer(s).
     """
     ps = _check_page_size(page_size)
-    copy_mode = _copy_engine.resolve_mode(mode)
+    copy_mode = resolve_mode(mode)
     hosts = list(dst_ptrs)
     groups = _split_components(list(src_ptrs), hosts, "src_ptrs")
     _pages(hosts, groups, (src_indices, dst_indices), ps, (copy_mode, tuning), 0, to_host=True)

@@ -1,4 +1,4 @@
-"""Which CUDA copy path moves a transfer, chosen by measurement (``SGL_CUDA_DIRECT_COPY=auto``).
+"""Which CUDA copy path moves a transfer: ``SGL_CUDA_DIRECT_COPY``, or ``auto``'s measured choice.
 
 The candidates (each bit-exact, each declining by copying nothing and
 returning False), their preference order, the keys and the re-measuring are
@@ -8,19 +8,50 @@ described in docs/design.md section 6 ("CUDA copy paths, calibrated").
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable, Mapping
 
 import torch
 
 from sgl_core.backend import Calibrator, default_calibrator
+from sgl_core.errors import ShapeMismatchError
 
-__all__ = ["CANDIDATES", "Candidate", "PathChooser", "device_label", "path_key", "size_class"]
+__all__ = [
+    "CANDIDATES",
+    "MODES",
+    "MOVER_MODES",
+    "Candidate",
+    "PathChooser",
+    "device_label",
+    "path_key",
+    "resolve_mode",
+    "size_class",
+]
 
+MODES = ("batch", "batch-plain", "foreach")
+#: The host pools' ``direct`` movers also take ``auto``: the path chosen by measurement.
+MOVER_MODES = (*MODES, "auto")
+_ENV = "SGL_CUDA_DIRECT_COPY"
 #: Every candidate name, in preference order.
 CANDIDATES = ("copy engine", "copy engine gather", "batched copy engine", "kernel")
 #: Moves the transfer and returns True, or declines: returns False having copied nothing.
 Candidate = Callable[[], bool]
+
+
+def resolve_mode(mode: str | None, *, movers: bool = False) -> str:
+    """``mode``, else ``$SGL_CUDA_DIRECT_COPY``, else ``foreach``; checked against MODES
+    (``movers``: MOVER_MODES, which add ``auto``).
+
+    ``foreach`` stays the default until the batched modes have run on a GPU
+    (``scripts/gpu_check.sh`` measures and tests all of them); ``batch`` and
+    ``auto`` are opt-in.
+    """
+    chosen = mode if mode is not None else os.environ.get(_ENV, "").strip().lower() or "foreach"
+    allowed = MOVER_MODES if movers else MODES
+    if chosen not in allowed:
+        raise ShapeMismatchError(f"direct copy mode must be one of {allowed}, got {chosen!r}")
+    return chosen
 
 
 def size_class(nbytes: int) -> str:
