@@ -29,7 +29,7 @@ from sgl_core.backend import (
 )
 from sgl_core.errors import SGLError
 from sgl_cuda import _copy_engine
-from sgl_cuda._kernel_parts import StreamFence
+from sgl_cuda._kernels import StreamFence
 from sgl_cuda._movers import KernelMover
 from sgl_cuda._path_choice import Candidate, PathChooser, path_key, resolve_mode
 

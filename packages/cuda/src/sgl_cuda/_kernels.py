@@ -7,7 +7,8 @@ and these helpers read or set that choice before it is made.
 The interpreter runs a kernel by patching module state of ``triton.language``
 for the duration of the launch, so two threads launching at once corrupt each
 other's run: every interpreted launch holds ``interpreter_launch``'s lock.
-Compiled GPU launches are thread-safe and take no lock.
+Compiled GPU launches are thread-safe and take no lock. ``StreamFence``: the
+point after the transfers a pool queued, which its movers record.
 """
 
 from __future__ import annotations
@@ -18,9 +19,17 @@ import sys
 import threading
 from types import ModuleType
 
+import torch
+
 from sgl_core.errors import BackendUnavailableError
 
-__all__ = ["interpreter_active", "interpreter_launch", "kernels", "start_interpreter"]
+__all__ = [
+    "StreamFence",
+    "interpreter_active",
+    "interpreter_launch",
+    "kernels",
+    "start_interpreter",
+]
 
 _triton_module: ModuleType | None = None
 _lock = threading.Lock()
@@ -73,3 +82,37 @@ def interpreter_active() -> bool:
 def interpreter_launch(interpreted: bool) -> contextlib.AbstractContextManager[object]:
     """The lock every interpreted launch holds; a no-op context for compiled kernels."""
     return _lock if interpreted else contextlib.nullcontext()
+
+
+class StreamFence:
+    """The point after the last transfer a pool queued, per CUDA stream.
+
+    Thread-safe: every caller of :meth:`synchronize` waits for every transfer
+    recorded before it was called, also while another thread is already
+    waiting for the same events (an L3 reader must never see a page whose
+    device-to-host copy is still running).
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[int, torch.cuda.Event] = {}
+        self._lock = threading.Lock()
+
+    def record(self, device: torch.device) -> None:
+        """Remember the point on the current stream after the transfer just queued."""
+        if device.type == "cuda":
+            stream = torch.cuda.current_stream(device)
+            event = stream.record_event()
+            with self._lock:
+                # One event per stream: a write-back stream and a load stream both count.
+                self._pending[stream.cuda_stream] = event
+
+    def synchronize(self) -> None:
+        """Wait until every recorded transfer, on any stream, has finished."""
+        with self._lock:
+            pending = list(self._pending.items())
+        for _, event in pending:  # outside the lock: recording must not wait for this
+            event.synchronize()
+        with self._lock:  # forget only what was waited for, not an event recorded since
+            for key, event in pending:
+                if self._pending.get(key) is event:
+                    del self._pending[key]
