@@ -221,10 +221,10 @@ def test_iq4_random_blocks_cover_every_index() -> None:
 
 def test_method_realigns_when_the_types_tiles_differ(monkeypatch: pytest.MonkeyPatch) -> None:
     # down's default tile pads pairs to 32, gate_up's to 16: down must get its own alignment
-    from sgl_cuda._triton import ggml_mmq
+    from sgl_cuda._triton import ggml
 
     tiles = {int(Q.Q4_K): (16, 64, 32, 1), int(Q.Q8_0): (32, 64, 32, 1)}
-    monkeypatch.setattr(ggml_mmq, "default_tile", lambda q: tiles[q])
+    monkeypatch.setattr(ggml, "default_tile", lambda q: tiles[q])
     hidden, inter, e, tokens, top_k = 256, 32, 4, 5, 2
     bank, wgu, wd = make_bank(Q.Q4_K, Q.Q8_0, e, hidden, inter, seed=6)
     weights, ids = routing(tokens, top_k, e, seed=6)

@@ -191,9 +191,9 @@ def ggml_moe_get_block_size(quant_type: int, tile: Tile | None = None) -> int:
     if tile is not None:
         _check_tile(tile)
         return tile[0]
-    from sgl_cuda._triton import ggml_mmq
+    from sgl_cuda._triton import ggml as kernels
 
-    return ggml_mmq.default_tile(int(qtype))[0]
+    return kernels.default_tile(int(qtype))[0]
 
 
 def _check_index(name: str, t: torch.Tensor) -> None:
@@ -265,10 +265,9 @@ def ggml_moe_a8(
         return out
     check_runnable(x.device)
     from sgl_cuda._triton import ggml as kernels
-    from sgl_cuda._triton import ggml_mmq
 
     xq, xd, xs = kernels.quantize_q8_1_with_sums(x.contiguous())
-    ggml_mmq.moe_a8_mmq(
+    kernels.moe_a8_mmq(
         xq,
         xd,
         xs,
@@ -282,6 +281,6 @@ def ggml_moe_a8(
         block_size=fmt.block_size,
         block_bytes=fmt.block_bytes,
         group_size=fmt.group_size,
-        tile=tile if tile is not None else ggml_mmq.default_tile(int(qtype)),
+        tile=tile if tile is not None else kernels.default_tile(int(qtype)),
     )
     return out
