@@ -33,7 +33,6 @@ __all__ = [
 ]
 
 # cudaMemLocationType
-MEM_NONE = 0
 MEM_DEVICE = 1
 MEM_HOST = 2
 _SRC_ACCESS_ORDER_STREAM = 1
@@ -107,10 +106,6 @@ class Runtime:
     @property
     def has_batch(self) -> bool:
         return self.version >= _FIRST_BATCH_VERSION and hasattr(self.lib, "cudaMemcpyBatchAsync")
-
-    def error_string(self, code: int) -> str:
-        name = self.lib.cudaGetErrorString(code)  # restype set at load: bytes or None
-        return name.decode() if isinstance(name, bytes) else f"cudaError {code}"
 
     def queue(
         self,
@@ -197,10 +192,11 @@ class Runtime:
         args.append(ptr(stream))
         code = int(self.lib.cudaMemcpyBatchAsync(*args))
         if code:
+            name = self.lib.cudaGetErrorString(code)  # restype set at load: bytes or None
+            text = name.decode() if isinstance(name, bytes) else f"cudaError {code}"
             where = f" (copy {fail_idx.value})" if self.version < _NO_FAIL_IDX_VERSION else ""
             raise BatchCopyError(
-                f"cudaMemcpyBatchAsync of {count} copies failed{where}: "
-                f"{self.error_string(code)} ({code})"
+                f"cudaMemcpyBatchAsync of {count} copies failed{where}: {text} ({code})"
             )
 
 

@@ -181,6 +181,12 @@ class _CudaLayers:
         """The address table of the layers in attribute ``device_name`` (e.g. ``kv_buffer``)."""
         return self._tables.table(device_name)
 
+    def sync_data_ptrs(self) -> None:
+        """Check replaced layers and refresh the tables in place if any layer's storage
+        moved (e.g. ``set_``)."""
+        for name in self._tables.shapes:
+            self._tables.sync(name)
+
 
 class CudaMLADevicePool(_CudaLayers, PerLayerMLADevicePool):
     """Per-layer MLA KV cache on a CUDA device, with a pointer table for all-layer kernels.
@@ -216,10 +222,6 @@ class CudaMLADevicePool(_CudaLayers, PerLayerMLADevicePool):
     def data_ptrs(self) -> torch.Tensor:
         """``torch.uint64`` table of ``kv_buffer[i].data_ptr()`` on the pool's device."""
         return self._tables.table("kv_buffer")
-
-    def sync_data_ptrs(self) -> None:
-        """Refresh ``data_ptrs`` in place if any layer's storage moved (e.g. ``set_``)."""
-        self._tables.sync("kv_buffer")
 
     def set_kv_buffer(self, layer_id: int, tensor: torch.Tensor) -> None:
         """Replace layer ``layer_id``'s buffer; ``data_ptrs`` is updated in place."""
@@ -257,11 +259,6 @@ class CudaMHADevicePool(_CudaLayers, PerLayerMHADevicePool):
     def v_data_ptrs(self) -> torch.Tensor:
         """``torch.uint64`` table of ``v_buffer[i].data_ptr()`` on the pool's device."""
         return self._tables.table("v_buffer")
-
-    def sync_data_ptrs(self) -> None:
-        """Check replaced layers and refresh both tables in place if any address changed."""
-        for name in ("k_buffer", "v_buffer"):
-            self._tables.sync(name)
 
     @property
     def device(self) -> torch.device:

@@ -160,9 +160,7 @@ class CudaMHAHostPool(CudaTokenHostPool, MHATokenHostPool):
     """
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
-        HostLayout.LAYER_FIRST: _BOTH,
-        HostLayout.PAGE_FIRST: _KERNEL,
-        HostLayout.PAGE_FIRST_DIRECT: _DIRECT,
+        **CudaMLAHostPool.movers,
         HostLayout.PAGE_HEAD: _KERNEL,
     }
 

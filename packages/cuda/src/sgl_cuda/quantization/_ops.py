@@ -3,6 +3,7 @@ batched ``ggml_moe_a8``."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -158,9 +159,7 @@ def ggml_moe_a8_vec(
         out,
         top_k=top_k,
         quant_type=int(qtype),
-        block_size=fmt.block_size,
-        block_bytes=fmt.block_bytes,
-        group_size=fmt.group_size,
+        **dataclasses.asdict(fmt),  # block_size, block_bytes, group_size
     )
     return out
 
@@ -278,9 +277,7 @@ def ggml_moe_a8(
         out,
         top_k=top_k,
         quant_type=int(qtype),
-        block_size=fmt.block_size,
-        block_bytes=fmt.block_bytes,
-        group_size=fmt.group_size,
+        **dataclasses.asdict(fmt),  # block_size, block_bytes, group_size
         tile=tile if tile is not None else kernels.default_tile(int(qtype)),
     )
     return out
