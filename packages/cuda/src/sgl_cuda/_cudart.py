@@ -62,17 +62,13 @@ class MemcpyAttributes(ctypes.Structure):
     ]
 
 
-def _mapped_cudart() -> list[str]:
+def _candidate_paths() -> list[str]:
     try:
         with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+            mapped = {line.split()[-1] for line in maps if "libcudart.so" in line}
     except OSError:
-        return []
-    return sorted(p for p in paths if os.path.isfile(p))
-
-
-def _candidate_paths() -> list[str]:
-    found = _mapped_cudart()
+        mapped = set()
+    found = sorted(p for p in mapped if os.path.isfile(p))
     torch_dir = os.path.dirname(torch.__file__)
     site = os.path.dirname(torch_dir)
     patterns = [
@@ -121,7 +117,10 @@ class Runtime:
             current = torch.cuda.current_stream(device_index)
             stream = current
             if current.cuda_stream == 0:  # the legacy stream: the API refuses it
-                stream = _side_stream(device_index)
+                with _lock:
+                    if device_index not in _side_streams:
+                        _side_streams[device_index] = torch.cuda.Stream(device_index)  # type: ignore[no-untyped-call]
+                    stream = _side_streams[device_index]
                 stream.wait_stream(current)
             src, dst, size = (t.contiguous() for t in pieces)
             try:
@@ -209,15 +208,6 @@ def _location(on_device: bool, device_index: int) -> _MemLocation:
 _lock = threading.Lock()
 _loaded: list[Runtime | None] = []
 _side_streams: dict[int, torch.cuda.Stream] = {}
-
-
-def _side_stream(index: int) -> torch.cuda.Stream:
-    with _lock:
-        stream = _side_streams.get(index)
-        if stream is None:
-            stream = torch.cuda.Stream(index)  # type: ignore[no-untyped-call]
-            _side_streams[index] = stream
-        return stream
 
 
 def runtime() -> Runtime | None:

@@ -7,7 +7,6 @@ docs/design.md section 10; stream order: section 6 ("CUDA stream order").
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -88,15 +87,10 @@ class CudaTokenHostPool(TokenHostPool[Any, Any]):
         super()._allocate_buffers(device_pool)
         self.fence = StreamFence()
         #: Per every-layer component (spec order): its per-layer host views and their table.
-        self._layer_refs = layer_views(self._rows_side())
+        self._layer_refs = layer_views(self.host_side)
         self._layer_tables = tuple(
             address_table(views, device_pool.device) for views in self._layer_refs
         )
-
-    def _rows_side(self) -> HostSide:
-        side = self.host_side
-        rows = tuple(p for p in side.parts if p.component.layers is None)
-        return dataclasses.replace(side, parts=rows)
 
     def _make_mover(self, factory: MoverFactory) -> Mover[Any]:
         # The kernel mover moves the DSA indexer's rows itself (no wrapper: a per-layer

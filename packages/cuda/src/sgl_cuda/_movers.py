@@ -42,11 +42,13 @@ class PointerTables(Protocol):
 
 
 def layer_views(host: HostSide) -> tuple[list[torch.Tensor], ...]:
-    """Each part's per-row host views (strided in the page-first layouts), in part order."""
+    """Each every-layer part's per-row host views (strided in the page-first layouts), in
+    part order (the parts on a layer subset, the DSA indexer's rows, have none)."""
     facts = layout_facts(host.layout)
     return tuple(
         [facts.row(p.buffer, r) for r in range(p.component.rows(host.layer_num))]
         for p in host.parts
+        if p.component.layers is None
     )
 
 

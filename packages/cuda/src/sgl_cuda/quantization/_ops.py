@@ -195,12 +195,6 @@ def ggml_moe_get_block_size(quant_type: int, tile: Tile | None = None) -> int:
     return kernels.default_tile(int(qtype))[0]
 
 
-def _check_index(name: str, t: torch.Tensor) -> None:
-    _check_int32(name, t)
-    if t.dim() != 1:
-        raise IndexShapeError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-
-
 def ggml_moe_a8(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -235,7 +229,9 @@ def ggml_moe_a8(
         ("expert_ids", expert_ids),
         ("num_tokens_post_padded", num_tokens_post_padded),
     ):
-        _check_index(name, t)
+        _check_int32(name, t)
+        if t.dim() != 1:
+            raise IndexShapeError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     qtype, fmt = check_operands(x, w, quant_type, row, top_k, tokens, sorted_token_ids)
     if not (sorted_token_ids.device == expert_ids.device == num_tokens_post_padded.device):
         raise IndexShapeError("the index tensors must share x's device")
