@@ -60,6 +60,25 @@ def test_matches_oracle_every_type(qtype: int) -> None:
     _check(y, x, w, ids, qtype)
 
 
+def test_empty_outputs_launch_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pairs or no output rows: both ops return the empty output before any launch
+    (the launchers count on it)."""
+    from sgl_cuda._triton import ggml
+
+    def no_launch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an empty output reached a launcher")
+
+    monkeypatch.setattr(ggml, "moe_a8_vec", no_launch)
+    monkeypatch.setattr(ggml, "moe_a8_mmq", no_launch)
+    w, x, ids = _case(2, 2, 4, 32, 2, 1, seed=0)
+    wt = torch.from_numpy(w).to(DEVICE)
+    none = torch.zeros((0, 1), dtype=torch.int32)
+    assert ggml_moe_a8_vec(x[:0].to(DEVICE), wt, none.to(DEVICE), 1, 2, 4, 0).shape == (0, 4)
+    assert ggml_moe_a8_vec(x.to(DEVICE), wt[:, :0], ids.to(DEVICE), 1, 2, 0, 2).shape == (2, 0)
+    assert _batched(x[:0], w, none, 2).shape == (0, 4)
+    assert _batched(x, w[:, :0], ids, 2).shape == (2, 0)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0, Q.Q6_K])
 @pytest.mark.parametrize("top_k", [1, 8])
 def test_uneven_loads_idle_experts(qtype: GGMLQuantType, top_k: int) -> None:
