@@ -146,8 +146,10 @@ class CudaDirectMover(DirectMover):
         nbytes = sum(self.rows) * count * (self.layer_num if layer_id is None else 1)
 
         def sample() -> tuple[dict[str, Candidate], int] | None:
-            take = self._sample_count(nbytes, count)
-            if take == count:
+            # index pairs of about SAMPLE_BYTES (whole pages); None: the whole transfer
+            take = max(1, count * SAMPLE_BYTES // max(nbytes, 1))
+            take = -(-take // self.unit) * self.unit
+            if nbytes <= SAMPLE_BYTES or take >= count:
                 return None
             part = dataclasses.replace(
                 transfer,
@@ -168,13 +170,6 @@ class CudaDirectMover(DirectMover):
         )
         run_bytes = self.rows[0] * transfer.count // max(len(runs), 1)
         return _AutoPlan(run_bytes, self._kernel_mover(transfer.device_pool))
-
-    def _sample_count(self, nbytes: int, count: int) -> int:
-        """Index pairs of a sample of about ``SAMPLE_BYTES`` (whole pages), at most all."""
-        if nbytes <= SAMPLE_BYTES:
-            return count
-        take = max(1, count * SAMPLE_BYTES // nbytes)
-        return min(count, -(-take // self.unit) * self.unit)
 
     def _candidates(
         self, transfer: Transfer[Any], layer_id: int | None, kernel: KernelMover | None

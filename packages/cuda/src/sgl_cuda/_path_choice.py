@@ -131,9 +131,8 @@ class PathChooser:
         if chosen is None or chosen not in candidates:
             return self._measure(cal, key, candidates, nbytes, device, sample)
         self._collect(cal, key)
-        on_gpu = device.type == "cuda"
         start: torch.cuda.Event | float
-        if on_gpu:
+        if device.type == "cuda":
             start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
         else:

@@ -142,23 +142,6 @@ def _nibbles32(b: torch.Tensor, off: int) -> torch.Tensor:
     return torch.cat([qs & 15, qs >> 4], dim=1)
 
 
-def _high_bits32(b: torch.Tensor, off: int) -> torch.Tensor:
-    """Bit ``i`` of the little-endian u32 at ``off``, for i in 0..31."""
-    i = _idx(32, b.device)
-    return (b[:, off + i // 8].int() >> (i % 8)) & 1
-
-
-def _kquant_scale_min(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K/Q5_K: eight 6-bit (scale, min) pairs packed in bytes 4..15."""
-    s = b[:, 4:16].int()
-    j = _idx(8, b.device)
-    a, bb, c = s[:, j], s[:, j + 4], s[:, j % 4]
-    lower = j < 4
-    sc = torch.where(lower, a & 63, (bb & 15) | ((c >> 6) << 4))
-    mn = torch.where(lower, bb & 63, (bb >> 4) | ((a >> 6) << 4))
-    return sc.float(), mn.float()
-
-
 # IQ4_NL/IQ4_XS: the non-linear value of each 4-bit index (ggml's kvalues_iq4nl)
 _IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
@@ -189,7 +172,9 @@ def _decode(b: torch.Tensor, qtype: GGMLQuantType) -> torch.Tensor:
         return _f16(b, 0) * q + _f16(b, 2)
     if qtype in (_T.Q5_0, _T.Q5_1):
         qh_off, qs_off = (2, 6) if qtype == _T.Q5_0 else (4, 8)
-        q = (_nibbles32(b, qs_off) | (_high_bits32(b, qh_off) << 4)).float()
+        i = _idx(32, dev)
+        qh = (b[:, qh_off + i // 8].int() >> (i % 8)) & 1  # bit i of the u32 at qh_off
+        q = (_nibbles32(b, qs_off) | (qh << 4)).float()
         if qtype == _T.Q5_0:
             return _f16(b, 0) * (q - 16)
         return _f16(b, 0) * q + _f16(b, 2)
@@ -217,7 +202,11 @@ def _decode(b: torch.Tensor, qtype: GGMLQuantType) -> torch.Tensor:
         q = (b[:, qs_off + (i // 64) * 32 + i % 32].int() >> (((i // 32) % 2) * 4)) & 15
         if qtype == _T.Q5_K:
             q = q | (((b[:, 16 + i % 32].int() >> (i // 32)) & 1) << 4)
-        sc, mn = _kquant_scale_min(b)
+        s = b[:, 4:16].int()  # eight 6-bit (scale, min) pairs packed in bytes 4..15
+        j = _idx(8, dev)
+        a, bb, c = s[:, j], s[:, j + 4], s[:, j % 4]
+        sc = torch.where(j < 4, a & 63, (bb & 15) | ((c >> 6) << 4)).float()
+        mn = torch.where(j < 4, bb & 63, (bb >> 4) | ((a >> 6) << 4)).float()
         g32 = i // 32
         return (_f16(b, 0) * sc)[:, g32] * q.float() - (_f16(b, 2) * mn)[:, g32]
     # Q6_K
