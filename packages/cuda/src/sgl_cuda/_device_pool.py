@@ -155,9 +155,6 @@ class _LayerBuffers(list[torch.Tensor]):
             raise TypeError(f"kv_buffer[{key}] must be a torch.Tensor")
         self._pool.set_kv_buffer(int(key), value)
 
-    def _store(self, layer_id: int, tensor: torch.Tensor) -> None:
-        super().__setitem__(layer_id, tensor)
-
     def _fixed(self, *args: object, **kwargs: object) -> None:
         raise TypeError("kv_buffer has one tensor per layer; its length is fixed")
 
@@ -228,7 +225,7 @@ class CudaMLADevicePool(_CudaLayers, PerLayerMLADevicePool):
         layer_id = check_layer_id(layer_id, self.layer_num)
         self._tables.check("kv_buffer", layer_id, tensor)
         assert self._layers is not None
-        self._layers._store(layer_id, tensor)
+        list.__setitem__(self._layers, layer_id, tensor)  # past _LayerBuffers' own check
         self.sync_data_ptrs()
 
     @property

@@ -130,7 +130,11 @@ class PathChooser:
         chosen = cal.current(key)
         if chosen is None or chosen not in candidates:
             return self._measure(cal, key, candidates, nbytes, device, sample)
-        self._collect(cal, key)
+        with self._lock:  # the key's previous GPU copy, reported if its events are done
+            pending = self._pending.pop(key, None)
+        if pending is not None and pending[1].query():  # type: ignore[no-untyped-call]
+            start_event, end_event, copied = pending
+            cal.observe(key, copied, start_event.elapsed_time(end_event) / 1e3)
         start: torch.cuda.Event | float
         if device.type == "cuda":
             start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
@@ -179,13 +183,3 @@ class PathChooser:
         if part is not None and not candidates[chosen]():
             return self._fallback(candidates, next(iter(candidates)))
         return chosen
-
-    def _collect(self, cal: Calibrator, key: str) -> None:
-        """Report the key's previous GPU copy if its events are done (never waits)."""
-        with self._lock:
-            pending = self._pending.pop(key, None)
-        if pending is None:
-            return
-        start, end, nbytes = pending
-        if end.query():  # type: ignore[no-untyped-call]
-            cal.observe(key, nbytes, start.elapsed_time(end) / 1e3)
