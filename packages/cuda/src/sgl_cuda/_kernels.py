@@ -50,11 +50,8 @@ def _env_interpret() -> bool:
 
 
 def start_interpreter() -> str:
-    """Make this process run the kernels in Triton's interpreter; says how it was turned on.
-
-    Triton reads ``TRITON_INTERPRET`` when the kernels are defined, so once they
-    were built for a GPU it is too late: ``BackendUnavailableError``.
-    """
+    """Make this process run the kernels in Triton's interpreter; says how it was turned on
+    (``BackendUnavailableError`` once they were built for a GPU: too late)."""
     # Read, never imported here: importing would build the kernels.
     kernels = sys.modules.get("sgl_cuda._triton.kvcacheio")
     if kernels is not None and not getattr(kernels, "INTERPRETED", False):
@@ -69,11 +66,8 @@ def start_interpreter() -> str:
 
 
 def interpreter_active() -> bool:
-    """True when the transfer kernels run in Triton's interpreter (CPU tensors).
-
-    Triton decides when the kernels are defined, so ``TRITON_INTERPRET=1`` must
-    be set before the first transfer (or before this call) in the process.
-    """
+    """True when the transfer kernels run in Triton's interpreter (CPU tensors): when
+    ``TRITON_INTERPRET=1`` was set before the first transfer (or this call)."""
     if _triton_module is None and not _env_interpret():
         return False
     return bool(kernels().INTERPRETED)

@@ -81,9 +81,7 @@ def check_indices(src_indices: torch.Tensor, dst_indices: torch.Tensor) -> torch
             f"src_indices is on {src_indices.device}, dst_indices on {dst_indices.device}"
         )
     device = src_indices.device
-    if device.type == "cuda":
-        return device
-    if device.type == "cpu" and interpreter_active():
+    if device.type == "cuda" or (device.type == "cpu" and interpreter_active()):
         return device
     raise BackendUnavailableError(
         f"the transfer kernels need CUDA tensors (indices are on {device}); "
