@@ -61,8 +61,8 @@ def test_matches_oracle_every_type(qtype: int) -> None:
 
 
 def test_empty_outputs_launch_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No pairs or no output rows: both ops return the empty output before any launch
-    (the launchers count on it)."""
+    """No pairs or no output rows: both ops return the empty output before any launch;
+    K = 0: zeros, unlaunched too (the launchers and the quantizer count on it)."""
     from sgl_cuda._triton import ggml
 
     def no_launch(*args: object, **kwargs: object) -> None:
@@ -77,6 +77,12 @@ def test_empty_outputs_launch_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ggml_moe_a8_vec(x.to(DEVICE), wt[:, :0], ids.to(DEVICE), 1, 2, 0, 2).shape == (2, 0)
     assert _batched(x[:0], w, none, 2).shape == (0, 4)
     assert _batched(x, w[:, :0], ids, 2).shape == (2, 0)
+    zeros = torch.zeros(2, 4, device=DEVICE)
+    x0, w0 = x[:, :0], w[:, :, :0]
+    assert torch.equal(
+        ggml_moe_a8_vec(x0.to(DEVICE), wt[:, :, :0], ids.to(DEVICE), 1, 2, 4, 2), zeros
+    )
+    assert torch.equal(_batched(x0, w0, ids, 2), zeros)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0, Q.Q6_K])

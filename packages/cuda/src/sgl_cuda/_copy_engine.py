@@ -116,8 +116,6 @@ def merge_adjacent(
     if not bool(cont.any()):  # the usual case: nothing to join, no more passes
         return src, dst, size
     cont &= dst[1:] == dst[:-1] + size[:-1]
-    if not bool(cont.any()):
-        return src, dst, size
     first = torch.cat([torch.ones(1, dtype=torch.bool), ~cont])
     seg = torch.cumsum(first.to(torch.int64), 0) - 1
     merged = torch.zeros(int(seg[-1]) + 1, dtype=torch.int64).index_add_(0, seg, size)

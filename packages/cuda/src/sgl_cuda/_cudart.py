@@ -62,7 +62,8 @@ class MemcpyAttributes(ctypes.Structure):
     ]
 
 
-def _candidate_paths() -> list[str]:
+def find_libcudart() -> ctypes.CDLL | None:
+    """The first loadable ``libcudart`` in the order of the module docstring, or None."""
     try:
         with open("/proc/self/maps", encoding="utf-8") as maps:
             mapped = {line.split()[-1] for line in maps if "libcudart.so" in line}
@@ -78,13 +79,7 @@ def _candidate_paths() -> list[str]:
     ]
     for pattern in patterns:
         found.extend(sorted(glob.glob(pattern), reverse=True))
-    found.extend(["libcudart.so", "libcudart.so.13", "libcudart.so.12"])
-    return found
-
-
-def find_libcudart() -> ctypes.CDLL | None:
-    """The first loadable ``libcudart`` of :func:`_candidate_paths`, or None."""
-    for path in _candidate_paths():
+    for path in [*found, "libcudart.so", "libcudart.so.13", "libcudart.so.12"]:
         try:
             return ctypes.CDLL(path)
         except OSError:

@@ -279,7 +279,7 @@ def _next_pow2(n: int) -> int:
 
 
 def quantize_q8_1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q8_1-quantize rows of ``x (tokens, K)`` (``K % 32 == 0``, unit last stride).
+    """Q8_1-quantize rows of ``x (tokens, K)`` (both > 0, ``K % 32 == 0``, unit last stride).
 
     Returns ``(q int8 (tokens, K), d float32 (tokens, K // 32))`` with
     ``d = amax / 127`` per block of 32 and ``q = roundf(x / d)``.
@@ -300,8 +300,6 @@ def _quantize(
     q = torch.empty((tokens, k), dtype=torch.int8, device=x.device)
     d = torch.empty((tokens, k // 32), dtype=torch.float32, device=x.device)
     s = torch.empty_like(d) if with_sums else d
-    if tokens == 0 or k == 0:
-        return q, d, s
     cap = _INTERP_QBLOCK if _interpreting() else _GPU_QBLOCK
     block = max(32, min(cap, _next_pow2(k)))
     grid = (tokens, triton.cdiv(k, block))
@@ -341,11 +339,8 @@ def moe_a8_vec(
     K in ``BLOCK_K`` steps (a multiple of the block size). ``tile`` overrides
     ``(BLOCK_N, BLOCK_K, num_warps)`` (benchmarks/ggml_tune.py sweeps it).
     """
-    pairs, n = out.shape  # both > 0: the ops return an empty output unlaunched
+    pairs, n = out.shape  # pairs, n and K > 0: the ops return empty outputs and K = 0's zeros
     k = xq.shape[1]
-    if k == 0:
-        out.zero_()
-        return
     interpreting = _interpreting()
     tile_n, num_warps = _GPU_TILES.get(quant_type, _GPU_TILE_DEFAULT)
     block_n = min(_INTERP_BLOCK_N if interpreting else tile_n, _next_pow2(n))
@@ -575,11 +570,8 @@ def moe_a8_mmq(
     pairs with ``BLOCK_M = tile[0]``; one program per (sorted block, ``BLOCK_N``
     output rows). Blocks past ``num_post_padded`` exit at once.
     """
-    pairs, n = out.shape  # both > 0: the ops return an empty output unlaunched
+    pairs, n = out.shape  # pairs, n and K > 0: the ops return empty outputs and K = 0's zeros
     k = xq.shape[1]
-    if k == 0:
-        out.zero_()
-        return
     block_m, block_n, block_k, num_warps = tile
     grid = (expert_ids.numel(), triton.cdiv(n, block_n))
     extra = {} if _interpreting() else {"num_warps": num_warps}

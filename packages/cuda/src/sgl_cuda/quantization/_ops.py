@@ -148,6 +148,8 @@ def ggml_moe_a8_vec(
     if out.numel() == 0:
         return out
     check_runnable(x.device)
+    if x.shape[1] == 0:  # K = 0: every dot product is empty
+        return out.zero_()
     from sgl_cuda._triton import ggml as kernels
 
     xq, xd = kernels.quantize_q8_1(x.contiguous())
@@ -259,6 +261,8 @@ def ggml_moe_a8(
     if out.numel() == 0:
         return out
     check_runnable(x.device)
+    if x.shape[1] == 0:  # K = 0: every dot product is empty
+        return out.zero_()
     from sgl_cuda._triton import ggml as kernels
 
     xq, xd, xs = kernels.quantize_q8_1_with_sums(x.contiguous())
