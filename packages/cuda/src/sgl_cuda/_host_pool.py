@@ -31,12 +31,6 @@ from sgl_cuda._movers import KernelMover, address_table, layer_views
 
 __all__ = ["CudaMHAHostPool", "CudaMLAHostPool", "CudaTokenHostPool", "StreamFence"]
 
-_BOTH: Mapping[IOBackend, MoverFactory] = {
-    IOBackend.KERNEL: KernelMover,
-    IOBackend.DIRECT: CudaDirectMover,
-}
-_KERNEL: Mapping[IOBackend, MoverFactory] = {IOBackend.KERNEL: KernelMover}
-_DIRECT: Mapping[IOBackend, MoverFactory] = {IOBackend.DIRECT: CudaDirectMover}
 #: This backend's movers: built with the pool's fence (``CudaTokenHostPool._mover_of``).
 _FENCED = (KernelMover, CudaDirectMover)
 
@@ -132,9 +126,9 @@ class CudaMLAHostPool(CudaTokenHostPool, TokenRowHostPool):
     """
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
-        HostLayout.LAYER_FIRST: _BOTH,
-        HostLayout.PAGE_FIRST: _KERNEL,
-        HostLayout.PAGE_FIRST_DIRECT: _DIRECT,
+        HostLayout.LAYER_FIRST: {IOBackend.KERNEL: KernelMover, IOBackend.DIRECT: CudaDirectMover},
+        HostLayout.PAGE_FIRST: {IOBackend.KERNEL: KernelMover},
+        HostLayout.PAGE_FIRST_DIRECT: {IOBackend.DIRECT: CudaDirectMover},
     }
 
     @property
@@ -155,7 +149,7 @@ class CudaMHAHostPool(CudaTokenHostPool, MHATokenHostPool):
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
         **CudaMLAHostPool.movers,
-        HostLayout.PAGE_HEAD: _KERNEL,
+        HostLayout.PAGE_HEAD: {IOBackend.KERNEL: KernelMover},
     }
 
     @property
