@@ -42,8 +42,7 @@ class PointerTables(Protocol):
 
 
 def layer_views(host: HostSide) -> tuple[list[torch.Tensor], ...]:
-    """Each every-layer part's per-row host views (strided in the page-first layouts), in
-    part order (the parts on a layer subset, the DSA indexer's rows, have none)."""
+    """The per-row host views (strided in the page-first layouts) of each every-layer part."""
     facts = layout_facts(host.layout)
     return tuple(
         [facts.row(p.buffer, r) for r in range(p.component.rows(host.layer_num))]
