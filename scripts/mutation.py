@@ -279,7 +279,6 @@ AREAS: dict[str, Area] = {
             ),
             "sgl_cuda._kv_checks.x_side_words__*",
             "sgl_cuda.kvcacheio.x_transfer_kv_per_layer_mla_pf_lf__*",
-            *(f"sgl_cuda._direct.x_{name}__*" for name in ("_check_page_size",)),
         ),
     ),
     "ascend": Area(

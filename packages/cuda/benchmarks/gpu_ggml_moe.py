@@ -300,7 +300,7 @@ def main() -> None:
 
 
 def _default_tile(qtype: GGMLQuantType) -> Tile:
-    from sgl_cuda._triton.ggml_mmq import default_tile
+    from sgl_cuda._triton.ggml import default_tile
 
     return default_tile(int(qtype))
 

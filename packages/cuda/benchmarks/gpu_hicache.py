@@ -40,7 +40,7 @@ import torch
 import sgl_cuda
 from sgl_core import HostLayout, IOBackend
 from sgl_core.backend import copy_calibration
-from sgl_cuda import CudaMLADevicePool, CudaMLAHostPool, _copy_engine
+from sgl_cuda import CudaMLADevicePool, CudaMLAHostPool, _copy_engine, _path_choice
 
 _Event: Callable[..., torch.cuda.Event] = torch.cuda.Event
 
@@ -242,7 +242,7 @@ def direct_modes(page: int, foreach_pages: list[int]) -> list[str]:
 
 
 def set_mode(mode: str) -> None:
-    os.environ["SGL_CUDA_DIRECT_COPY"] = mode if mode in _copy_engine.MOVER_MODES else "foreach"
+    os.environ["SGL_CUDA_DIRECT_COPY"] = mode if mode in _path_choice.MOVER_MODES else "foreach"
 
 
 def calibration_lines() -> list[str]:

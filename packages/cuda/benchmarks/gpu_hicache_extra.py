@@ -317,13 +317,7 @@ def _direct_variants(
                         (
                             mode,
                             lambda a=arrays, m=mode: _copy_engine._issue(
-                                a[0],
-                                a[1],
-                                a[2],
-                                dev.device,
-                                m,
-                                src_on_device=False,
-                                dst_on_device=True,
+                                a, dev.device, m, (False, True)
                             ),
                         ),
                     )

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sgl_core.errors import ShapeMismatchError
-from sgl_cuda import _copy_engine, _cudart
+from sgl_cuda import _copy_engine, _cudart, _path_choice
 
 
 def replay(
@@ -108,12 +108,12 @@ def test_page_pieces_replay_matches_torch() -> None:
 
 def test_resolve_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SGL_CUDA_DIRECT_COPY", raising=False)
-    assert _copy_engine.resolve_mode(None) == "foreach"
+    assert _path_choice.resolve_mode(None) == "foreach"
     monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "batch")
-    assert _copy_engine.resolve_mode(None) == "batch"
-    assert _copy_engine.resolve_mode("batch-plain") == "batch-plain"
+    assert _path_choice.resolve_mode(None) == "batch"
+    assert _path_choice.resolve_mode("batch-plain") == "batch-plain"
     with pytest.raises(ShapeMismatchError):
-        _copy_engine.resolve_mode("fast")
+        _path_choice.resolve_mode("fast")
 
 
 def test_cpu_tensors_fall_back() -> None:
@@ -123,7 +123,7 @@ def test_cpu_tensors_fall_back() -> None:
     assert not _copy_engine.layer_first(layers, layers, idx, idx, "batch", 0)
     host = torch.zeros(2, 2, 4, 1, 4)
     assert not _copy_engine.page_first(
-        [(host, torch.tensor([0]), [layers[0]])], idx, idx, 4, "batch", to_host=False
+        [(host, [layers[0]])], 0, idx, idx, 4, "batch", to_host=False
     )
 
 
@@ -208,17 +208,10 @@ def test_issue_on_gpu_orders_with_the_stream(mode: str, side: bool) -> None:
     stream = torch.cuda.Stream() if side else torch.cuda.current_stream()
     with torch.cuda.stream(stream):
         dev.copy_(torch.arange(n * piece, device=device).to(torch.uint8))  # queued first
-        _copy_engine._issue(src, dst, size, device, mode, src_on_device=True, dst_on_device=False)
+        _copy_engine._issue((src, dst, size), device, mode, (True, False))
         back = torch.empty_like(dev)
-        _copy_engine._issue(
-            base_h + perm * piece,
-            back.data_ptr() + torch.arange(n, dtype=torch.int64) * piece,
-            size,
-            device,
-            mode,
-            src_on_device=False,
-            dst_on_device=True,
-        )
+        back_dst = back.data_ptr() + torch.arange(n, dtype=torch.int64) * piece
+        _copy_engine._issue((base_h + perm * piece, back_dst, size), device, mode, (False, True))
     torch.cuda.synchronize()
     expected = dev.cpu().view(n, piece)
     assert torch.equal(host.view(n, piece)[perm], expected)
@@ -241,7 +234,7 @@ def test_runtime_error_switches_batching_off(monkeypatch: pytest.MonkeyPatch) ->
     one = torch.ones(1, dtype=torch.int64)
     with pytest.warns(RuntimeWarning, match="switched off"):
         ok = _copy_engine._issue_or_disable(
-            one, one, one, torch.device("cuda", 0), "batch", src_on_device=True, dst_on_device=False
+            (one, one, one), torch.device("cuda", 0), "batch", (True, False)
         )
     assert not ok
     assert "test" in _copy_engine.disabled_reason()
@@ -285,7 +278,7 @@ def test_host_pools_offer_direct_transfers_to_the_copy_engine(
         return real_lf(src, dst, *args)
 
     def page_first(parts: Any, *args: Any, **kwargs: Any) -> bool:
-        calls.append(("page_first", sum(len(p[2]) for p in parts)))
+        calls.append(("page_first", sum(len(p[1]) for p in parts)))
         return real_pf(parts, *args, **kwargs)
 
     monkeypatch.setattr(_copy_engine, "layer_first", layer_first)

@@ -60,6 +60,31 @@ def test_matches_oracle_every_type(qtype: int) -> None:
     _check(y, x, w, ids, qtype)
 
 
+def test_empty_outputs_launch_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pairs or no output rows: both ops return the empty output before any launch;
+    K = 0: zeros, unlaunched too (the launchers and the quantizer count on it)."""
+    from sgl_cuda._triton import ggml
+
+    def no_launch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an empty output reached a launcher")
+
+    monkeypatch.setattr(ggml, "moe_a8_vec", no_launch)
+    monkeypatch.setattr(ggml, "moe_a8_mmq", no_launch)
+    w, x, ids = _case(2, 2, 4, 32, 2, 1, seed=0)
+    wt = torch.from_numpy(w).to(DEVICE)
+    none = torch.zeros((0, 1), dtype=torch.int32)
+    assert ggml_moe_a8_vec(x[:0].to(DEVICE), wt, none.to(DEVICE), 1, 2, 4, 0).shape == (0, 4)
+    assert ggml_moe_a8_vec(x.to(DEVICE), wt[:, :0], ids.to(DEVICE), 1, 2, 0, 2).shape == (2, 0)
+    assert _batched(x[:0], w, none, 2).shape == (0, 4)
+    assert _batched(x, w[:, :0], ids, 2).shape == (2, 0)
+    zeros = torch.zeros(2, 4, device=DEVICE)
+    x0, w0 = x[:, :0], w[:, :, :0]
+    assert torch.equal(
+        ggml_moe_a8_vec(x0.to(DEVICE), wt[:, :, :0], ids.to(DEVICE), 1, 2, 4, 2), zeros
+    )
+    assert torch.equal(_batched(x0, w0, ids, 2), zeros)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0, Q.Q6_K])
 @pytest.mark.parametrize("top_k", [1, 8])
 def test_uneven_loads_idle_experts(qtype: GGMLQuantType, top_k: int) -> None:
@@ -221,10 +246,10 @@ def test_iq4_random_blocks_cover_every_index() -> None:
 
 def test_method_realigns_when_the_types_tiles_differ(monkeypatch: pytest.MonkeyPatch) -> None:
     # down's default tile pads pairs to 32, gate_up's to 16: down must get its own alignment
-    from sgl_cuda._triton import ggml_mmq
+    from sgl_cuda._triton import ggml
 
     tiles = {int(Q.Q4_K): (16, 64, 32, 1), int(Q.Q8_0): (32, 64, 32, 1)}
-    monkeypatch.setattr(ggml_mmq, "default_tile", lambda q: tiles[q])
+    monkeypatch.setattr(ggml, "default_tile", lambda q: tiles[q])
     hidden, inter, e, tokens, top_k = 256, 32, 4, 5, 2
     bank, wgu, wd = make_bank(Q.Q4_K, Q.Q8_0, e, hidden, inter, seed=6)
     weights, ids = routing(tokens, top_k, e, seed=6)

@@ -31,8 +31,7 @@ _SCRIPT = textwrap.dedent(
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from sgl_cuda._triton.ggml import _moe_a8_vec_kernel
-    from sgl_cuda._triton.ggml_mmq import _moe_a8_mmq_kernel, default_tile
+    from sgl_cuda._triton.ggml import _moe_a8_mmq_kernel, _moe_a8_vec_kernel, default_tile
     from sgl_cuda.quantization import GGMLQuantType
     from sgl_cuda.quantization._types import block_format
 

@@ -18,7 +18,7 @@ import torch
 
 from sgl_core.backend import CopyTuning, tuning_for
 from sgl_core.errors import IndexDTypeError, IndexShapeError, PageAlignmentError, SGLError
-from sgl_cuda import _copy_engine, kvcacheio
+from sgl_cuda import _copy_engine, _cudart, kvcacheio
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LAYERS = 3
@@ -265,7 +265,7 @@ def direct_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     ``tuning_of(mode)`` is the tuning object a test passes to pick the path."""
     batch = request.param == "batch"
     monkeypatch.setenv("SGL_CUDA_DIRECT_COPY", "batch" if batch else "foreach")
-    monkeypatch.setattr(_copy_engine, "MAX_BATCH", 3)  # several runtime calls per transfer
+    monkeypatch.setattr(_cudart, "MAX_BATCH", 3)  # several runtime calls per transfer
     issued: list[int] = []
     real_issue = _copy_engine._issue
 

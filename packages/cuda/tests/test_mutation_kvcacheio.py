@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sgl_core import errors
-from sgl_cuda import _direct, _kv_checks, kvcacheio
+from sgl_cuda import _kv_checks, kvcacheio
 
 CPU = torch.device("cpu")
 LAYERS, DIM = 3, 8  # bf16 rows of 16 bytes: two int64 words
@@ -95,11 +95,13 @@ def test_check_layers_and_page_size_edges() -> None:
     for bad in (-1, True, 1.0, None):
         with pytest.raises(errors.LayerIndexError, match="num_layers must be a non-negative"):
             _kv_checks.check_layers(bad)  # type: ignore[arg-type]
-    assert _direct._check_page_size(1) == 1
-    assert _direct._check_page_size(64) == 64
+    assert _kv_checks.check_page_size(1) == 1
+    assert _kv_checks.check_page_size(64, errors.PageAlignmentError) == 64
     for bad in (0, -1, True, 2.0, None):
         with pytest.raises(errors.PageAlignmentError, match="page_size must be a positive int"):
-            _direct._check_page_size(bad)  # type: ignore[arg-type]
+            _kv_checks.check_page_size(bad, errors.PageAlignmentError)  # type: ignore[arg-type]
+        with pytest.raises(errors.ShapeMismatchError, match="page_size must be a positive int"):
+            _kv_checks.check_page_size(bad)  # type: ignore[arg-type]
 
 
 def page_first() -> tuple[torch.Tensor, torch.Tensor]:

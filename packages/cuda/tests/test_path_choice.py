@@ -447,7 +447,8 @@ def test_the_batched_candidate_moves_exact_bytes_where_it_runs(
 
     issued: list[int] = []
 
-    def replay(src: torch.Tensor, dst: torch.Tensor, size: torch.Tensor, *a: Any, **k: Any) -> None:
+    def replay(pieces: tuple[torch.Tensor, torch.Tensor, torch.Tensor], *a: Any) -> None:
+        src, dst, size = pieces
         issued.append(size.numel())
         for s, d, n in zip(src.tolist(), dst.tolist(), size.tolist(), strict=True):
             ctypes.memmove(d, s, n)

@@ -8,8 +8,9 @@ extra ``size_t* failIdx`` argument that CUDA 13 removed, so the argument list is
 chosen from ``cudaRuntimeGetVersion``.
 
 Pointer, size and attribute arrays are read by the runtime during the call, so
-plain (pageable) CPU int64 tensors are enough. The legacy NULL stream is not
-allowed by the API; :mod:`sgl_cuda._copy_engine` handles that.
+plain (pageable) CPU int64 tensors are enough. A batch is queued on the
+current stream, or on a side stream ordered both ways with it when that is
+the legacy NULL stream (refused by the API).
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ __all__ = [
 ]
 
 # cudaMemLocationType
-MEM_NONE = 0
 MEM_DEVICE = 1
 MEM_HOST = 2
 _SRC_ACCESS_ORDER_STREAM = 1
 _FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1
 _FIRST_BATCH_VERSION = 12080
 _NO_FAIL_IDX_VERSION = 13000
+# Copies per runtime call: bounds the arrays the driver walks in one call.
+MAX_BATCH = 1 << 14
 
 
 class BatchCopyError(RuntimeError):
@@ -60,17 +62,14 @@ class MemcpyAttributes(ctypes.Structure):
     ]
 
 
-def _mapped_cudart() -> list[str]:
+def find_libcudart() -> ctypes.CDLL | None:
+    """The first loadable ``libcudart`` in the order of the module docstring, or None."""
     try:
         with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+            mapped = {line.split()[-1] for line in maps if "libcudart.so" in line}
     except OSError:
-        return []
-    return sorted(p for p in paths if os.path.isfile(p))
-
-
-def _candidate_paths() -> list[str]:
-    found = _mapped_cudart()
+        mapped = set()
+    found = sorted(p for p in mapped if os.path.isfile(p))
     torch_dir = os.path.dirname(torch.__file__)
     site = os.path.dirname(torch_dir)
     patterns = [
@@ -80,13 +79,7 @@ def _candidate_paths() -> list[str]:
     ]
     for pattern in patterns:
         found.extend(sorted(glob.glob(pattern), reverse=True))
-    found.extend(["libcudart.so", "libcudart.so.13", "libcudart.so.12"])
-    return found
-
-
-def find_libcudart() -> ctypes.CDLL | None:
-    """The first loadable ``libcudart`` of :func:`_candidate_paths`, or None."""
-    for path in _candidate_paths():
+    for path in [*found, "libcudart.so", "libcudart.so.13", "libcudart.so.12"]:
         try:
             return ctypes.CDLL(path)
         except OSError:
@@ -105,9 +98,44 @@ class Runtime:
     def has_batch(self) -> bool:
         return self.version >= _FIRST_BATCH_VERSION and hasattr(self.lib, "cudaMemcpyBatchAsync")
 
-    def error_string(self, code: int) -> str:
-        name = self.lib.cudaGetErrorString(code)  # restype set at load: bytes or None
-        return name.decode() if isinstance(name, bytes) else f"cudaError {code}"
+    def queue(
+        self,
+        pieces: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        device_index: int,
+        on_device: tuple[bool, bool],
+        *,
+        prefer_overlap: bool,
+    ) -> None:
+        """Queue ``pieces`` (``src``, ``dst``, ``size``) on the current stream of the device,
+        in calls of at most ``MAX_BATCH`` copies; ``on_device``: src, dst on the GPU."""
+        with torch.cuda.device(device_index):
+            current = torch.cuda.current_stream(device_index)
+            stream = current
+            if current.cuda_stream == 0:  # the legacy stream: the API refuses it
+                with _lock:
+                    if device_index not in _side_streams:
+                        _side_streams[device_index] = torch.cuda.Stream(device_index)  # type: ignore[no-untyped-call]
+                    stream = _side_streams[device_index]
+                stream.wait_stream(current)
+            src, dst, size = (t.contiguous() for t in pieces)
+            try:
+                for lo in range(0, size.numel(), MAX_BATCH):
+                    hi = lo + MAX_BATCH
+                    self.memcpy_batch(
+                        dst[lo:hi],
+                        src[lo:hi],
+                        size[lo:hi],
+                        stream.cuda_stream,
+                        device_index=device_index,
+                        src_on_device=on_device[0],
+                        dst_on_device=on_device[1],
+                        prefer_overlap=prefer_overlap,
+                    )
+            finally:
+                # Also after a failed chunk: chunks already queued stay ordered before
+                # whatever the current stream does next (e.g. the per-piece fallback).
+                if stream is not current:
+                    current.wait_stream(stream)
 
     def memcpy_batch(
         self,
@@ -158,10 +186,11 @@ class Runtime:
         args.append(ptr(stream))
         code = int(self.lib.cudaMemcpyBatchAsync(*args))
         if code:
+            name = self.lib.cudaGetErrorString(code)  # restype set at load: bytes or None
+            text = name.decode() if isinstance(name, bytes) else f"cudaError {code}"
             where = f" (copy {fail_idx.value})" if self.version < _NO_FAIL_IDX_VERSION else ""
             raise BatchCopyError(
-                f"cudaMemcpyBatchAsync of {count} copies failed{where}: "
-                f"{self.error_string(code)} ({code})"
+                f"cudaMemcpyBatchAsync of {count} copies failed{where}: {text} ({code})"
             )
 
 
@@ -173,6 +202,7 @@ def _location(on_device: bool, device_index: int) -> _MemLocation:
 
 _lock = threading.Lock()
 _loaded: list[Runtime | None] = []
+_side_streams: dict[int, torch.cuda.Stream] = {}
 
 
 def runtime() -> Runtime | None:

@@ -155,9 +155,6 @@ class _LayerBuffers(list[torch.Tensor]):
             raise TypeError(f"kv_buffer[{key}] must be a torch.Tensor")
         self._pool.set_kv_buffer(int(key), value)
 
-    def _store(self, layer_id: int, tensor: torch.Tensor) -> None:
-        super().__setitem__(layer_id, tensor)
-
     def _fixed(self, *args: object, **kwargs: object) -> None:
         raise TypeError("kv_buffer has one tensor per layer; its length is fixed")
 
@@ -180,6 +177,12 @@ class _CudaLayers:
     def pointer_table(self, device_name: str) -> torch.Tensor:
         """The address table of the layers in attribute ``device_name`` (e.g. ``kv_buffer``)."""
         return self._tables.table(device_name)
+
+    def sync_data_ptrs(self) -> None:
+        """Check replaced layers and refresh the tables in place if any layer's storage
+        moved (e.g. ``set_``)."""
+        for name in self._tables.shapes:
+            self._tables.sync(name)
 
 
 class CudaMLADevicePool(_CudaLayers, PerLayerMLADevicePool):
@@ -217,16 +220,12 @@ class CudaMLADevicePool(_CudaLayers, PerLayerMLADevicePool):
         """``torch.uint64`` table of ``kv_buffer[i].data_ptr()`` on the pool's device."""
         return self._tables.table("kv_buffer")
 
-    def sync_data_ptrs(self) -> None:
-        """Refresh ``data_ptrs`` in place if any layer's storage moved (e.g. ``set_``)."""
-        self._tables.sync("kv_buffer")
-
     def set_kv_buffer(self, layer_id: int, tensor: torch.Tensor) -> None:
         """Replace layer ``layer_id``'s buffer; ``data_ptrs`` is updated in place."""
         layer_id = check_layer_id(layer_id, self.layer_num)
         self._tables.check("kv_buffer", layer_id, tensor)
         assert self._layers is not None
-        self._layers._store(layer_id, tensor)
+        list.__setitem__(self._layers, layer_id, tensor)  # past _LayerBuffers' own check
         self.sync_data_ptrs()
 
     @property
@@ -257,11 +256,6 @@ class CudaMHADevicePool(_CudaLayers, PerLayerMHADevicePool):
     def v_data_ptrs(self) -> torch.Tensor:
         """``torch.uint64`` table of ``v_buffer[i].data_ptr()`` on the pool's device."""
         return self._tables.table("v_buffer")
-
-    def sync_data_ptrs(self) -> None:
-        """Check replaced layers and refresh both tables in place if any address changed."""
-        for name in ("k_buffer", "v_buffer"):
-            self._tables.sync(name)
 
     @property
     def device(self) -> torch.device:

@@ -15,14 +15,10 @@ from collections.abc import Sequence
 import torch
 
 from sgl_core.backend import CopyTuning, RunSide, copy_runs, gather_rows, merge_runs, tuning_for
-from sgl_core.errors import (
-    IndexDTypeError,
-    IndexShapeError,
-    LayerIndexError,
-    PageAlignmentError,
-    ShapeMismatchError,
-)
+from sgl_core.errors import PageAlignmentError, ShapeMismatchError
 from sgl_cuda import _copy_engine
+from sgl_cuda._kv_checks import check_index_pair, check_layer_id, check_page_size
+from sgl_cuda._path_choice import resolve_mode
 
 __all__ = [
     "transfer_kv_all_layer_direct_lf_pf",
@@ -34,23 +30,8 @@ __all__ = [
 def _cpu_indices(
     src_indices: torch.Tensor, dst_indices: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    for name, idx in (("src_indices", src_indices), ("dst_indices", dst_indices)):
-        if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64:
-            raise IndexDTypeError(f"{name} must be a torch.int64 tensor")
-        if idx.dim() != 1:
-            raise IndexShapeError(f"{name} must be 1-D")
-    if src_indices.numel() != dst_indices.numel():
-        raise IndexShapeError(
-            "src_indices and dst_indices must have equal length, "
-            f"got {src_indices.numel()} and {dst_indices.numel()}"
-        )
+    check_index_pair(src_indices, dst_indices, contiguous=False)
     return src_indices.to("cpu"), dst_indices.to("cpu")
-
-
-def _check_page_size(page_size: int) -> int:
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
-        raise PageAlignmentError(f"page_size must be a positive int, got {page_size!r}")
-    return page_size
 
 
 def _tuning(
@@ -78,8 +59,8 @@ def transfer_kv_direct(
     Any pairing works; ``page_size`` is accepted for the upstream signature
     and only checked to be positive.
     """
-    _check_page_size(page_size)
-    copy_mode = _copy_engine.resolve_mode(mode)
+    check_page_size(page_size, PageAlignmentError)
+    copy_mode = resolve_mode(mode)
     src_list, dst_list = list(src_layers), list(dst_layers)
     if len(src_list) != len(dst_list):
         raise ShapeMismatchError(
@@ -101,17 +82,6 @@ def transfer_kv_direct(
         return
     pairs = [(RunSide(s), RunSide(d)) for s, d in zip(src_list, dst_list, strict=True)]
     copy_runs(runs, pairs, into_first=False, batched=tune.batched_cross_device)
-
-
-def _page_indices(
-    src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    src_idx, dst_idx = _cpu_indices(src_indices, dst_indices)
-    if src_idx.numel() % page_size:
-        raise PageAlignmentError(
-            f"{src_idx.numel()} indices are not a whole number of pages of {page_size}"
-        )
-    return src_idx, dst_idx
 
 
 def _split_components(
@@ -138,11 +108,14 @@ def _pages(
     to_host: bool,
 ) -> None:
     """Whole pages between page-first-direct ``hosts`` and per-layer ``groups`` (from ``first``)."""
-    src_idx, dst_idx = _page_indices(*indices, ps)
-    layer_ids = [torch.arange(first, first + len(g), dtype=torch.int64) for g in groups]
-    parts = list(zip(hosts, layer_ids, groups, strict=True))
+    src_idx, dst_idx = _cpu_indices(*indices)
+    if src_idx.numel() % ps:
+        raise PageAlignmentError(
+            f"{src_idx.numel()} indices are not a whole number of pages of {ps}"
+        )
+    parts = list(zip(hosts, groups, strict=True))
     host_idx, dev_idx = (dst_idx, src_idx) if to_host else (src_idx, dst_idx)
-    if _copy_engine.page_first(parts, host_idx, dev_idx, ps, options[0], to_host=to_host):
+    if _copy_engine.page_first(parts, first, host_idx, dev_idx, ps, options[0], to_host=to_host):
         return
     runs = merge_runs(src_idx[::ps], dst_idx[::ps], unit=ps)
     pairs = []
@@ -173,10 +146,9 @@ def transfer_kv_per_layer_direct_pf_lf(
     buffer(s) for layers ``layer_id, layer_id + 1, ...`` (one per layer and
     component). Indices must be whole, aligned pages (only the count is checked).
     """
-    ps = _check_page_size(page_size)
-    copy_mode = _copy_engine.resolve_mode(mode)
-    if isinstance(layer_id, bool) or not isinstance(layer_id, int) or layer_id < 0:
-        raise LayerIndexError(f"layer_id must be a non-negative int, got {layer_id!r}")
+    ps = check_page_size(page_size, PageAlignmentError)
+    copy_mode = resolve_mode(mode)
+    check_layer_id(layer_id)
     hosts = list(src_ptrs)
     groups = _split_components(list(dst_ptrs), hosts, "dst_ptrs")
     indices = (src_indices, dst_indices)
@@ -198,8 +170,8 @@ def transfer_kv_all_layer_direct_lf_pf(
     ``src_ptrs`` holds the per-layer buffers (``k_layers + v_layers`` for two
     components); ``dst_ptrs`` the page-first-direct buffer(s).
     """
-    ps = _check_page_size(page_size)
-    copy_mode = _copy_engine.resolve_mode(mode)
+    ps = check_page_size(page_size, PageAlignmentError)
+    copy_mode = resolve_mode(mode)
     hosts = list(dst_ptrs)
     groups = _split_components(list(src_ptrs), hosts, "src_ptrs")
     _pages(hosts, groups, (src_indices, dst_indices), ps, (copy_mode, tuning), 0, to_host=True)

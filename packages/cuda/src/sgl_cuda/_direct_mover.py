@@ -29,9 +29,9 @@ from sgl_core.backend import (
 )
 from sgl_core.errors import SGLError
 from sgl_cuda import _copy_engine
-from sgl_cuda._kernel_parts import StreamFence
+from sgl_cuda._kernels import StreamFence
 from sgl_cuda._movers import KernelMover
-from sgl_cuda._path_choice import Candidate, PathChooser, path_key
+from sgl_cuda._path_choice import Candidate, PathChooser, path_key, resolve_mode
 
 __all__ = ["SAMPLE_BYTES", "CudaDirectMover"]
 
@@ -81,7 +81,7 @@ class CudaDirectMover(DirectMover):
         self.fence.synchronize()
 
     def backup(self, transfer: Transfer[Any]) -> None:
-        mode = _copy_engine.resolve_mode(None, movers=True)
+        mode = resolve_mode(None, movers=True)
         if mode == "auto" and self.tuning is None:
             self._auto(transfer, None)
         elif mode == "auto" or not self._batched(transfer, None, mode):
@@ -89,7 +89,7 @@ class CudaDirectMover(DirectMover):
         self.fence.record(transfer.device_pool.device)
 
     def load(self, transfer: Transfer[Any], layer_id: int) -> None:
-        mode = _copy_engine.resolve_mode(None, movers=True)
+        mode = resolve_mode(None, movers=True)
         if mode == "auto" and self.tuning is None:
             self._auto(transfer, layer_id)
         elif mode == "auto" or not self._batched(transfer, layer_id, mode):
@@ -118,10 +118,9 @@ class CudaDirectMover(DirectMover):
         every = range(self.layer_num) if layer_id is None else range(layer_id, layer_id + 1)
         devs = [[getattr(pool, p.component.device_name)[r] for r in every] for p in self.parts]
         if self.layout is HostLayout.PAGE_FIRST_DIRECT:
-            rows = torch.arange(every.start, every.stop, dtype=torch.int64)
-            parts = [(p.buffer, rows, d) for p, d in zip(self.parts, devs, strict=True)]
+            parts = [(p.buffer, d) for p, d in zip(self.parts, devs, strict=True)]
             return _copy_engine.page_first(
-                parts, h_idx, d_idx, self.unit, mode, to_host=layer_id is None
+                parts, every.start, h_idx, d_idx, self.unit, mode, to_host=layer_id is None
             )
         hosts = [self.facts.row(p.buffer, r) for p in self.parts for r in every]
         flat = [t for d in devs for t in d]
@@ -147,8 +146,10 @@ class CudaDirectMover(DirectMover):
         nbytes = sum(self.rows) * count * (self.layer_num if layer_id is None else 1)
 
         def sample() -> tuple[dict[str, Candidate], int] | None:
-            take = self._sample_count(nbytes, count)
-            if take == count:
+            # index pairs of about SAMPLE_BYTES (whole pages); None: the whole transfer
+            take = max(1, count * SAMPLE_BYTES // max(nbytes, 1))
+            take = -(-take // self.unit) * self.unit
+            if nbytes <= SAMPLE_BYTES or take >= count:
                 return None
             part = dataclasses.replace(
                 transfer,
@@ -169,13 +170,6 @@ class CudaDirectMover(DirectMover):
         )
         run_bytes = self.rows[0] * transfer.count // max(len(runs), 1)
         return _AutoPlan(run_bytes, self._kernel_mover(transfer.device_pool))
-
-    def _sample_count(self, nbytes: int, count: int) -> int:
-        """Index pairs of a sample of about ``SAMPLE_BYTES`` (whole pages), at most all."""
-        if nbytes <= SAMPLE_BYTES:
-            return count
-        take = max(1, count * SAMPLE_BYTES // nbytes)
-        return min(count, -(-take // self.unit) * self.unit)
 
     def _candidates(
         self, transfer: Transfer[Any], layer_id: int | None, kernel: KernelMover | None

@@ -7,13 +7,13 @@ docs/design.md section 10; stream order: section 6 ("CUDA stream order").
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 
 from sgl_core.backend import (
+    Component,
     HostLayout,
     HostSide,
     IOBackend,
@@ -22,22 +22,39 @@ from sgl_core.backend import (
     MoverFactory,
     TokenHostPool,
     TokenRowHostPool,
+    layout_facts,
 )
 from sgl_core.errors import UnsupportedLayoutError
 from sgl_cuda._direct_mover import CudaDirectMover
-from sgl_cuda._kernel_parts import StreamFence
-from sgl_cuda._movers import KernelMover, address_table, check_kernel_rows, layer_views
+from sgl_cuda._kernels import StreamFence
+from sgl_cuda._movers import KernelMover, address_table, layer_views
 
 __all__ = ["CudaMHAHostPool", "CudaMLAHostPool", "CudaTokenHostPool", "StreamFence"]
 
-_BOTH: Mapping[IOBackend, MoverFactory] = {
-    IOBackend.KERNEL: KernelMover,
-    IOBackend.DIRECT: CudaDirectMover,
-}
-_KERNEL: Mapping[IOBackend, MoverFactory] = {IOBackend.KERNEL: KernelMover}
-_DIRECT: Mapping[IOBackend, MoverFactory] = {IOBackend.DIRECT: CudaDirectMover}
 #: This backend's movers: built with the pool's fence (``CudaTokenHostPool._mover_of``).
 _FENCED = (KernelMover, CudaDirectMover)
+
+
+def check_kernel_rows(layout: HostLayout, components: Sequence[Component]) -> None:
+    """Refuse rows no ``kernel`` transfer could move, before any memory is taken.
+
+    The kernels move rows (``page_head``: each head's slice of a row) as int64
+    words; every part is checked, so no transfer can stop between K and V on a
+    row size. Rows kept on a layer subset (the DSA indexer) move by the direct
+    engine and are not checked.
+    """
+    per_head = not layout_facts(layout).heads_inner
+    unit = "a head's slice of a row" if per_head else "a row"
+    for c in components:
+        heads = 1 if per_head else c.heads
+        size = heads * c.dim * c.itemsize
+        if c.layers is None and size % 8:
+            raise UnsupportedLayoutError(
+                f"layout={layout.value!r} runs io_backend='kernel', which moves rows as "
+                f"8-byte words; {unit} of {c.name} here is {size} bytes ({heads} x {c.dim} "
+                f"x {c.dtype}), not a multiple of 8: use layout 'page_first_direct' "
+                "(io 'direct') or the 'torch' backend"
+            )
 
 
 class CudaTokenHostPool(TokenHostPool[Any, Any]):
@@ -64,15 +81,10 @@ class CudaTokenHostPool(TokenHostPool[Any, Any]):
         super()._allocate_buffers(device_pool)
         self.fence = StreamFence()
         #: Per every-layer component (spec order): its per-layer host views and their table.
-        self._layer_refs = layer_views(self._rows_side())
+        self._layer_refs = layer_views(self.host_side)
         self._layer_tables = tuple(
             address_table(views, device_pool.device) for views in self._layer_refs
         )
-
-    def _rows_side(self) -> HostSide:
-        side = self.host_side
-        rows = tuple(p for p in side.parts if p.component.layers is None)
-        return dataclasses.replace(side, parts=rows)
 
     def _make_mover(self, factory: MoverFactory) -> Mover[Any]:
         # The kernel mover moves the DSA indexer's rows itself (no wrapper: a per-layer
@@ -114,9 +126,9 @@ class CudaMLAHostPool(CudaTokenHostPool, TokenRowHostPool):
     """
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
-        HostLayout.LAYER_FIRST: _BOTH,
-        HostLayout.PAGE_FIRST: _KERNEL,
-        HostLayout.PAGE_FIRST_DIRECT: _DIRECT,
+        HostLayout.LAYER_FIRST: {IOBackend.KERNEL: KernelMover, IOBackend.DIRECT: CudaDirectMover},
+        HostLayout.PAGE_FIRST: {IOBackend.KERNEL: KernelMover},
+        HostLayout.PAGE_FIRST_DIRECT: {IOBackend.DIRECT: CudaDirectMover},
     }
 
     @property
@@ -136,10 +148,8 @@ class CudaMHAHostPool(CudaTokenHostPool, MHATokenHostPool):
     """
 
     movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
-        HostLayout.LAYER_FIRST: _BOTH,
-        HostLayout.PAGE_FIRST: _KERNEL,
-        HostLayout.PAGE_FIRST_DIRECT: _DIRECT,
-        HostLayout.PAGE_HEAD: _KERNEL,
+        **CudaMLAHostPool.movers,
+        HostLayout.PAGE_HEAD: {IOBackend.KERNEL: KernelMover},
     }
 
     @property

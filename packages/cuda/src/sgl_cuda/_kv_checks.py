@@ -22,6 +22,7 @@ from sgl_core.errors import (
     IndexDTypeError,
     IndexShapeError,
     LayerIndexError,
+    SGLError,
     ShapeMismatchError,
 )
 from sgl_cuda._kernels import interpreter_active, kernels
@@ -32,10 +33,10 @@ __all__ = [
     "bind_rows",
     "check_buffer",
     "check_head_num",
+    "check_index_pair",
     "check_indices",
     "check_layer_id",
     "check_layers",
-    "check_rows",
     "check_page_size",
     "check_table",
     "side_words",
@@ -56,25 +57,31 @@ def words(value: int, name: str) -> int:
     return value // 8
 
 
-def check_indices(src_indices: torch.Tensor, dst_indices: torch.Tensor) -> torch.device:
+def check_index_pair(
+    src_indices: torch.Tensor, dst_indices: torch.Tensor, *, contiguous: bool = True
+) -> None:
+    """Two int64 1-D index tensors (``contiguous``: also dense) of equal length."""
     for name, idx in (("src_indices", src_indices), ("dst_indices", dst_indices)):
         if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64:
             raise IndexDTypeError(f"{name} must be a torch.int64 tensor")
-        if idx.dim() != 1 or not idx.is_contiguous():
-            raise IndexShapeError(f"{name} must be a contiguous 1-D tensor")
+        if idx.dim() != 1 or (contiguous and not idx.is_contiguous()):
+            shape = "a contiguous 1-D tensor" if contiguous else "1-D"
+            raise IndexShapeError(f"{name} must be {shape}")
     if src_indices.numel() != dst_indices.numel():
         raise IndexShapeError(
             "src_indices and dst_indices must have equal length, "
             f"got {src_indices.numel()} and {dst_indices.numel()}"
         )
+
+
+def check_indices(src_indices: torch.Tensor, dst_indices: torch.Tensor) -> torch.device:
+    check_index_pair(src_indices, dst_indices)
     if src_indices.device != dst_indices.device:
         raise ShapeMismatchError(
             f"src_indices is on {src_indices.device}, dst_indices on {dst_indices.device}"
         )
     device = src_indices.device
-    if device.type == "cuda":
-        return device
-    if device.type == "cpu" and interpreter_active():
+    if device.type == "cuda" or (device.type == "cpu" and interpreter_active()):
         return device
     raise BackendUnavailableError(
         f"the transfer kernels need CUDA tensors (indices are on {device}); "
@@ -109,20 +116,18 @@ def check_buffer(buf: torch.Tensor, name: str, device: torch.device) -> None:
 
 
 def check_layers(num_layers: int) -> int:
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
-        raise LayerIndexError(f"num_layers must be a non-negative int, got {num_layers!r}")
-    return num_layers
+    return check_layer_id(num_layers, "num_layers")
 
 
-def check_layer_id(layer_id: int) -> int:
+def check_layer_id(layer_id: int, name: str = "layer_id") -> int:
     if not _is_int(layer_id) or layer_id < 0:
-        raise LayerIndexError(f"layer_id must be a non-negative int, got {layer_id!r}")
+        raise LayerIndexError(f"{name} must be a non-negative int, got {layer_id!r}")
     return layer_id
 
 
-def check_page_size(page_size: int) -> int:
+def check_page_size(page_size: int, error: type[SGLError] = ShapeMismatchError) -> int:
     if not _is_int(page_size) or page_size <= 0:
-        raise ShapeMismatchError(f"page_size must be a positive int, got {page_size!r}")
+        raise error(f"page_size must be a positive int, got {page_size!r}")
     return page_size
 
 
@@ -180,42 +185,6 @@ def side_words(form: RowForm, item_w: int, item_size: int) -> tuple[Side, int]:
     return side, item_w // heads
 
 
-def check_rows(
-    src: Sequence[torch.Tensor],
-    dst: Sequence[torch.Tensor],
-    indices: tuple[torch.Tensor, torch.Tensor],
-    item_size: int,
-    forms: tuple[RowForm, RowForm],
-    layers: tuple[int, int] = (0, 1),
-    labels: Sequence[str] = ("k", "v"),
-) -> tuple[int, Side, Side, int, int]:
-    """Every O(1) check of a row launch: item words, both sides, head words, layers.
-
-    ``indices`` and ``forms`` are ``(src, dst)``, ``layers`` is ``(layer_offset,
-    num_layers)``. ``labels`` name each component's arguments in errors
-    (``src_k``, ``src_k_layers``); an empty label names the side alone
-    (``src``, the MLA functions of ``sgl_cuda.kvcacheio``).
-    """
-    src_form, dst_form = forms
-    item_w = words(item_size, "item_size")
-    src_side, src_head_w = side_words(src_form, item_w, item_size)
-    dst_side, dst_head_w = side_words(dst_form, item_w, item_size)
-    layer_offset, count = layers[0], check_layers(layers[1])
-    device = check_indices(*indices)
-    if not 1 <= len(src) == len(dst) <= len(labels):
-        raise ShapeMismatchError("a transfer moves (K,) or (K, V): one or two of each side")
-    for tensors, form in ((src, src_form), (dst, dst_form)):
-        for label, t in zip(labels, tensors, strict=False):
-            name = f"{form.side}_{label}" if label else form.side
-            if form.kind == "table":
-                check_table(t, f"{name}_layers", device, layer_offset + count)
-            else:
-                check_buffer(t, name, device)
-    if src_side[5] and dst_side[5]:
-        raise ShapeMismatchError("at most one side of a transfer can be page_head")
-    return item_w, src_side, dst_side, min(src_head_w, dst_head_w), count
-
-
 def bind_rows(
     src: Sequence[torch.Tensor],
     dst: Sequence[torch.Tensor],
@@ -229,18 +198,33 @@ def bind_rows(
     num_layers: int = 1,
     labels: Sequence[str] = ("k", "v"),
 ) -> tuple[Callable[[torch.Tensor, torch.Tensor], None], bool]:
-    """Check a launch for ``(K,)`` or ``(K, V)`` buffers (or tables) of one row size now.
+    """Check a launch for ``(K,)`` or ``(K, V)`` buffers (or tables) of one row size now:
+    every O(1) check (item words, both sides, head words, layers).
 
-    Returns the launch bound to all but the two index tensors (a
-    ``functools.partial`` of the launcher: calling it adds no frame of ours)
-    and whether it runs interpreted (then each launch holds
-    ``interpreter_launch``'s lock). It must be called with indices of the
+    ``labels`` name each component's arguments in errors (``src_k``,
+    ``src_k_layers``); an empty label names the side alone (``src``, the MLA
+    functions of ``sgl_cuda.kvcacheio``). Returns the launch bound to all but
+    the two index tensors (a ``functools.partial`` of the launcher: calling it
+    adds no frame of ours) and whether it runs interpreted (then each launch
+    holds ``interpreter_launch``'s lock). It must be called with indices of the
     checked ones' length, dtype and device.
     """
-    forms = (src_form, dst_form)
-    indices = (src_indices, dst_indices)
-    checked = check_rows(src, dst, indices, item_size, forms, (layer_offset, num_layers), labels)
-    item_w, src_side, dst_side, head_w, layers = checked
+    item_w = words(item_size, "item_size")
+    src_side, src_head_w = side_words(src_form, item_w, item_size)
+    dst_side, dst_head_w = side_words(dst_form, item_w, item_size)
+    layers = check_layers(num_layers)
+    device = check_indices(src_indices, dst_indices)
+    if not 1 <= len(src) == len(dst) <= len(labels):
+        raise ShapeMismatchError("a transfer moves (K,) or (K, V): one or two of each side")
+    for tensors, form in ((src, src_form), (dst, dst_form)):
+        for label, t in zip(labels, tensors, strict=False):
+            name = f"{form.side}_{label}" if label else form.side
+            if form.kind == "table":
+                check_table(t, f"{name}_layers", device, layer_offset + layers)
+            else:
+                check_buffer(t, name, device)
+    if src_side[5] and dst_side[5]:
+        raise ShapeMismatchError("at most one side of a transfer can be page_head")
     components = len(src)
     if components == 1:
         src, dst = (src[0], src[0]), (dst[0], dst[0])  # the V deltas are then 0, unused
@@ -252,7 +236,7 @@ def bind_rows(
         src_k,
         dst_k,
         words=item_w,
-        head_words=head_w,
+        head_words=min(src_head_w, dst_head_w),
         layer_offset=layer_offset,
         num_layers=layers,
         # V is reached as K's address plus their distance (both 8-byte aligned).

@@ -1,4 +1,4 @@
-"""The cuda host pools' ``kernel`` mover, one for every kind of KV rows.
+"""The cuda host pools' ``kernel`` mover, one for every kind of KV rows, and what it binds.
 
 Built from a ``HostSide`` and the pool's ``StreamFence``, never from the pool.
 A backup is one launch over every layer, a load one launch for one layer;
@@ -9,8 +9,8 @@ is its own launch, checked before the first one runs (docs/design.md section 6).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -24,29 +24,90 @@ from sgl_core.backend import (
     layout_facts,
 )
 from sgl_core.errors import BackendUnavailableError, PoolMismatchError, UnsupportedLayoutError
-from sgl_cuda._kernel_parts import (
-    DeviceIndices,
-    Launch,
-    LayerSteps,
-    LoadPlan,
-    PointerTables,
-    StreamFence,
-    address_table,
-    check_kernel_rows,
-    index_rows,
-    layer_views,
-    upload,
-)
-from sgl_cuda._kernels import interpreter_active, interpreter_launch
+from sgl_cuda._kernels import StreamFence, interpreter_active, interpreter_launch
 from sgl_cuda._kv_checks import RowForm, bind_rows
 
-__all__ = [
-    "KernelMover",
-    "PointerTables",
-    "address_table",
-    "check_kernel_rows",
-    "layer_views",
-]
+__all__ = ["KernelMover", "PointerTables", "address_table", "layer_views", "upload"]
+
+Launch = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+@runtime_checkable
+class PointerTables(Protocol):
+    """A device pool that keeps its own per-layer address tables (the cuda pools)."""
+
+    def pointer_table(self, device_name: str) -> torch.Tensor:
+        """``torch.uint64`` addresses of the layers listed in attribute ``device_name``."""
+        ...
+
+
+def layer_views(host: HostSide) -> tuple[list[torch.Tensor], ...]:
+    """The per-row host views (strided in the page-first layouts) of each every-layer part."""
+    facts = layout_facts(host.layout)
+    return tuple(
+        [facts.row(p.buffer, r) for r in range(p.component.rows(host.layer_num))]
+        for p in host.parts
+        if p.component.layers is None
+    )
+
+
+def address_table(layers: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A ``torch.uint64`` table of ``layers``' addresses on ``device``."""
+    return torch.tensor([t.data_ptr() for t in layers], dtype=torch.uint64, device=device)
+
+
+def upload(indices: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``indices`` on ``device``; from CPU through a pinned snapshot, so the copy is async.
+
+    A snapshot even of pinned input: the async copy must not read the
+    caller's tensor after this returns (it may be reused for the next batch).
+    """
+    if indices.device == device:
+        return indices.contiguous()
+    if device.type == "cuda" and indices.device.type == "cpu":
+        indices = torch.empty(indices.shape, dtype=indices.dtype, pin_memory=True).copy_(indices)
+    return indices.to(device, non_blocking=True).contiguous()
+
+
+def index_rows(
+    host_rows: torch.Tensor, device_rows: torch.Tensor, host_cpu: torch.Tensor, d_idx: torch.Tensor
+) -> None:
+    """Indexer rows ``host_rows[host_cpu] -> device_rows[d_idx]``: one gather, one scatter;
+    to a GPU through a pinned buffer, asynchronously (torch's pinned allocator keeps it
+    until the copy is done)."""
+    pin = device_rows.device.type == "cuda"
+    staged = torch.empty(
+        (host_cpu.numel(), *host_rows.shape[1:]), dtype=host_rows.dtype, pin_memory=pin
+    )
+    torch.index_select(host_rows, 0, host_cpu, out=staged)
+    device_rows.index_copy_(0, d_idx, staged.to(device_rows.device, non_blocking=pin))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceIndices:
+    """Device copies of a validated load's indices, reused by the next layers' loads."""
+
+    host_indices: torch.Tensor
+    device_indices: torch.Tensor
+    stream: torch.cuda.Stream  # the stream they were uploaded on
+    event: torch.cuda.Event  # recorded on it after the upload
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSteps:
+    """What a per-layer load of one validated transfer runs, bound once."""
+
+    launches: tuple[Launch, ...]  # called with (host indices, device indices) on the device
+    lock: Any  # the interpreter's launch lock, or a no-op context
+    index_rows: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # (host rows, device rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadPlan:
+    """A validated transfer's per-layer steps (bound on each layer's first load)."""
+
+    host_cpu: torch.Tensor  # the host indices, on the CPU where indexer rows gather
+    layers: list[LayerSteps | None]
 
 
 class KernelMover:
@@ -77,24 +138,16 @@ class KernelMover:
         # Parts of one row width move in one launch (at most two per launch).
         same = len(self.rows) == 2 and self.rows[0] == self.rows[1]
         self.groups = ((0, 1),) if same else tuple((c,) for c in range(len(self.rows)))
-        # How each part's host side addresses its rows (page-first: token stride).
+        # How each part's host side addresses its rows: RowForm's (layout_dim, page_size, heads).
         self.forms = tuple(
-            self._form(c, host.page_size, host.parts[c].component.heads)
-            for c in range(len(self.rows))
+            (row * self.layer_num, host.page_size, p.component.heads)
+            for row, p in zip(self.rows, host.parts, strict=True)
         )
         # Opt-in: per-layer loads of the same (already validated) indices reuse their
         # device copies. Off until it has run on a GPU (only a CUDA test covers it).
         self.reuse_index_uploads = False
         self._uploads: PlanCache[DeviceIndices] = PlanCache()
         self._plans: PlanCache[LoadPlan] = PlanCache()
-
-    def _form(self, c: int, page_size: int, heads: int) -> tuple[str, int, int, int]:
-        dim = self.rows[c] * self.layer_num
-        if self.layout is HostLayout.LAYER_FIRST:
-            return ("layer_first", 0, 1, 1)
-        if self.layout is HostLayout.PAGE_FIRST:
-            return ("page_first", dim, 1, 1)
-        return ("page_head", dim, page_size, heads)
 
     def check(self, device_pool: Any) -> None:
         device = device_pool.device
@@ -165,7 +218,9 @@ class KernelMover:
         self.fence.record(device)
 
     def _new_plan(self, transfer: Transfer[Any]) -> LoadPlan:
-        return LoadPlan(transfer, self.layer_num, bool(self.index_parts))
+        # indexer rows gather on the host (read once per transfer, only where there are some)
+        host = transfer.host_indices
+        return LoadPlan(host.to("cpu") if self.index_parts else host, [None] * self.layer_num)
 
     def _bind_load(
         self, transfer: Transfer[Any], layer_id: int, h_idx: torch.Tensor, d_idx: torch.Tensor
@@ -204,11 +259,10 @@ class KernelMover:
         device_form = RowForm("layer_first" if per_layer else "table", device_side)
         launches: list[Launch] = []
         interpreted = False
+        layer_first = self.layout is HostLayout.LAYER_FIRST
+        kind = "table" if layer_first and not per_layer else self.layout.value
         for comps in self.groups:
-            kind, dim, ps, heads = self.forms[comps[0]]
-            if kind == "layer_first" and not per_layer:
-                kind = "table"
-            host_form = RowForm(kind, host_side, dim, ps, heads)
+            host_form = RowForm(kind, host_side, *self.forms[comps[0]])
             forms = (host_form, device_form) if host_side == "src" else (device_form, host_form)
             launch, interpreted = bind_rows(
                 tuple(src[c] for c in comps),
@@ -232,7 +286,7 @@ class KernelMover:
             return upload(transfer.host_indices, device), upload(transfer.device_indices, device)
         stream = torch.cuda.current_stream(device)
         cached = self._uploads.peek(transfer)
-        if cached is not None and cached.device == device:
+        if cached is not None and cached.host_indices.device == device:
             if cached.stream != stream:
                 # Uploaded on another stream: order after it, and keep the memory
                 # alive until this stream is done with it.
@@ -242,5 +296,5 @@ class KernelMover:
             return cached.host_indices, cached.device_indices
         h_idx = upload(transfer.host_indices, device)
         d_idx = upload(transfer.device_indices, device)
-        self._uploads.put(transfer, DeviceIndices(h_idx, d_idx, stream))
+        self._uploads.put(transfer, DeviceIndices(h_idx, d_idx, stream, stream.record_event()))
         return h_idx, d_idx

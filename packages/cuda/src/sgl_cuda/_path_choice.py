@@ -1,4 +1,4 @@
-"""Which CUDA copy path moves a transfer, chosen by measurement (``SGL_CUDA_DIRECT_COPY=auto``).
+"""Which CUDA copy path moves a transfer: ``SGL_CUDA_DIRECT_COPY``, or ``auto``'s measured choice.
 
 The candidates (each bit-exact, each declining by copying nothing and
 returning False), their preference order, the keys and the re-measuring are
@@ -8,19 +8,50 @@ described in docs/design.md section 6 ("CUDA copy paths, calibrated").
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable, Mapping
 
 import torch
 
 from sgl_core.backend import Calibrator, default_calibrator
+from sgl_core.errors import ShapeMismatchError
 
-__all__ = ["CANDIDATES", "Candidate", "PathChooser", "device_label", "path_key", "size_class"]
+__all__ = [
+    "CANDIDATES",
+    "MODES",
+    "MOVER_MODES",
+    "Candidate",
+    "PathChooser",
+    "device_label",
+    "path_key",
+    "resolve_mode",
+    "size_class",
+]
 
+MODES = ("batch", "batch-plain", "foreach")
+#: The host pools' ``direct`` movers also take ``auto``: the path chosen by measurement.
+MOVER_MODES = (*MODES, "auto")
+_ENV = "SGL_CUDA_DIRECT_COPY"
 #: Every candidate name, in preference order.
 CANDIDATES = ("copy engine", "copy engine gather", "batched copy engine", "kernel")
 #: Moves the transfer and returns True, or declines: returns False having copied nothing.
 Candidate = Callable[[], bool]
+
+
+def resolve_mode(mode: str | None, *, movers: bool = False) -> str:
+    """``mode``, else ``$SGL_CUDA_DIRECT_COPY``, else ``foreach``; checked against MODES
+    (``movers``: MOVER_MODES, which add ``auto``).
+
+    ``foreach`` stays the default until the batched modes have run on a GPU
+    (``scripts/gpu_check.sh`` measures and tests all of them); ``batch`` and
+    ``auto`` are opt-in.
+    """
+    chosen = mode if mode is not None else os.environ.get(_ENV, "").strip().lower() or "foreach"
+    allowed = MOVER_MODES if movers else MODES
+    if chosen not in allowed:
+        raise ShapeMismatchError(f"direct copy mode must be one of {allowed}, got {chosen!r}")
+    return chosen
 
 
 def size_class(nbytes: int) -> str:
@@ -99,10 +130,13 @@ class PathChooser:
         chosen = cal.current(key)
         if chosen is None or chosen not in candidates:
             return self._measure(cal, key, candidates, nbytes, device, sample)
-        self._collect(cal, key)
-        on_gpu = device.type == "cuda"
+        with self._lock:  # the key's previous GPU copy, reported if its events are done
+            pending = self._pending.pop(key, None)
+        if pending is not None and pending[1].query():  # type: ignore[no-untyped-call]
+            start_event, end_event, copied = pending
+            cal.observe(key, copied, start_event.elapsed_time(end_event) / 1e3)
         start: torch.cuda.Event | float
-        if on_gpu:
+        if device.type == "cuda":
             start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
         else:
@@ -149,13 +183,3 @@ class PathChooser:
         if part is not None and not candidates[chosen]():
             return self._fallback(candidates, next(iter(candidates)))
         return chosen
-
-    def _collect(self, cal: Calibrator, key: str) -> None:
-        """Report the key's previous GPU copy if its events are done (never waits)."""
-        with self._lock:
-            pending = self._pending.pop(key, None)
-        if pending is None:
-            return
-        start, end, nbytes = pending
-        if end.query():  # type: ignore[no-untyped-call]
-            cal.observe(key, nbytes, start.elapsed_time(end) / 1e3)

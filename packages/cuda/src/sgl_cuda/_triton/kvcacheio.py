@@ -51,6 +51,16 @@ def _row_words(base, idx, c, row_w, page_w, head_w, ps, HEAD_WORDS: tl.constexpr
 
 
 @triton.jit
+def _layer_base(ptr, v_delta, layer, layer_w, TABLE: tl.constexpr):
+    """Word pointer to the start of ``layer`` (of K, or V ``v_delta`` words on)."""
+    if TABLE:
+        base = tl.load(ptr + v_delta + layer).to(tl.int64).to(tl.pointer_type(tl.int64))
+    else:
+        base = ptr.to(tl.pointer_type(tl.int64)) + v_delta + layer * layer_w
+    return base
+
+
+@triton.jit
 def _copy_rows_kernel(
     src,
     dst,
@@ -95,16 +105,8 @@ def _copy_rows_kernel(
     s = tl.load(src_idx + rows, mask=row_mask, other=0)
     d = tl.load(dst_idx + rows, mask=row_mask, other=0)
 
-    if SRC_TABLE:
-        src_base = tl.load(src + kv * src_v_delta + layer).to(tl.int64)
-        src_base = src_base.to(tl.pointer_type(tl.int64))
-    else:
-        src_base = src.to(tl.pointer_type(tl.int64)) + kv * src_v_delta + layer * src_layer_w
-    if DST_TABLE:
-        dst_base = tl.load(dst + kv * dst_v_delta + layer).to(tl.int64)
-        dst_base = dst_base.to(tl.pointer_type(tl.int64))
-    else:
-        dst_base = dst.to(tl.pointer_type(tl.int64)) + kv * dst_v_delta + layer * dst_layer_w
+    src_base = _layer_base(src, kv * src_v_delta, layer, src_layer_w, SRC_TABLE)
+    dst_base = _layer_base(dst, kv * dst_v_delta, layer, dst_layer_w, DST_TABLE)
 
     cols = tl.arange(0, BLOCK_W)
     for w0 in tl.static_range(0, WORDS, BLOCK_W):

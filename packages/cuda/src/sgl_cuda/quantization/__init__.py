@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from sgl_core.backend import publish_names as _publish_names
 from sgl_cuda.quantization._align import moe_align_block_size
-from sgl_cuda.quantization._dequant import dequantize_ggml
 from sgl_cuda.quantization._gguf_loader import load_ggml_expert_bank
 from sgl_cuda.quantization._method import GGMLExpertBank, GGMLMoEMethod
 from sgl_cuda.quantization._ops import ggml_moe_a8, ggml_moe_a8_vec, ggml_moe_get_block_size
-from sgl_cuda.quantization._types import GGMLQuantType
+from sgl_cuda.quantization._types import GGMLQuantType, dequantize_ggml
 
 __all__ = [
     "GGMLExpertBank",

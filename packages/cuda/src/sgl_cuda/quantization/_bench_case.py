@@ -10,9 +10,8 @@ import torch
 from sgl_core import MoEWeights
 from sgl_core.backend import MoEBenchCase
 from sgl_core.errors import BackendUnavailableError
-from sgl_cuda.quantization._dequant import dequantize_ggml
 from sgl_cuda.quantization._method import GGMLExpertBank, GGMLMoEMethod
-from sgl_cuda.quantization._types import GGMLQuantType
+from sgl_cuda.quantization._types import GGMLQuantType, dequantize_ggml
 
 __all__ = ["ggml_q8_0_case"]
 

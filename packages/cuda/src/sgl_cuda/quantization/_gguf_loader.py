@@ -21,24 +21,6 @@ from sgl_cuda.quantization._types import block_format, resolve_quant_type
 __all__ = ["load_ggml_expert_bank"]
 
 
-def _import_gguf() -> Any:
-    try:
-        import gguf
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "loading GGUF files needs the 'gguf' package: pip install './packages/cuda[gguf]'"
-        ) from exc
-    return gguf
-
-
-def _tensor_name(layer_id: int, part: str) -> str:
-    return f"blk.{layer_id}.ffn_{part}_exps.weight"
-
-
-def _ne(tensor: Any) -> tuple[int, ...]:
-    return tuple(int(v) for v in tensor.shape)
-
-
 def _to_torch(tensor: Any, name: str, device: torch.device | str | None) -> torch.Tensor:
     data = np.asarray(tensor.data)
     if data.dtype != np.uint8 or data.ndim != 3:
@@ -63,7 +45,12 @@ def load_ggml_expert_bank(
     shapes, or a down bank that does not match raises a ``ValueError`` subclass
     from ``sgl_core.errors``; an unsupported quant type raises ``QuantTypeError``.
     """
-    gguf = _import_gguf()
+    try:
+        import gguf
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "loading GGUF files needs the 'gguf' package: pip install './packages/cuda[gguf]'"
+        ) from exc
     if isinstance(path_or_reader, (str, os.PathLike)):
         reader = gguf.GGUFReader(os.fspath(path_or_reader))
         source = os.fspath(path_or_reader)
@@ -71,7 +58,8 @@ def load_ggml_expert_bank(
         reader = path_or_reader
         source = "the GGUF reader"
     by_name = {t.name: t for t in reader.tensors}
-    names = {part: _tensor_name(layer_id, part) for part in ("gate", "up", "down")}
+    parts = ("gate", "up", "down")
+    names = {part: f"blk.{layer_id}.ffn_{part}_exps.weight" for part in parts}
     missing = [n for n in names.values() if n not in by_name]
     if missing:
         have = sorted(n for n in by_name if n.startswith(f"blk.{layer_id}.ffn_"))
@@ -79,10 +67,10 @@ def load_ggml_expert_bank(
             f"{source} lacks {', '.join(missing)} for layer {layer_id} "
             f"(its layer {layer_id} FFN tensors: {', '.join(have) or 'none'})"
         )
-    gate, up, down = (by_name[names[p]] for p in ("gate", "up", "down"))
+    gate, up, down = (by_name[names[p]] for p in parts)
 
     types = {}
-    for part, t in (("gate", gate), ("up", up), ("down", down)):
+    for part, t in zip(parts, (gate, up, down), strict=True):
         try:
             types[part] = resolve_quant_type(int(t.tensor_type), names[part])
         except QuantTypeError as exc:
@@ -94,7 +82,7 @@ def load_ggml_expert_bank(
             f"{names['gate']} is {types['gate'].name} but {names['up']} is {types['up'].name}; "
             "gate and up must share a quant type to be fused"
         )
-    gate_ne, up_ne, down_ne = _ne(gate), _ne(up), _ne(down)
+    gate_ne, up_ne, down_ne = (tuple(int(v) for v in t.shape) for t in (gate, up, down))
     if len(gate_ne) != 3 or gate_ne != up_ne:
         raise ShapeMismatchError(
             f"{names['gate']} ne={gate_ne} and {names['up']} ne={up_ne} must be equal (H, I, E)"
@@ -112,9 +100,7 @@ def load_ggml_expert_bank(
                 f"{names[part]} rows of {k} are not whole {types[part].name} blocks"
             )
 
-    gate_t = _to_torch(gate, names["gate"], device)
-    up_t = _to_torch(up, names["up"], device)
-    down_t = _to_torch(down, names["down"], device)
+    gate_t, up_t, down_t = (_to_torch(by_name[names[p]], names[p], device) for p in parts)
     return GGMLExpertBank(
         gate_up=torch.cat([gate_t, up_t], dim=1),
         gate_up_type=types["gate"],

@@ -38,10 +38,8 @@ class GGMLExpertBank:
     down_type: GGMLQuantType
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "gate_up_type", resolve_quant_type(self.gate_up_type, "gate_up_type")
-        )
-        object.__setattr__(self, "down_type", resolve_quant_type(self.down_type, "down_type"))
+        for field in ("gate_up_type", "down_type"):
+            object.__setattr__(self, field, resolve_quant_type(getattr(self, field), field))
         for name in ("gate_up", "down"):
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 3:

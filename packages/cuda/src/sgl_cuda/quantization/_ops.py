@@ -3,6 +3,7 @@ batched ``ggml_moe_a8``."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -147,6 +148,8 @@ def ggml_moe_a8_vec(
     if out.numel() == 0:
         return out
     check_runnable(x.device)
+    if x.shape[1] == 0:  # K = 0: every dot product is empty
+        return out.zero_()
     from sgl_cuda._triton import ggml as kernels
 
     xq, xd = kernels.quantize_q8_1(x.contiguous())
@@ -158,9 +161,7 @@ def ggml_moe_a8_vec(
         out,
         top_k=top_k,
         quant_type=int(qtype),
-        block_size=fmt.block_size,
-        block_bytes=fmt.block_bytes,
-        group_size=fmt.group_size,
+        **dataclasses.asdict(fmt),  # block_size, block_bytes, group_size
     )
     return out
 
@@ -191,15 +192,9 @@ def ggml_moe_get_block_size(quant_type: int, tile: Tile | None = None) -> int:
     if tile is not None:
         _check_tile(tile)
         return tile[0]
-    from sgl_cuda._triton import ggml_mmq
+    from sgl_cuda._triton import ggml as kernels
 
-    return ggml_mmq.default_tile(int(qtype))[0]
-
-
-def _check_index(name: str, t: torch.Tensor) -> None:
-    _check_int32(name, t)
-    if t.dim() != 1:
-        raise IndexShapeError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    return kernels.default_tile(int(qtype))[0]
 
 
 def ggml_moe_a8(
@@ -236,7 +231,9 @@ def ggml_moe_a8(
         ("expert_ids", expert_ids),
         ("num_tokens_post_padded", num_tokens_post_padded),
     ):
-        _check_index(name, t)
+        _check_int32(name, t)
+        if t.dim() != 1:
+            raise IndexShapeError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     qtype, fmt = check_operands(x, w, quant_type, row, top_k, tokens, sorted_token_ids)
     if not (sorted_token_ids.device == expert_ids.device == num_tokens_post_padded.device):
         raise IndexShapeError("the index tensors must share x's device")
@@ -264,11 +261,12 @@ def ggml_moe_a8(
     if out.numel() == 0:
         return out
     check_runnable(x.device)
+    if x.shape[1] == 0:  # K = 0: every dot product is empty
+        return out.zero_()
     from sgl_cuda._triton import ggml as kernels
-    from sgl_cuda._triton import ggml_mmq
 
     xq, xd, xs = kernels.quantize_q8_1_with_sums(x.contiguous())
-    ggml_mmq.moe_a8_mmq(
+    kernels.moe_a8_mmq(
         xq,
         xd,
         xs,
@@ -279,9 +277,7 @@ def ggml_moe_a8(
         out,
         top_k=top_k,
         quant_type=int(qtype),
-        block_size=fmt.block_size,
-        block_bytes=fmt.block_bytes,
-        group_size=fmt.group_size,
-        tile=tile if tile is not None else ggml_mmq.default_tile(int(qtype)),
+        **dataclasses.asdict(fmt),  # block_size, block_bytes, group_size
+        tile=tile if tile is not None else kernels.default_tile(int(qtype)),
     )
     return out

@@ -1,4 +1,7 @@
-"""GGML quantization type ids and their block geometry (docs/design.md, section 9)."""
+"""GGML quantization type ids, their block geometry (docs/design.md, section 9) and
+``dequantize_ggml``, a dense torch dequantization: a benchmark baseline (the MoE
+method's kernels dot the blocks directly) and a readable statement of each layout.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +9,11 @@ import enum
 import operator
 from dataclasses import dataclass
 
-from sgl_core.errors import QuantTypeError
+import torch
 
-__all__ = ["BlockFormat", "GGMLQuantType", "block_format", "resolve_quant_type"]
+from sgl_core.errors import ArgumentTypeError, QuantTypeError, ShapeMismatchError
+
+__all__ = ["BlockFormat", "GGMLQuantType", "block_format", "dequantize_ggml", "resolve_quant_type"]
 
 
 class GGMLQuantType(enum.IntEnum):
@@ -117,3 +122,123 @@ def resolve_quant_type(quant_type: int, argument: str = "quant_type") -> GGMLQua
 def block_format(quant_type: int) -> BlockFormat:
     """Block geometry of a supported GGML type id."""
     return _FORMATS[resolve_quant_type(quant_type)]
+
+
+_T = GGMLQuantType
+
+
+def _f16(b: torch.Tensor, off: int) -> torch.Tensor:
+    """The little-endian f16 at byte ``off`` of each block, as float32 ``(n, 1)``."""
+    return b[:, off : off + 2].contiguous().view(torch.float16).float()
+
+
+def _idx(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(n, device=device)
+
+
+def _nibbles32(b: torch.Tensor, off: int) -> torch.Tensor:
+    """32 4-bit values of a legacy block: low nibbles then high nibbles of 16 bytes."""
+    qs = b[:, off : off + 16].int()
+    return torch.cat([qs & 15, qs >> 4], dim=1)
+
+
+# IQ4_NL/IQ4_XS: the non-linear value of each 4-bit index (ggml's kvalues_iq4nl)
+_IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4(nibbles: torch.Tensor) -> torch.Tensor:
+    table = torch.tensor(_IQ4_VALUES, dtype=torch.float32, device=nibbles.device)
+    return table[nibbles.long()]
+
+
+def _decode(b: torch.Tensor, qtype: GGMLQuantType) -> torch.Tensor:
+    """float32 ``(n_blocks, block_size)`` from uint8 ``(n_blocks, block_bytes)``."""
+    dev = b.device
+    if qtype == _T.IQ4_NL:
+        return _f16(b, 0) * _iq4(_nibbles32(b, 2))
+    if qtype == _T.IQ4_XS:
+        j = _idx(8, dev)
+        lo = (b[:, 4 + j // 2].int() >> ((j % 2) * 4)) & 15
+        hi = (b[:, 2 + j // 4].int() >> ((j % 4) * 2)) & 3
+        dl = _f16(b, 0) * ((lo | (hi << 4)) - 32).float()  # (n, 8): one scale per 32
+        qs = b[:, 8:136].reshape(-1, 8, 16).int()
+        q = _iq4(torch.cat([qs & 15, qs >> 4], dim=2))  # (n, 8, 32)
+        return (dl[:, :, None] * q).reshape(-1, 256)
+    if qtype in (_T.Q4_0, _T.Q4_1):
+        off = 2 if qtype == _T.Q4_0 else 4
+        q = _nibbles32(b, off).float()
+        if qtype == _T.Q4_0:
+            return _f16(b, 0) * (q - 8)
+        return _f16(b, 0) * q + _f16(b, 2)
+    if qtype in (_T.Q5_0, _T.Q5_1):
+        qh_off, qs_off = (2, 6) if qtype == _T.Q5_0 else (4, 8)
+        i = _idx(32, dev)
+        qh = (b[:, qh_off + i // 8].int() >> (i % 8)) & 1  # bit i of the u32 at qh_off
+        q = (_nibbles32(b, qs_off) | (qh << 4)).float()
+        if qtype == _T.Q5_0:
+            return _f16(b, 0) * (q - 16)
+        return _f16(b, 0) * q + _f16(b, 2)
+    if qtype == _T.Q8_0:
+        return _f16(b, 0) * b[:, 2:34].contiguous().view(torch.int8).float()
+
+    i = _idx(256, dev)
+    g16 = i // 16
+    if qtype == _T.Q2_K:
+        q = (b[:, 16 + (i // 128) * 32 + i % 32].int() >> (((i % 128) // 32) * 2)) & 3
+        sc = b[:, g16].int()
+        d, dmin = _f16(b, 80), _f16(b, 82)
+        return (d * (sc & 15).float()) * q.float() - dmin * (sc >> 4).float()
+    if qtype == _T.Q3_K:
+        lo = (b[:, 32 + (i // 128) * 32 + i % 32].int() >> (((i % 128) // 32) * 2)) & 3
+        hb = (b[:, i % 32].int() >> (i // 32)) & 1
+        q = lo - 4 + 4 * hb
+        j = _idx(16, dev)
+        sl = (b[:, 96 + j % 8].int() >> ((j // 8) * 4)) & 15
+        sh = (b[:, 104 + j % 4].int() >> ((j // 4) * 2)) & 3
+        sc = ((sl | (sh << 4)) - 32).float()
+        return (_f16(b, 108) * sc)[:, g16] * q.float()
+    if qtype in (_T.Q4_K, _T.Q5_K):
+        qs_off = 16 if qtype == _T.Q4_K else 48
+        q = (b[:, qs_off + (i // 64) * 32 + i % 32].int() >> (((i // 32) % 2) * 4)) & 15
+        if qtype == _T.Q5_K:
+            q = q | (((b[:, 16 + i % 32].int() >> (i // 32)) & 1) << 4)
+        s = b[:, 4:16].int()  # eight 6-bit (scale, min) pairs packed in bytes 4..15
+        j = _idx(8, dev)
+        a, bb, c = s[:, j], s[:, j + 4], s[:, j % 4]
+        sc = torch.where(j < 4, a & 63, (bb & 15) | ((c >> 6) << 4)).float()
+        mn = torch.where(j < 4, bb & 63, (bb >> 4) | ((a >> 6) << 4)).float()
+        g32 = i // 32
+        return (_f16(b, 0) * sc)[:, g32] * q.float() - (_f16(b, 2) * mn)[:, g32]
+    # Q6_K
+    lo = (b[:, (i // 128) * 64 + i % 64].int() >> (((i % 128) // 64) * 4)) & 15
+    hi = (b[:, 128 + (i // 128) * 32 + i % 32].int() >> (((i % 128) // 32) * 2)) & 3
+    q = (lo | (hi << 4)) - 32
+    sc = b[:, 192:208].contiguous().view(torch.int8).float()
+    return (_f16(b, 208) * sc)[:, g16] * q.float()
+
+
+def dequantize_ggml(
+    w: torch.Tensor, quant_type: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Dense weights ``(..., K)`` of uint8 GGUF block bytes ``w (..., row_bytes)``.
+
+    A torch implementation (any device) for baselines; values are exact float32
+    products of the block scales and quant ints, then cast to ``dtype``.
+    """
+    qtype = resolve_quant_type(quant_type)
+    fmt = block_format(qtype)
+    if not isinstance(w, torch.Tensor) or w.dtype != torch.uint8:
+        raise ArgumentTypeError("w must be a uint8 tensor of GGUF block bytes")
+    if w.dim() < 1 or w.shape[-1] % fmt.block_bytes:
+        raise ShapeMismatchError(
+            f"w's last dim ({tuple(w.shape)}) must be a multiple of the {qtype.name} "
+            f"block size of {fmt.block_bytes} bytes"
+        )
+    n_blocks = w.shape[-1] // fmt.block_bytes
+    blocks = w.reshape(-1, fmt.block_bytes)
+    out = (
+        _decode(blocks, qtype)
+        if blocks.shape[0]
+        else blocks.new_empty((0, fmt.block_size), dtype=torch.float32)
+    )
+    return out.reshape(*w.shape[:-1], n_blocks * fmt.block_size).to(dtype)
