@@ -21,7 +21,7 @@ from sgl_core.testing import page_indices, random_bits
 OURS = (str(Path(sgl_core.__file__).parent), str(Path(sgl_ascend.__file__).parent))
 COPIES = {"copy_", "_foreach_copy_", "index_copy_", "index_select"}
 # our copy loops that are themselves the primitive (by-address blocks, numpy run copies)
-PRIMITIVES = {"_memmove_all", "copy_slices"}
+PRIMITIVES = {"_memmove_all", "copy_slices", "take_rows"}
 PATHS = {
     "by-address": CopyTuning(by_address_min_block_bytes=0, gather_below_page_run_bytes=0),
     "gather": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_page_run_bytes=NEVER),
@@ -119,12 +119,9 @@ def test_gather_loads_of_one_batch_share_one_buffer_per_component() -> None:
     plan = last[1]
     assert len(plan.staging) == 2  # k and v, one thread
     ptrs = {b.untyped_storage().data_ptr() for b in plan.staging.values()}
-    used = {
-        b.untyped_storage().data_ptr()
-        for steps in plan.steps.values()
-        for s in steps
-        for b in s.parts[0][4]
-    }
+    steps = [s for kept in plan.steps.values() for s in kept]
+    assert {s.fn.__name__ for s in steps} == {"take_rows"}
+    used = {s.parts[0][4].ctypes.data for s in steps}  # take_rows(dst, src, d, s, out, val)
     assert len(plan.steps) == 3 and used == ptrs  # three layers' steps, two buffers
     for layer in range(3):
         pairs = zip(dst.get_kv_buffer(layer, d_idx), dev.get_kv_buffer(layer, d_idx), strict=True)

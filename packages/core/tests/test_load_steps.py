@@ -43,6 +43,41 @@ def test_gather_and_memmove_steps_are_bit_exact(threads: int) -> None:
     assert int(out[16:32].sum()) == 0
 
 
+def test_gather_step_takes_strided_rows_and_falls_back_where_rows_are_not_blocks() -> None:
+    """Rows of one layer inside a token-major buffer (strided, at an offset that is not a
+    multiple of a row) go through ``take_rows``; rows that are not one contiguous block
+    each through the chunked torch gather; both bit-exact."""
+    gen = torch.Generator().manual_seed(5)
+    host = torch.randint(-(1 << 40), 1 << 40, (3 + 40 * 3 * 6,), generator=gen)
+    rows = host[3:].view(40, 3, 6)[:, 1]  # (40, 6), row stride 18, storage offset 9
+    s_idx, d_idx = torch.randperm(40, generator=gen)[:17], torch.randperm(20, generator=gen)[:17]
+    for src, fn in ((rows, "take_rows"), (rows.view(40, 3, 2).transpose(1, 2), "gather_chunks")):
+        dst = torch.zeros((20, *src.shape[1:]), dtype=torch.int64)
+        step = gather_step(
+            dst, src, d_idx, s_idx, torch.empty((17, *src.shape[1:]), dtype=torch.int64), 1
+        )
+        assert step.fn.__name__ == fn
+        step.run()
+        assert (
+            torch.equal(dst[d_idx], src[s_idx])
+            and int(dst[torch.isin(torch.arange(20), d_idx, invert=True)].abs().sum()) == 0
+        )
+
+
+@pytest.mark.parametrize("side", ["source", "destination"])
+@pytest.mark.parametrize("bad", [-1, 40])
+def test_take_step_refuses_indices_outside_its_rows(side: str, bad: int) -> None:
+    """The flat view holds rows past ``src`` (other layers' rows) and numpy wraps a negative
+    index: a bad index is refused when the step is built, before any byte moves."""
+    host = torch.arange(50 * 2 * 4, dtype=torch.int64).view(50, 2, 4)
+    src, dst = host[:40, 0], torch.zeros(40, 4, dtype=torch.int64)
+    s_idx, d_idx = torch.tensor([3, 5]), torch.tensor([1, 2])
+    (s_idx if side == "source" else d_idx)[1] = bad
+    with pytest.raises(RuntimeError, match="internal error"):
+        gather_step(dst, src, d_idx, s_idx, torch.empty(2, 4, dtype=torch.int64), 1)
+    assert int(dst.abs().sum()) == 0
+
+
 def test_load_steps_follow_a_replaced_device_layer() -> None:
     """Kept steps hold addresses: a layer tensor replaced under the same transfer gets
     new steps (the copy lands in the new tensor, not in the old one's memory)."""
@@ -99,8 +134,8 @@ def test_a_load_is_calibrated_on_its_whole_call(monkeypatch: pytest.MonkeyPatch)
     ("tuning", "path"),
     [
         (None, "copy_slices"),  # the cpu preset: CPU loads gather only below 4 KiB runs
-        (CopyTuning(), "gather_chunks"),  # no load limit: gather_below_run_bytes (96 KiB)
-        (CopyTuning(load_gather_below_run_bytes=1 << 20), "gather_chunks"),
+        (CopyTuning(), "take_rows"),  # no load limit: gather_below_run_bytes (96 KiB)
+        (CopyTuning(load_gather_below_run_bytes=1 << 20), "take_rows"),
     ],
 )
 def test_cpu_loads_take_the_load_gather_limit(
@@ -109,7 +144,7 @@ def test_cpu_loads_take_the_load_gather_limit(
     from sgl_core.transfer.copy import _steps
 
     seen: list[str] = []
-    for name in ("gather_chunks", "copy_slices"):
+    for name in ("gather_chunks", "take_rows", "copy_slices"):
         real = getattr(_steps, name)
 
         def spy(*args: object, _real: object = real, _name: str = name) -> None:

@@ -12,7 +12,10 @@ Primitives (each a plain loop, the copy itself):
 * :func:`copy_slices`: run copies between two numpy views of the widened
   rows (a numpy slice costs a fraction of a torch view, and numpy copies
   never start an OpenMP team);
-* :func:`gather_chunks`: gather/scatter in chunks below ATen's grain.
+* :func:`take_rows`: gather/scatter of whole rows as numpy ``take`` (from a
+  2-D view of the source's storage) and a fancy-index store, whole call at once;
+* :func:`gather_chunks`: gather/scatter in chunks below ATen's grain (rows that
+  are not one contiguous block each, and ``copy_threads`` 0).
 
 The thread count is resolved when a step is built: an explicit
 ``copy_threads`` wins; ``AUTO`` takes one thread below ``AUTO_MIN_BYTES``
@@ -48,6 +51,7 @@ __all__ = [
     "memmove_step",
     "numpy_rows",
     "slices_step",
+    "take_rows",
 ]
 
 #: ``memmove(dst[i], src[i], sizes[i])`` for every i (raw CPU addresses; unchecked).
@@ -182,6 +186,48 @@ def gather_chunks(
         dst.index_copy_(0, d, buf)
 
 
+def take_rows(
+    dst: np.ndarray[Any, Any],
+    src: np.ndarray[Any, Any],
+    d_idx: np.ndarray[Any, Any],
+    s_rows: np.ndarray[Any, Any],
+    out: np.ndarray[Any, Any],
+    val: np.ndarray[Any, Any],
+) -> None:
+    """``dst[d_idx] = src[s_rows]`` through ``out`` (``val``: the same memory in ``dst``'s
+    row shape). ``mode="clip"`` keeps ``take`` unbuffered; the rows were range-checked."""
+    src.take(s_rows, axis=0, out=out, mode="clip")
+    dst[d_idx] = val
+
+
+def _take_parts(
+    dst: torch.Tensor, src: torch.Tensor, d_idx: torch.Tensor, s_idx: torch.Tensor,
+    staging: torch.Tensor,
+) -> Callable[[int], Step] | None:  # fmt: skip
+    """``take_rows`` steps by thread count, when each source row is one contiguous block and
+    rows lie a multiple of its size apart (else None: the chunked torch gather)."""
+    count, row = int(d_idx.numel()), src[0].numel() if src.dim() > 1 else 0
+    if not row or not src[0].is_contiguous() or src.stride(0) % row:
+        return None
+    # the flat view reaches past ``src`` and numpy wraps negative indices: refuse both here
+    for idx, n in ((s_idx, src.shape[0]), (d_idx, dst.shape[0])):
+        if count and not (int(idx.min()) >= 0 and int(idx.max()) < n):
+            raise RuntimeError(_INTERNAL)
+    start = src.storage_offset() % row
+    rows = (src.untyped_storage().nbytes() // src.element_size() - start) // row
+    flat = numpy_rows(src.as_strided((rows, row), (row, 1), start))
+    s_rows = (s_idx * (src.stride(0) // row) + src.storage_offset() // row).numpy()
+    out = numpy_rows(staging[:count].view(count, row))
+    val, dst_np, d_np = out.reshape(count, *src.shape[1:]), numpy_rows(dst), d_idx.numpy()
+
+    def build(t: int) -> Step:
+        cuts = split_parts(count, t) or [(0, 0)]
+        parts = tuple((dst_np, flat, d_np[a:b], s_rows[a:b], out[a:b], val[a:b]) for a, b in cuts)
+        return Step(take_rows, parts)
+
+    return build
+
+
 def gather_step(
     dst: torch.Tensor,
     src: torch.Tensor,
@@ -190,18 +236,23 @@ def gather_step(
     staging: torch.Tensor,
     threads: int,
 ) -> Step:
-    """A CPU gather/scatter along dim 0 as a step: chunks below ATen's grain (no OpenMP
-    team), each through its own rows of ``staging`` (so threads never share rows);
-    ``threads`` 0: one whole ``index_select`` and ``index_copy_`` (ATen's threads)."""
+    """A CPU gather/scatter along dim 0 as a step, each thread through its own rows of
+    ``staging``: ``take_rows`` (numpy starts no OpenMP team, so a whole call at once) where
+    the source rows allow it, else chunks below ATen's grain; ``threads`` 0: one whole
+    ``index_select`` and ``index_copy_`` (ATen's threads)."""
     count = int(d_idx.numel())
     if threads == 0:
         return Step(gather_chunks, ((dst, src, (d_idx,), (s_idx,), (staging[:count],)),))
+    total = count * (src[0].numel() * src.element_size() if src.dim() else 1)
+    take = _take_parts(dst, src, d_idx, s_idx, staging)
+    if take is not None:
+        key = f"take cpu->cpu {_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"
+        return _resolve(threads, key, total, take, 1)
     step = index_chunk(src[0].numel() if src.dim() > 1 else 1)
     cuts = [(a, min(a + step, count)) for a in range(0, count, step)]
     d_parts = [d_idx[a:b] for a, b in cuts]
     s_parts = [s_idx[a:b] for a, b in cuts]
     buf_parts = [staging[a:b] for a, b in cuts]
-    total = count * (src[0].numel() * src.element_size() if src.dim() else 1)
     key = f"gather cpu->cpu {_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"
 
     def build(t: int) -> Step:
