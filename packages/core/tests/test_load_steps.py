@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -164,3 +166,57 @@ def test_cpu_loads_take_the_load_gather_limit(
     host.load_to_device_per_layer(back, h_idx, d_idx, 1, "direct")
     assert seen == [path]
     assert torch.equal(device_rows(back, 1, d_idx), device_rows(dev, 1, d_idx))
+
+
+_STACKED = CopyTuning(stacked_min_run_bytes=0)
+
+
+@pytest.mark.parametrize(
+    ("layout", "tuning", "path"),
+    [
+        ("layer_first", _STACKED, "copy_slices"),
+        ("page_first", _STACKED, "copy_slices"),
+        ("page_first_direct", _STACKED, "copy_slices"),
+        ("page_head", _STACKED, "copy_runs"),  # heads outside the rows: torch run copies
+        ("page_first", CopyTuning(stacked_min_run_bytes=0, copy_threads=0), "copy_runs"),
+    ],
+)
+def test_stacked_cpu_backups_are_numpy_run_copies(
+    monkeypatch: pytest.MonkeyPatch, layout: str, tuning: CopyTuning, path: str
+) -> None:
+    """A CPU backup of layers in one allocation copies each run across every row as one
+    numpy slice copy (``copy_slices``), bit-exact; page_head and copy_threads 0 (ATen's
+    threads) keep the torch run copies."""
+    from sgl_core.transfer import _direct_mover
+    from sgl_core.transfer.copy import _steps
+
+    seen: list[str] = []
+    for module, name in ((_steps, "copy_slices"), (_direct_mover, "copy_runs")):
+        real = getattr(module, name)
+
+        def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> None:
+            seen.append(_name)
+            _real(*args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(module, name, spy)
+    backend = sgl_core.TorchBackend(tuning=tuning)
+
+    def pool() -> Any:
+        if layout == "page_head":  # an MHA layout
+            return backend.create_mha_device_pool(
+                size=128, page_size=4, dtype=torch.bfloat16, head_num=2, head_dim=8, layer_num=3
+            )
+        return backend.create_device_pool(
+            size=128, page_size=4, dtype=torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
+            layer_num=3,
+        )  # fmt: skip
+
+    dev, back = pool(), pool()
+    fill_device_random(dev, 8)
+    host = backend.create_host_pool(dev, layout=layout)
+    h_idx, d_idx = page_indices([9, 2, 3, 5], 4), page_indices([1, 7, 8, 3], 4)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    assert seen == [path]
+    for layer in range(3):
+        host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
+        assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))

@@ -35,7 +35,7 @@ from sgl_core.transfer.copy._steps import (
 )
 from sgl_core.transfer.copy._tuning import load_gather_limit
 
-__all__ = ["Plan", "load_steps", "new_plan"]
+__all__ = ["Plan", "backup_slices", "load_steps", "new_plan"]
 
 
 @dataclasses.dataclass
@@ -137,3 +137,24 @@ def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -
     if addrs[0]:
         steps.append(memmove_step(addrs[0], addrs[1], addrs[2], threads))
     return steps
+
+
+def backup_slices(
+    mover: Any, plan: Plan, c: int, stacked: torch.Tensor, threads: int
+) -> Step | None:
+    """A backup of part ``c`` across every row between CPU buffers as numpy run copies
+    (one per run, every row at once): both sides as ``(units, rows, ...)`` views, pages
+    where paged. None (the torch run copies) for ``page_head``, off the CPU, or with
+    ``copy_threads`` 0 (ATen's threads)."""
+    dev, ps = mover._wide(stacked), mover.unit
+    host = mover.wide[c]
+    if not (threads and mover.facts.heads_inner and dev.device.type == host.device.type == "cpu"):
+        return None
+    if mover.paged:
+        if dev.shape[1] % ps:
+            return None
+        dev = dev.view(dev.shape[0], -1, ps, *dev.shape[2:])
+    host = host.transpose(0, 1) if mover.facts.rows_outer else host
+    runs = [(b, a, n) for a, b, n in _unit_runs(plan, ps)]
+    src, dst = numpy_rows(dev.transpose(0, 1)), numpy_rows(host)
+    return slices_step(dst, src, runs, (plan.extent[1], plan.extent[0]), threads, "backup")

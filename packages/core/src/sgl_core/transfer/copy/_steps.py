@@ -157,6 +157,7 @@ def slices_step(
     runs: list[tuple[int, int, int]],
     extent: tuple[int, int],
     threads: int,
+    what: str = "load",
 ) -> Step:
     """``copy_slices(dst, src, runs)`` as a step. ``extent``: the end of the runs on the
     source and destination axis 0, checked here (a numpy slice would clamp, not raise)."""
@@ -165,7 +166,7 @@ def slices_step(
     row = dst[0].nbytes if dst.shape[0] else 0
     total = row * sum(n for _, _, n in runs)
     per_run = _bucket(total // max(len(runs), 1))
-    key = f"slices cpu->cpu {per_run} runs, {_bucket(total)} per load"
+    key = f"slices cpu->cpu {per_run} runs, {_bucket(total)} per {what}"
 
     def build(t: int) -> Step:
         return Step(copy_slices, tuple((dst, src, runs[a:b]) for a, b in split_parts(len(runs), t)))
