@@ -111,6 +111,13 @@ def backup_rows(
             hosts, devs = [h for h, _ in pairs], [d for _, d in pairs]
             gather_rows(hosts, devs, plan.host_pages, plan.device_pages, axis=1)
             return
+        if device.type == "cpu" and tuning.copy_threads:  # numpy run copies, every row at once
+            runs = [(b, a, n) for a, b, n in plan.runs]
+            ends = (max(d + n for d, _, n in runs), max(h + n for _, h, n in runs))
+            for host, dev in pairs:
+                src, dst = numpy_rows(widen_rows(dev).transpose(0, 1)), numpy_rows(widen_rows(host))
+                slices_step(dst, src, runs, ends, tuning.copy_threads, "backup").run()
+            return
         sides = [
             (RunSide(widen_rows(host)), RunSide(widen_rows(dev), axis=1, transpose=True))
             for host, dev in pairs

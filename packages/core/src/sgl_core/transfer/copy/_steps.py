@@ -27,6 +27,7 @@ always measured on what a call really moves.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
@@ -139,8 +140,18 @@ def memmove_step(
 
 
 def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A numpy view of a CPU tensor of integer items (the widened rows): same memory."""
-    return t.detach().numpy()
+    """A numpy view of a CPU tensor of integer items (the widened rows): same memory, by
+    address (``Tensor.numpy()`` would make the storage unresizable for good, and the pool
+    validates a resized storage instead); the view keeps ``t`` alive."""
+    item = t.element_size()
+    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1
+    raw = (ctypes.c_char * (span * item if t.numel() else 0)).from_address(t.data_ptr())
+    raw.keep = t  # type: ignore[attr-defined]
+    flat = np.frombuffer(
+        memoryview(raw).cast("B"), dtype=torch.empty(0, dtype=t.dtype).numpy().dtype
+    )
+    strides = tuple(st * item for st in t.stride())
+    return np.lib.stride_tricks.as_strided(flat, t.shape, strides, writeable=True)
 
 
 def copy_slices(
