@@ -1,18 +1,10 @@
-"""The ``direct`` mover's plan of a transfer and the copy steps of its per-layer loads.
+"""The ``direct`` mover's plan of a transfer, the copy steps of its per-layer loads and
+of its CPU run-copy backups (docs/design.md, "Loads as bound copy steps").
 
-A transfer is planned once (runs, gather indices; ``new_plan``). A layer's
-load is built once per (plan, thread, layer) into :class:`Step`\\ s
-(``sgl_core.transfer.copy._steps``): per part, with the pool's
-``CopyTuning``, the same path choice as a backup's:
-
-* both sides in CPU memory and big contiguous blocks: one ``memmove`` per
-  (part, block), every part in one step;
-* short runs: one gather and one scatter per part (CPU: in chunks below
-  ATen's grain through the plan's buffer; across devices ``gather_rows``);
-* otherwise: one slice copy per (part, run): between CPU buffers numpy
-  slices of the widened rows (``copy_slices``), across devices ``copy_runs``.
-
-``DirectMover.load`` then calls each step's primitive itself.
+A transfer is planned once (runs, gather indices; ``new_plan``); a layer's load is
+built once per (plan, thread, layer) into :class:`Step`\\ s, per part with the same
+path choice as a backup's (by address, gather, or run copies), and
+``DirectMover.load`` calls each step's primitive itself.
 """
 
 from __future__ import annotations

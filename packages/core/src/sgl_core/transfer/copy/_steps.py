@@ -1,28 +1,12 @@
-"""Per-layer loads as bound copy steps: the primitive and its arguments, built once per layer.
+"""Per-layer loads (and CPU run-copy backups) as bound copy steps: the primitive and its
+arguments, built once per layer (docs/design.md, "Loads as bound copy steps").
 
-A per-layer load between CPU buffers is a few calls of one copy primitive
-with arguments that depend only on the transfer and the layer. A mover
-builds them as :class:`Step`\\ s (the primitive, and its arguments per
-thread) and runs them itself, so a load is the public method, the mover and
-the primitive: no chooser, no dispatch helper, no re-planning per call.
-
-Primitives (each a plain loop, the copy itself):
-
-* :func:`memmove_each` (``_copy._memmove_all``): by-address blocks;
-* :func:`copy_slices`: run copies between two numpy views of the widened
-  rows (a numpy slice costs a fraction of a torch view, and numpy copies
-  never start an OpenMP team);
-* :func:`take_rows`: gather/scatter of whole rows as numpy ``take`` (from a
-  2-D view of the source's storage) and a fancy-index store, whole call at once;
-* :func:`gather_chunks`: gather/scatter in chunks below ATen's grain (rows that
-  are not one contiguous block each, and ``copy_threads`` 0).
-
-The thread count is resolved when a step is built: an explicit
-``copy_threads`` wins; ``AUTO`` takes one thread below ``AUTO_MIN_BYTES``
-and otherwise asks the process's calibrator for the step's *shape* key
-(primitive, bytes of the whole call, block size), measured on the whole step
-itself (re-running a load copies the same bytes again), so a choice is
-always measured on what a call really moves.
+Primitives, each a plain loop, the copy itself: :func:`memmove_each` (by-address
+blocks), :func:`copy_slices` (numpy run copies), :func:`take_rows` (numpy row
+gather/scatter, the whole call at once) and :func:`gather_chunks` (torch, in chunks
+below ATen's grain). A step's thread count is resolved when it is built: explicit
+``copy_threads``, one thread below ``AUTO_MIN_BYTES``, else measured by the
+calibrator on the whole step under its shape key.
 """
 
 from __future__ import annotations
@@ -59,6 +43,7 @@ __all__ = [
 memmove_each = _memmove_all
 
 _INTERNAL = "internal error: validated runs out of range in the copy step"
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # bit copies: any item type
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,9 +132,7 @@ def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
     span = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1
     raw = (ctypes.c_char * (span * item if t.numel() else 0)).from_address(t.data_ptr())
     raw.keep = t  # type: ignore[attr-defined]
-    flat = np.frombuffer(
-        memoryview(raw).cast("B"), dtype=torch.empty(0, dtype=t.dtype).numpy().dtype
-    )
+    flat = np.frombuffer(memoryview(raw).cast("B"), dtype=_BITS.get(item, np.dtype(f"V{item}")))
     strides = tuple(st * item for st in t.stride())
     return np.lib.stride_tricks.as_strided(flat, t.shape, strides, writeable=True)
 
