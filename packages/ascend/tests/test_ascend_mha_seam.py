@@ -129,9 +129,12 @@ def test_gather_loads_of_one_batch_share_one_buffer_per_component() -> None:
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
-@pytest.mark.parametrize(("threads", "path"), [(-1, "copy_slices"), (0, "copy_runs")])
+@pytest.mark.parametrize(
+    ("threads", "limit", "path"),
+    [(-1, 2 << 20, "copy_slices"), (0, 2 << 20, "copy_runs"), (-1, 1, "copy_runs")],
+)
 def test_cpu_run_copy_backups_are_numpy_slices(
-    monkeypatch: pytest.MonkeyPatch, threads: int, path: str
+    monkeypatch: pytest.MonkeyPatch, threads: int, limit: int, path: str
 ) -> None:
     """A CPU backup by run copies moves each run of every row as one numpy slice copy
     (``copy_threads`` 0: the torch run copies), bit-exact on the host pages."""
@@ -147,6 +150,7 @@ def test_cpu_run_copy_backups_are_numpy_slices(
             _real(*args, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(module, name, spy)
+    monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", limit)  # 1: every run is long
     tuning = CopyTuning(gather_below_page_run_bytes=0, copy_threads=threads)
     dev, host = pools(tuning, 3)
     h_idx, d_idx = page_indices([5, 0, 1, 2], 4), page_indices([1, 3, 4, 6], 4)

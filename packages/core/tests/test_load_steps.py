@@ -179,10 +179,11 @@ _STACKED = CopyTuning(stacked_min_run_bytes=0)
         ("page_first_direct", _STACKED, "copy_slices"),
         ("page_head", _STACKED, "copy_runs"),  # heads outside the rows: torch run copies
         ("page_first", CopyTuning(stacked_min_run_bytes=0, copy_threads=0), "copy_runs"),
+        ("layer_first", None, "copy_runs"),  # runs of SLICES_MAX_RUN_BYTES and more (set to 1)
     ],
 )
 def test_stacked_cpu_backups_are_numpy_run_copies(
-    monkeypatch: pytest.MonkeyPatch, layout: str, tuning: CopyTuning, path: str
+    monkeypatch: pytest.MonkeyPatch, layout: str, tuning: CopyTuning | None, path: str
 ) -> None:
     """A CPU backup of layers in one allocation copies each run across every row as one
     numpy slice copy (``copy_slices``), bit-exact; page_head and copy_threads 0 (ATen's
@@ -199,6 +200,11 @@ def test_stacked_cpu_backups_are_numpy_run_copies(
             _real(*args, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(module, name, spy)
+    if tuning is None:
+        from sgl_core.transfer import _direct_load
+
+        monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", 1)
+        tuning = _STACKED
     backend = sgl_core.TorchBackend(tuning=tuning)
 
     def pool() -> Any:

@@ -97,6 +97,10 @@ def _short_runs(plan: PagePlan, bytes_per_page: int, tuning: CopyTuning) -> bool
     return runs > 1 and plan.num_pages * bytes_per_page < limit * runs
 
 
+#: as sgl_core's ``SLICES_MAX_RUN_BYTES``: longer CPU backup runs take ATen's copy
+_SLICES_MAX_RUN_BYTES = 2 << 20
+
+
 def backup_rows(
     pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan, tuning: CopyTuning
 ) -> None:
@@ -111,7 +115,8 @@ def backup_rows(
             hosts, devs = [h for h, _ in pairs], [d for _, d in pairs]
             gather_rows(hosts, devs, plan.host_pages, plan.device_pages, axis=1)
             return
-        if device.type == "cpu" and tuning.copy_threads:  # numpy run copies, every row at once
+        long = plan.num_pages * per_page >= _SLICES_MAX_RUN_BYTES * len(plan.runs)
+        if device.type == "cpu" and tuning.copy_threads and not long:  # numpy run copies
             runs = [(b, a, n) for a, b, n in plan.runs]
             ends = (max(d + n for d, _, n in runs), max(h + n for _, h, n in runs))
             for host, dev in pairs:

@@ -19,6 +19,7 @@ from sgl_core.transfer._transfer import Transfer
 from sgl_core.transfer.copy._copy import IndexRuns, merge_runs
 from sgl_core.transfer.copy._engine import copy_runs, gather_rows, run_options
 from sgl_core.transfer.copy._steps import (
+    SLICES_MAX_RUN_BYTES,
     Step,
     gather_step,
     memmove_step,
@@ -132,15 +133,17 @@ def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -
 
 
 def backup_slices(
-    mover: Any, plan: Plan, c: int, stacked: torch.Tensor, threads: int
+    mover: Any, plan: Plan, c: int, stacked: torch.Tensor, threads: int, run_bytes: int
 ) -> Step | None:
     """A backup of part ``c`` across every row between CPU buffers as numpy run copies
     (one per run, every row at once): both sides as ``(units, rows, ...)`` views, pages
     where paged. None (the torch run copies) for ``page_head``, off the CPU, or with
-    ``copy_threads`` 0 (ATen's threads)."""
+    ``copy_threads`` 0 (ATen's threads), or runs of ``SLICES_MAX_RUN_BYTES`` and more."""
     dev, ps = mover._wide(stacked), mover.unit
     host = mover.wide[c]
-    if not (threads and mover.facts.heads_inner and dev.device.type == host.device.type == "cpu"):
+    if not threads or run_bytes * dev.shape[0] >= SLICES_MAX_RUN_BYTES:
+        return None
+    if not (mover.facts.heads_inner and dev.device.type == host.device.type == "cpu"):
         return None
     if mover.paged:
         if dev.shape[1] % ps:

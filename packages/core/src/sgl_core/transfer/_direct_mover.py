@@ -87,7 +87,7 @@ class DirectMover:
             run_bytes, block_bytes = self._sizes(plan, c, transfer.count)
             stacked = stacked_layers(layers) if len(layers) > 1 else None
             if stacked is not None and run_bytes >= tune.stacked_min_run_bytes:
-                step = backup_slices(self, plan, c, stacked, tune.copy_threads)
+                step = backup_slices(self, plan, c, stacked, tune.copy_threads, run_bytes)
                 if step is not None:
                     steps.append(step)
                 else:
