@@ -97,8 +97,7 @@ def _short_runs(plan: PagePlan, bytes_per_page: int, tuning: CopyTuning) -> bool
     return runs > 1 and plan.num_pages * bytes_per_page < limit * runs
 
 
-#: as sgl_core's ``SLICES_MAX_RUN_BYTES``: longer CPU backup runs take ATen's copy
-_SLICES_MAX_RUN_BYTES = 2 << 20
+_SLICES_MAX_RUN_BYTES = 2 << 20  # as sgl_core's SLICES_MAX_RUN_BYTES
 
 
 def backup_rows(

@@ -139,15 +139,12 @@ def backup_slices(
     (one per run, every row at once): both sides as ``(units, rows, ...)`` views, pages
     where paged. None (the torch run copies) for ``page_head``, off the CPU, or with
     ``copy_threads`` 0 (ATen's threads), or runs of ``SLICES_MAX_RUN_BYTES`` and more."""
-    dev, ps = mover._wide(stacked), mover.unit
-    host = mover.wide[c]
-    if not threads or run_bytes * dev.shape[0] >= SLICES_MAX_RUN_BYTES:
+    dev, ps, host = mover._wide(stacked), mover.unit, mover.wide[c]
+    if not threads or run_bytes * dev.shape[0] >= SLICES_MAX_RUN_BYTES or dev.shape[1] % ps:
         return None
     if not (mover.facts.heads_inner and dev.device.type == host.device.type == "cpu"):
         return None
     if mover.paged:
-        if dev.shape[1] % ps:
-            return None
         dev = dev.view(dev.shape[0], -1, ps, *dev.shape[2:])
     host = host.transpose(0, 1) if mover.facts.rows_outer else host
     runs = [(b, a, n) for a, b, n in _unit_runs(plan, ps)]
