@@ -26,7 +26,7 @@ import torch
 OURS = ("/sgl_core/", "/sgl_cuda/", "/sgl_ascend/")
 COPIES = {"copy_", "_foreach_copy_", "index_copy_", "index_select"}
 # our copy loops that are themselves the primitive (by-address blocks, numpy run copies)
-PRIMITIVES = {"_memmove_all", "copy_slices"}
+PRIMITIVES = {"_memmove_all", "copy_slices", "take_rows"}
 
 
 def our_frames(frame: types.FrameType | None) -> list[str]:

@@ -21,7 +21,7 @@ from sgl_core.testing import page_indices, random_bits
 OURS = (str(Path(sgl_core.__file__).parent), str(Path(sgl_ascend.__file__).parent))
 COPIES = {"copy_", "_foreach_copy_", "index_copy_", "index_select"}
 # our copy loops that are themselves the primitive (by-address blocks, numpy run copies)
-PRIMITIVES = {"_memmove_all", "copy_slices"}
+PRIMITIVES = {"_memmove_all", "copy_slices", "take_rows"}
 PATHS = {
     "by-address": CopyTuning(by_address_min_block_bytes=0, gather_below_page_run_bytes=0),
     "gather": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_page_run_bytes=NEVER),
@@ -119,14 +119,45 @@ def test_gather_loads_of_one_batch_share_one_buffer_per_component() -> None:
     plan = last[1]
     assert len(plan.staging) == 2  # k and v, one thread
     ptrs = {b.untyped_storage().data_ptr() for b in plan.staging.values()}
-    used = {
-        b.untyped_storage().data_ptr()
-        for steps in plan.steps.values()
-        for s in steps
-        for b in s.parts[0][4]
-    }
+    steps = [s for kept in plan.steps.values() for s in kept]
+    assert {s.fn.__name__ for s in steps} == {"take_rows"}
+    used = {s.parts[0][4].ctypes.data for s in steps}  # take_rows(dst, src, d, s, out, val)
     assert len(plan.steps) == 3 and used == ptrs  # three layers' steps, two buffers
     for layer in range(3):
         pairs = zip(dst.get_kv_buffer(layer, d_idx), dev.get_kv_buffer(layer, d_idx), strict=True)
         for got, want in pairs:
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    ("threads", "limit", "path"),
+    [(-1, 2 << 20, "copy_slices"), (0, 2 << 20, "copy_runs"), (-1, 1, "copy_runs")],
+)
+def test_cpu_run_copy_backups_are_numpy_slices(
+    monkeypatch: pytest.MonkeyPatch, threads: int, limit: int, path: str
+) -> None:
+    """A CPU backup by run copies moves each run of every row as one numpy slice copy
+    (``copy_threads`` 0: the torch run copies), bit-exact on the host pages."""
+    from sgl_ascend import _transfer
+    from sgl_core.transfer.copy import _steps
+
+    seen: list[str] = []
+    for module, name in ((_steps, "copy_slices"), (_transfer, "copy_runs")):
+        real = getattr(module, name)
+
+        def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> None:
+            seen.append(_name)
+            _real(*args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(module, name, spy)
+    monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", limit)  # 1: every run is long
+    tuning = CopyTuning(gather_below_page_run_bytes=0, copy_threads=threads)
+    dev, host = pools(tuning, 3)
+    h_idx, d_idx = page_indices([5, 0, 1, 2], 4), page_indices([1, 3, 4, 6], 4)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, IO)
+    assert set(seen) == {path}
+    dst, _ = pools(None, 4)
+    for layer in range(3):
+        host.load_to_device_per_layer(dst, h_idx, d_idx, layer, IO)
+        pairs = zip(dst.get_kv_buffer(layer, d_idx), dev.get_kv_buffer(layer, d_idx), strict=True)
+        assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in pairs)

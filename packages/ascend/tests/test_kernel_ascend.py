@@ -117,7 +117,8 @@ def test_copies_are_batched_per_run_not_per_page(monkeypatch: pytest.MonkeyPatch
         copy_runs(runs, pairs, **kw)
 
     monkeypatch.setattr(_transfer, "copy_runs", record)
-    dev, host = pools(2, CopyTuning(gather_below_page_run_bytes=0))
+    # copy_threads 0: the torch run copies (other CPU backups: numpy slices, one per run)
+    dev, host = pools(2, CopyTuning(gather_below_page_run_bytes=0, copy_threads=0))
     hp = [*list(range(8, 18)), 2]
     dp = [*list(range(1, 11)), 12]
     host.backup_from_device_all_layer(dev, page_indices(hp, PS), page_indices(dp, PS), IO)

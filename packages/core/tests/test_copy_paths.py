@@ -94,7 +94,7 @@ def test_each_tuning_takes_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
     from sgl_core.transfer.copy import _steps
 
     seen: list[str] = []
-    for name in ("memmove_each", "gather_chunks", "copy_slices"):
+    for name in ("memmove_each", "gather_chunks", "take_rows", "copy_slices"):
         real = getattr(_steps, name)
 
         def spy(*args: object, _real: object = real, _name: str = name) -> None:
@@ -116,6 +116,6 @@ def test_each_tuning_takes_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
         paths[label] = tuple(seen)
     assert paths == {
         "by_address": ("memmove_each",),
-        "gather": ("gather_chunks",),
+        "gather": ("take_rows",),
         "slices": ("copy_slices",),
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -41,6 +43,41 @@ def test_gather_and_memmove_steps_are_bit_exact(threads: int) -> None:
     memmove_step([base_d + 32, base_d], [base_s, base_s + 40], [8, 16], threads).run()
     assert torch.equal(out[32:40], data[0:8]) and torch.equal(out[0:16], data[40:56])
     assert int(out[16:32].sum()) == 0
+
+
+def test_gather_step_takes_strided_rows_and_falls_back_where_rows_are_not_blocks() -> None:
+    """Rows of one layer inside a token-major buffer (strided, at an offset that is not a
+    multiple of a row) go through ``take_rows``; rows that are not one contiguous block
+    each through the chunked torch gather; both bit-exact."""
+    gen = torch.Generator().manual_seed(5)
+    host = torch.randint(-(1 << 40), 1 << 40, (3 + 40 * 3 * 6,), generator=gen)
+    rows = host[3:].view(40, 3, 6)[:, 1]  # (40, 6), row stride 18, storage offset 9
+    s_idx, d_idx = torch.randperm(40, generator=gen)[:17], torch.randperm(20, generator=gen)[:17]
+    for src, fn in ((rows, "take_rows"), (rows.view(40, 3, 2).transpose(1, 2), "gather_chunks")):
+        dst = torch.zeros((20, *src.shape[1:]), dtype=torch.int64)
+        step = gather_step(
+            dst, src, d_idx, s_idx, torch.empty((17, *src.shape[1:]), dtype=torch.int64), 1
+        )
+        assert step.fn.__name__ == fn
+        step.run()
+        assert (
+            torch.equal(dst[d_idx], src[s_idx])
+            and int(dst[torch.isin(torch.arange(20), d_idx, invert=True)].abs().sum()) == 0
+        )
+
+
+@pytest.mark.parametrize("side", ["source", "destination"])
+@pytest.mark.parametrize("bad", [-1, 40])
+def test_take_step_refuses_indices_outside_its_rows(side: str, bad: int) -> None:
+    """The flat view holds rows past ``src`` (other layers' rows) and numpy wraps a negative
+    index: a bad index is refused when the step is built, before any byte moves."""
+    host = torch.arange(50 * 2 * 4, dtype=torch.int64).view(50, 2, 4)
+    src, dst = host[:40, 0], torch.zeros(40, 4, dtype=torch.int64)
+    s_idx, d_idx = torch.tensor([3, 5]), torch.tensor([1, 2])
+    (s_idx if side == "source" else d_idx)[1] = bad
+    with pytest.raises(RuntimeError, match="internal error"):
+        gather_step(dst, src, d_idx, s_idx, torch.empty(2, 4, dtype=torch.int64), 1)
+    assert int(dst.abs().sum()) == 0
 
 
 def test_load_steps_follow_a_replaced_device_layer() -> None:
@@ -99,8 +136,8 @@ def test_a_load_is_calibrated_on_its_whole_call(monkeypatch: pytest.MonkeyPatch)
     ("tuning", "path"),
     [
         (None, "copy_slices"),  # the cpu preset: CPU loads gather only below 4 KiB runs
-        (CopyTuning(), "gather_chunks"),  # no load limit: gather_below_run_bytes (96 KiB)
-        (CopyTuning(load_gather_below_run_bytes=1 << 20), "gather_chunks"),
+        (CopyTuning(), "take_rows"),  # no load limit: gather_below_run_bytes (96 KiB)
+        (CopyTuning(load_gather_below_run_bytes=1 << 20), "take_rows"),
     ],
 )
 def test_cpu_loads_take_the_load_gather_limit(
@@ -109,7 +146,7 @@ def test_cpu_loads_take_the_load_gather_limit(
     from sgl_core.transfer.copy import _steps
 
     seen: list[str] = []
-    for name in ("gather_chunks", "copy_slices"):
+    for name in ("gather_chunks", "take_rows", "copy_slices"):
         real = getattr(_steps, name)
 
         def spy(*args: object, _real: object = real, _name: str = name) -> None:
@@ -129,3 +166,63 @@ def test_cpu_loads_take_the_load_gather_limit(
     host.load_to_device_per_layer(back, h_idx, d_idx, 1, "direct")
     assert seen == [path]
     assert torch.equal(device_rows(back, 1, d_idx), device_rows(dev, 1, d_idx))
+
+
+_STACKED = CopyTuning(stacked_min_run_bytes=0)
+
+
+@pytest.mark.parametrize(
+    ("layout", "tuning", "path"),
+    [
+        ("layer_first", _STACKED, "copy_slices"),
+        ("page_first", _STACKED, "copy_slices"),
+        ("page_first_direct", _STACKED, "copy_slices"),
+        ("page_head", _STACKED, "copy_runs"),  # heads outside the rows: torch run copies
+        ("page_first", CopyTuning(stacked_min_run_bytes=0, copy_threads=0), "copy_runs"),
+        ("layer_first", None, "copy_runs"),  # runs of SLICES_MAX_RUN_BYTES and more (set to 1)
+    ],
+)
+def test_stacked_cpu_backups_are_numpy_run_copies(
+    monkeypatch: pytest.MonkeyPatch, layout: str, tuning: CopyTuning | None, path: str
+) -> None:
+    """A CPU backup of layers in one allocation copies each run across every row as one
+    numpy slice copy (``copy_slices``), bit-exact; page_head and copy_threads 0 (ATen's
+    threads) keep the torch run copies."""
+    from sgl_core.transfer import _direct_mover
+    from sgl_core.transfer.copy import _steps
+
+    seen: list[str] = []
+    for module, name in ((_steps, "copy_slices"), (_direct_mover, "copy_runs")):
+        real = getattr(module, name)
+
+        def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> None:
+            seen.append(_name)
+            _real(*args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(module, name, spy)
+    if tuning is None:
+        from sgl_core.transfer import _direct_load
+
+        monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", 1)
+        tuning = _STACKED
+    backend = sgl_core.TorchBackend(tuning=tuning)
+
+    def pool() -> Any:
+        if layout == "page_head":  # an MHA layout
+            return backend.create_mha_device_pool(
+                size=128, page_size=4, dtype=torch.bfloat16, head_num=2, head_dim=8, layer_num=3
+            )
+        return backend.create_device_pool(
+            size=128, page_size=4, dtype=torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
+            layer_num=3,
+        )  # fmt: skip
+
+    dev, back = pool(), pool()
+    fill_device_random(dev, 8)
+    host = backend.create_host_pool(dev, layout=layout)
+    h_idx, d_idx = page_indices([9, 2, 3, 5], 4), page_indices([1, 7, 8, 3], 4)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    assert seen == [path]
+    for layer in range(3):
+        host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
+        assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))

@@ -30,7 +30,7 @@ from sgl_core.testing import device_rows, fill_device_random, page_indices
 SRC = str(Path(sgl_core.__file__).parent)
 COPIES = {"copy_", "_foreach_copy_", "index_copy_", "index_select"}
 # our copy loops that are themselves the primitive (by-address blocks, numpy run copies)
-PRIMITIVES = {"_memmove_all", "copy_slices"}
+PRIMITIVES = {"_memmove_all", "copy_slices", "take_rows"}
 PATHS = {
     "by_address": CopyTuning(by_address_min_block_bytes=0),
     "gather": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_run_bytes=NEVER),

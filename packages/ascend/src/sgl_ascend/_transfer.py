@@ -97,6 +97,9 @@ def _short_runs(plan: PagePlan, bytes_per_page: int, tuning: CopyTuning) -> bool
     return runs > 1 and plan.num_pages * bytes_per_page < limit * runs
 
 
+_SLICES_MAX_RUN_BYTES = 2 << 20  # as sgl_core's SLICES_MAX_RUN_BYTES
+
+
 def backup_rows(
     pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan, tuning: CopyTuning
 ) -> None:
@@ -110,6 +113,14 @@ def backup_rows(
             # Gathers the device's page axis (1), then moves pages to dim 0 for the host.
             hosts, devs = [h for h, _ in pairs], [d for _, d in pairs]
             gather_rows(hosts, devs, plan.host_pages, plan.device_pages, axis=1)
+            return
+        long = plan.num_pages * per_page >= _SLICES_MAX_RUN_BYTES * len(plan.runs)
+        if device.type == "cpu" and tuning.copy_threads and not long:  # numpy run copies
+            runs = [(b, a, n) for a, b, n in plan.runs]
+            ends = (max(d + n for d, _, n in runs), max(h + n for _, h, n in runs))
+            for host, dev in pairs:
+                src, dst = numpy_rows(widen_rows(dev).transpose(0, 1)), numpy_rows(widen_rows(host))
+                slices_step(dst, src, runs, ends, tuning.copy_threads, "backup").run()
             return
         sides = [
             (RunSide(widen_rows(host)), RunSide(widen_rows(dev), axis=1, transpose=True))

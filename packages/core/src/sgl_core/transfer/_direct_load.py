@@ -1,18 +1,10 @@
-"""The ``direct`` mover's plan of a transfer and the copy steps of its per-layer loads.
+"""The ``direct`` mover's plan of a transfer, the copy steps of its per-layer loads and
+of its CPU run-copy backups (docs/design.md, "Loads as bound copy steps").
 
-A transfer is planned once (runs, gather indices; ``new_plan``). A layer's
-load is built once per (plan, thread, layer) into :class:`Step`\\ s
-(``sgl_core.transfer.copy._steps``): per part, with the pool's
-``CopyTuning``, the same path choice as a backup's:
-
-* both sides in CPU memory and big contiguous blocks: one ``memmove`` per
-  (part, block), every part in one step;
-* short runs: one gather and one scatter per part (CPU: in chunks below
-  ATen's grain through the plan's buffer; across devices ``gather_rows``);
-* otherwise: one slice copy per (part, run): between CPU buffers numpy
-  slices of the widened rows (``copy_slices``), across devices ``copy_runs``.
-
-``DirectMover.load`` then calls each step's primitive itself.
+A transfer is planned once (runs, gather indices; ``new_plan``); a layer's load is
+built once per (plan, thread, layer) into :class:`Step`\\ s, per part with the same
+path choice as a backup's (by address, gather, or run copies), and
+``DirectMover.load`` calls each step's primitive itself.
 """
 
 from __future__ import annotations
@@ -27,6 +19,7 @@ from sgl_core.transfer._transfer import Transfer
 from sgl_core.transfer.copy._copy import IndexRuns, merge_runs
 from sgl_core.transfer.copy._engine import copy_runs, gather_rows, run_options
 from sgl_core.transfer.copy._steps import (
+    SLICES_MAX_RUN_BYTES,
     Step,
     gather_step,
     memmove_step,
@@ -35,7 +28,7 @@ from sgl_core.transfer.copy._steps import (
 )
 from sgl_core.transfer.copy._tuning import load_gather_limit
 
-__all__ = ["Plan", "load_steps", "new_plan"]
+__all__ = ["Plan", "backup_slices", "load_steps", "new_plan"]
 
 
 @dataclasses.dataclass
@@ -137,3 +130,23 @@ def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -
     if addrs[0]:
         steps.append(memmove_step(addrs[0], addrs[1], addrs[2], threads))
     return steps
+
+
+def backup_slices(
+    mover: Any, plan: Plan, c: int, stacked: torch.Tensor, threads: int, run_bytes: int
+) -> Step | None:
+    """A backup of part ``c`` across every row between CPU buffers as numpy run copies
+    (one per run, every row at once): both sides as ``(units, rows, ...)`` views, pages
+    where paged. None (the torch run copies) for ``page_head``, off the CPU, or with
+    ``copy_threads`` 0 (ATen's threads), or runs of ``SLICES_MAX_RUN_BYTES`` and more."""
+    dev, ps, host = mover._wide(stacked), mover.unit, mover.wide[c]
+    if not threads or run_bytes * dev.shape[0] >= SLICES_MAX_RUN_BYTES or dev.shape[1] % ps:
+        return None
+    if not (mover.facts.heads_inner and dev.device.type == host.device.type == "cpu"):
+        return None
+    if mover.paged:
+        dev = dev.view(dev.shape[0], -1, ps, *dev.shape[2:])
+    host = host.transpose(0, 1) if mover.facts.rows_outer else host
+    runs = [(b, a, n) for a, b, n in _unit_runs(plan, ps)]
+    src, dst = numpy_rows(dev.transpose(0, 1)), numpy_rows(host)
+    return slices_step(dst, src, runs, (plan.extent[1], plan.extent[0]), threads, "backup")

@@ -31,7 +31,7 @@ import torch
 
 from sgl_core.kv._layouts import layout_facts
 from sgl_core.kv.device._device_rows import stacked_layers
-from sgl_core.transfer._direct_load import Plan, load_steps, new_plan
+from sgl_core.transfer._direct_load import Plan, backup_slices, load_steps, new_plan
 from sgl_core.transfer._transfer import HostPart, HostSide, PlanCache, Transfer
 from sgl_core.transfer.copy._copy import memmove_blocks, widen_rows
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows, run_options
@@ -81,12 +81,17 @@ class DirectMover:
         addrs: tuple[list[int], list[int], list[int]] = ([], [], [])
         g_dst: list[torch.Tensor] = []
         g_src: list[torch.Tensor] = []
+        steps: list[Step] = []
         for c in range(len(self.parts)):
             layers = self._device(transfer.device_pool, c)
             run_bytes, block_bytes = self._sizes(plan, c, transfer.count)
             stacked = stacked_layers(layers) if len(layers) > 1 else None
             if stacked is not None and run_bytes >= tune.stacked_min_run_bytes:
-                runs.append(self._all_row_sides(c, self._wide(stacked)))
+                step = backup_slices(self, plan, c, stacked, tune.copy_threads, run_bytes)
+                if step is not None:
+                    steps.append(step)
+                else:
+                    runs.append(self._all_row_sides(c, self._wide(stacked)))
             elif block_bytes >= tune.by_address_min_block_bytes and self._addressable(c, layers):
                 for r, layer in enumerate(layers):
                     hosts, devs, sizes = self._addresses(plan, c, r, layer)
@@ -104,6 +109,8 @@ class DirectMover:
             gather_rows(g_dst, g_src, plan.host_idx, plan.device_idx, threads=tune.copy_threads)
         if runs:
             copy_runs(plan.runs, runs, into_first=True, **run_options(tune))
+        for step in steps:
+            step.run()
 
     def load(self, transfer: Transfer[Any], layer_id: int) -> None:
         for step in self.bound_steps(transfer, layer_id):  # the primitive, called from here

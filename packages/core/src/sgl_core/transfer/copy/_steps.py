@@ -1,29 +1,17 @@
-"""Per-layer loads as bound copy steps: the primitive and its arguments, built once per layer.
+"""Per-layer loads (and CPU run-copy backups) as bound copy steps: the primitive and its
+arguments, built once per layer (docs/design.md, "Loads as bound copy steps").
 
-A per-layer load between CPU buffers is a few calls of one copy primitive
-with arguments that depend only on the transfer and the layer. A mover
-builds them as :class:`Step`\\ s (the primitive, and its arguments per
-thread) and runs them itself, so a load is the public method, the mover and
-the primitive: no chooser, no dispatch helper, no re-planning per call.
-
-Primitives (each a plain loop, the copy itself):
-
-* :func:`memmove_each` (``_copy._memmove_all``): by-address blocks;
-* :func:`copy_slices`: run copies between two numpy views of the widened
-  rows (a numpy slice costs a fraction of a torch view, and numpy copies
-  never start an OpenMP team);
-* :func:`gather_chunks`: gather/scatter in chunks below ATen's grain.
-
-The thread count is resolved when a step is built: an explicit
-``copy_threads`` wins; ``AUTO`` takes one thread below ``AUTO_MIN_BYTES``
-and otherwise asks the process's calibrator for the step's *shape* key
-(primitive, bytes of the whole call, block size), measured on the whole step
-itself (re-running a load copies the same bytes again), so a choice is
-always measured on what a call really moves.
+Primitives, each a plain loop, the copy itself: :func:`memmove_each` (by-address
+blocks), :func:`copy_slices` (numpy run copies), :func:`take_rows` (numpy row
+gather/scatter, the whole call at once) and :func:`gather_chunks` (torch, in chunks
+below ATen's grain). A step's thread count is resolved when it is built: explicit
+``copy_threads``, one thread below ``AUTO_MIN_BYTES``, else measured by the
+calibrator on the whole step under its shape key.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
@@ -48,12 +36,16 @@ __all__ = [
     "memmove_step",
     "numpy_rows",
     "slices_step",
+    "take_rows",
 ]
 
 #: ``memmove(dst[i], src[i], sizes[i])`` for every i (raw CPU addresses; unchecked).
 memmove_each = _memmove_all
 
 _INTERNAL = "internal error: validated runs out of range in the copy step"
+#: CPU backup runs (all rows) below this go as numpy slices (measured: 1.1 MB yes, 4.5 MB no)
+SLICES_MAX_RUN_BYTES = 2 << 20
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # bit copies: any item type
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,8 +127,16 @@ def memmove_step(
 
 
 def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A numpy view of a CPU tensor of integer items (the widened rows): same memory."""
-    return t.detach().numpy()
+    """A numpy view of a CPU tensor of integer items (the widened rows): same memory, by
+    address (``Tensor.numpy()`` would make the storage unresizable for good, and the pool
+    validates a resized storage instead); the view keeps ``t`` alive."""
+    item = t.element_size()
+    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1
+    raw = (ctypes.c_char * (span * item if t.numel() else 0)).from_address(t.data_ptr())
+    raw.keep = t  # type: ignore[attr-defined]
+    flat = np.frombuffer(memoryview(raw).cast("B"), dtype=_BITS.get(item, np.dtype(f"V{item}")))
+    strides = tuple(st * item for st in t.stride())
+    return np.lib.stride_tricks.as_strided(flat, t.shape, strides, writeable=True)
 
 
 def copy_slices(
@@ -153,6 +153,7 @@ def slices_step(
     runs: list[tuple[int, int, int]],
     extent: tuple[int, int],
     threads: int,
+    what: str = "load",
 ) -> Step:
     """``copy_slices(dst, src, runs)`` as a step. ``extent``: the end of the runs on the
     source and destination axis 0, checked here (a numpy slice would clamp, not raise)."""
@@ -161,7 +162,7 @@ def slices_step(
     row = dst[0].nbytes if dst.shape[0] else 0
     total = row * sum(n for _, _, n in runs)
     per_run = _bucket(total // max(len(runs), 1))
-    key = f"slices cpu->cpu {per_run} runs, {_bucket(total)} per load"
+    key = f"slices cpu->cpu {per_run} runs, {_bucket(total)} per {what}"
 
     def build(t: int) -> Step:
         return Step(copy_slices, tuple((dst, src, runs[a:b]) for a, b in split_parts(len(runs), t)))
@@ -182,6 +183,48 @@ def gather_chunks(
         dst.index_copy_(0, d, buf)
 
 
+def take_rows(
+    dst: np.ndarray[Any, Any],
+    src: np.ndarray[Any, Any],
+    d_idx: np.ndarray[Any, Any],
+    s_rows: np.ndarray[Any, Any],
+    out: np.ndarray[Any, Any],
+    val: np.ndarray[Any, Any],
+) -> None:
+    """``dst[d_idx] = src[s_rows]`` through ``out`` (``val``: the same memory in ``dst``'s
+    row shape). ``mode="clip"`` keeps ``take`` unbuffered; the rows were range-checked."""
+    src.take(s_rows, axis=0, out=out, mode="clip")
+    dst[d_idx] = val
+
+
+def _take_parts(
+    dst: torch.Tensor, src: torch.Tensor, d_idx: torch.Tensor, s_idx: torch.Tensor,
+    staging: torch.Tensor,
+) -> Callable[[int], Step] | None:  # fmt: skip
+    """``take_rows`` steps by thread count, when each source row is one contiguous block and
+    rows lie a multiple of its size apart (else None: the chunked torch gather)."""
+    count, row = int(d_idx.numel()), src[0].numel() if src.dim() > 1 else 0
+    if not row or not src[0].is_contiguous() or src.stride(0) % row:
+        return None
+    # the flat view reaches past ``src`` and numpy wraps negative indices: refuse both here
+    for idx, n in ((s_idx, src.shape[0]), (d_idx, dst.shape[0])):
+        if count and not (int(idx.min()) >= 0 and int(idx.max()) < n):
+            raise RuntimeError(_INTERNAL)
+    start = src.storage_offset() % row
+    rows = (src.untyped_storage().nbytes() // src.element_size() - start) // row
+    flat = numpy_rows(src.as_strided((rows, row), (row, 1), start))
+    s_rows = (s_idx * (src.stride(0) // row) + src.storage_offset() // row).numpy()
+    out = numpy_rows(staging[:count].view(count, row))
+    val, dst_np, d_np = out.reshape(count, *src.shape[1:]), numpy_rows(dst), d_idx.numpy()
+
+    def build(t: int) -> Step:
+        cuts = split_parts(count, t) or [(0, 0)]
+        parts = tuple((dst_np, flat, d_np[a:b], s_rows[a:b], out[a:b], val[a:b]) for a, b in cuts)
+        return Step(take_rows, parts)
+
+    return build
+
+
 def gather_step(
     dst: torch.Tensor,
     src: torch.Tensor,
@@ -190,18 +233,23 @@ def gather_step(
     staging: torch.Tensor,
     threads: int,
 ) -> Step:
-    """A CPU gather/scatter along dim 0 as a step: chunks below ATen's grain (no OpenMP
-    team), each through its own rows of ``staging`` (so threads never share rows);
-    ``threads`` 0: one whole ``index_select`` and ``index_copy_`` (ATen's threads)."""
+    """A CPU gather/scatter along dim 0 as a step, each thread through its own rows of
+    ``staging``: ``take_rows`` (numpy starts no OpenMP team, so a whole call at once) where
+    the source rows allow it, else chunks below ATen's grain; ``threads`` 0: one whole
+    ``index_select`` and ``index_copy_`` (ATen's threads)."""
     count = int(d_idx.numel())
     if threads == 0:
         return Step(gather_chunks, ((dst, src, (d_idx,), (s_idx,), (staging[:count],)),))
+    total = count * (src[0].numel() * src.element_size() if src.dim() else 1)
+    take = _take_parts(dst, src, d_idx, s_idx, staging)
+    if take is not None:
+        key = f"take cpu->cpu {_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"
+        return _resolve(threads, key, total, take, 1)
     step = index_chunk(src[0].numel() if src.dim() > 1 else 1)
     cuts = [(a, min(a + step, count)) for a in range(0, count, step)]
     d_parts = [d_idx[a:b] for a, b in cuts]
     s_parts = [s_idx[a:b] for a, b in cuts]
     buf_parts = [staging[a:b] for a, b in cuts]
-    total = count * (src[0].numel() * src.element_size() if src.dim() else 1)
     key = f"gather cpu->cpu {_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"
 
     def build(t: int) -> Step:
