@@ -163,7 +163,6 @@ AREAS: dict[str, Area] = {
             f"sgl_core/{name}.py"
             for name in (
                 "kv/_spec",
-                "kv/_shapes",
                 "kv/host/_host_args",
                 "kv/host/_host_kinds",
                 "kv/host/_host_pages",
@@ -181,8 +180,6 @@ AREAS: dict[str, Area] = {
         ),
         functions=(
             "sgl_core.kv._spec.*",
-            "sgl_core.kv._shapes.xǁMHAShapeǁ*",
-            "sgl_core.kv._shapes.x__check__*",
             "sgl_core.kv.host._host_pool.xǁHostPoolBaseǁcheck_device_pool__*",
             "sgl_core.kv.host._host_slots.xǁHostSlotsǁpage_format_fields__*",
             "sgl_core.kv.host._host_kinds.xǁMHAHostPoolBaseǁ_read_shape__*",

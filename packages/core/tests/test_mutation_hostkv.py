@@ -78,7 +78,7 @@ class _EnginePool:
 @pytest.mark.parametrize("name", ["layer_num", "head_num", "head_dim", "v_head_dim"])
 @pytest.mark.parametrize("value", [0, -1, True, 2.0, None])
 def test_every_mha_dimension_must_be_a_positive_int(name: str, value: object) -> None:
-    from sgl_core.kv._shapes import MHAShape
+    from sgl_core.kv._spec import MHAShape
 
     good: dict[str, Any] = {"layer_num": 1, "head_num": 1, "head_dim": 1, "v_head_dim": 1}
     MHAShape(**good, dtype=torch.float16)  # 1 is the smallest size
@@ -87,7 +87,7 @@ def test_every_mha_dimension_must_be_a_positive_int(name: str, value: object) ->
 
 
 def test_mha_shape_dtype_and_byte_arithmetic() -> None:
-    from sgl_core.kv._shapes import MHAShape
+    from sgl_core.kv._spec import MHAShape
 
     with pytest.raises(errors.ArgumentTypeError):
         MHAShape(2, 3, 5, 7, "bf16")  # type: ignore[arg-type]

@@ -14,8 +14,7 @@ from sgl_core.backends._public import publish_names
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._layouts import LayoutFacts, layout_facts
 from sgl_core.kv._memory import page_aligned_zeros
-from sgl_core.kv._shapes import MHAShape, MLAShape
-from sgl_core.kv._spec import Component, KVKind, KVSpec, mha_spec, mla_spec
+from sgl_core.kv._spec import Component, KVKind, KVSpec, MHAShape, MLAShape, mha_spec, mla_spec
 from sgl_core.kv._validation import (
     check_backed,
     check_index_bounds,

@@ -6,7 +6,8 @@
 is the one source of a pool's sizes, of a flat L3 page's part order and
 dtype, and of the fields that identify a page format beyond layout, dtype,
 page size and layer count. Pools and movers read the components, never the
-kind.
+kind. ``MLAShape`` and ``MHAShape`` (what ``pool.shape`` reports) are the
+kinds' own numbers, checked by building their spec, whose byte sizes they report.
 """
 
 from __future__ import annotations
@@ -19,7 +20,17 @@ import torch
 
 from sgl_core.errors import ArgumentTypeError, LayerIndexError, PoolSizeError
 
-__all__ = ["Component", "KVKind", "KVSpec", "mha_spec", "mla_spec", "positive_int"]
+__all__ = [
+    "Component",
+    "KVKind",
+    "KVSpec",
+    "MHADims",
+    "MHAShape",
+    "MLAShape",
+    "mha_spec",
+    "mla_spec",
+    "positive_int",
+]
 
 
 class KVKind(str, enum.Enum):
@@ -142,23 +153,6 @@ class KVSpec:
         return dict(self.identity)[name]
 
 
-def _indexer_components(
-    layer_num: int,
-    dtype: torch.dtype,
-    index_head_dim: int,
-    layer_ids: Iterable[int],
-    with_scale: bool,
-) -> tuple[Component, ...]:
-    ids = tuple(layer_ids)
-    for layer in ids:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < layer_num:
-            raise LayerIndexError(f"indexer layer {layer!r} is not in [0, {layer_num})")
-    keys = Component("index_k", index_head_dim, dtype, layers=ids)
-    if not with_scale:
-        return (keys,)
-    return (keys, Component("index_k_scale", 1, torch.float32, layers=ids))
-
-
 def mla_spec(
     layer_num: int,
     kv_lora_rank: int,
@@ -176,9 +170,13 @@ def mla_spec(
     width = rank + rope if row_dim is None else positive_int("kv_cache_dim", row_dim)
     comps: tuple[Component, ...] = (Component("kv", width, dtype),)
     if index_head_dim is not None:
-        comps += _indexer_components(
-            layer_num, dtype, index_head_dim, indexer_layer_ids, with_index_k_scale
-        )
+        ids = tuple(indexer_layer_ids)
+        for layer in ids:
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < layer_num:
+                raise LayerIndexError(f"indexer layer {layer!r} is not in [0, {layer_num})")
+        comps += (Component("index_k", index_head_dim, dtype, layers=ids),)
+        if with_index_k_scale:
+            comps += (Component("index_k_scale", 1, torch.float32, layers=ids),)
     identity = (("kv_lora_rank", rank), ("qk_rope_head_dim", rope), ("kv_cache_dim", width))
     return KVSpec(KVKind.MLA, layer_num, dtype, comps, identity)
 
@@ -192,3 +190,100 @@ def mha_spec(
     v = Component("v", positive_int("v_head_dim", v_head_dim), dtype, heads=heads)
     identity = (("head_num", heads), ("head_dim", head_dim), ("v_head_dim", v_head_dim))
     return KVSpec(KVKind.MHA, layer_num, dtype, (k, v), identity, stacked=("k", "v"))
+
+
+class _Sized:
+    """Byte sizes read off ``spec`` (docs/design.md section 5a)."""
+
+    _spec: KVSpec  # set once by each shape's __post_init__
+
+    @property
+    def spec(self) -> KVSpec:
+        """The shape's rows (an MLA pool's own spec adds its indexer's)."""
+        return self._spec
+
+    @property
+    def itemsize(self) -> int:
+        return self.spec.components[0].itemsize
+
+    @property
+    def token_stride_size(self) -> int:
+        return sum(c.row_bytes for c in self.spec.components)
+
+    @property
+    def layout_dim(self) -> int:
+        return self.spec.token_bytes
+
+    def bytes_per_page(self, page_size: int) -> int:
+        return self.spec.bytes_per_page(page_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class MLAShape(_Sized):
+    """The per-token geometry of an MLA device pool and its host pool (docs/design.md
+    section 5a; ``row_dim``: packed rows, normalized to None when it is the rank split)."""
+
+    layer_num: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    dtype: torch.dtype
+    row_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        # The spec checks every number and the dtype (typed errors naming the field).
+        spec = mla_spec(
+            self.layer_num, self.kv_lora_rank, self.qk_rope_head_dim, self.dtype, self.row_dim
+        )
+        if self.row_dim == self.kv_lora_rank + self.qk_rope_head_dim:
+            object.__setattr__(self, "row_dim", None)
+        object.__setattr__(self, "_spec", spec)
+
+    @property
+    def packed(self) -> bool:
+        return self.row_dim is not None
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return self.spec.component("kv").dim
+
+
+@dataclasses.dataclass(frozen=True)
+class MHAShape(_Sized):
+    """The per-token geometry of an MHA device pool and its host pool (docs/design.md
+    section 5b; GQA: ``head_num`` is the number of KV heads held on this rank)."""
+
+    layer_num: int
+    head_num: int
+    head_dim: int
+    v_head_dim: int
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        spec = mha_spec(self.layer_num, self.head_num, self.head_dim, self.v_head_dim, self.dtype)
+        object.__setattr__(self, "_spec", spec)
+
+    @property
+    def k_row_bytes(self) -> int:
+        return self.spec.component("k").row_bytes
+
+    @property
+    def v_row_bytes(self) -> int:
+        return self.spec.component("v").row_bytes
+
+
+class MHADims:
+    """The MHA numbers of a pool (device or host), read off its ``shape``."""
+
+    shape: MHAShape
+
+    @property
+    def head_num(self) -> int:
+        return self.shape.head_num
+
+    @property
+    def head_dim(self) -> int:
+        return self.shape.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.shape.v_head_dim

@@ -14,7 +14,7 @@ import torch
 from typing_extensions import Unpack
 
 from sgl_core.errors import PoolMismatchError
-from sgl_core.kv._shapes import MHADims, MHAShape, MLAShape
+from sgl_core.kv._spec import MHADims, MHAShape, MLAShape
 from sgl_core.kv.device._indexer import IndexerConfig, check_indexer
 from sgl_core.kv.device._slot_geometry import SlotGeometry, check_pool_geometry
 from sgl_core.kv.protocols._kv_protocols import MHAGeometryArgs, MLAGeometryArgs

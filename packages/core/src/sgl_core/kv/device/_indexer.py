@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sgl_core.errors import LayerIndexError, PoolMismatchError, PoolSizeError
-from sgl_core.kv._shapes import MLAShape
-from sgl_core.kv._spec import KVSpec, mla_spec, positive_int
+from sgl_core.kv._spec import KVSpec, MLAShape, mla_spec, positive_int
 from sgl_core.kv._validation import check_layer_id, check_value_rows
 from sgl_core.kv.device._slot_geometry import SlotGeometry
 from sgl_core.transfer.copy._copy import byte_view

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sgl_core.errors import PoolMismatchError
-from sgl_core.kv._shapes import MHADims, MHAShape, MLAShape
-from sgl_core.kv._spec import KVSpec
+from sgl_core.kv._spec import KVSpec, MHADims, MHAShape, MLAShape
 from sgl_core.kv.device._engine_views import as_device_pool, as_mha_device_pool
 from sgl_core.kv.device._indexer import indexer_of, mla_pool_spec
 from sgl_core.kv.host._host_pool import HostPoolBase

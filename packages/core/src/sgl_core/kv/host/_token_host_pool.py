@@ -22,8 +22,7 @@ from sgl_core.errors import PoolMismatchError
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._layouts import layout_facts
 from sgl_core.kv._memory import page_aligned_zeros
-from sgl_core.kv._shapes import MHAShape, MLAShape
-from sgl_core.kv._spec import Component
+from sgl_core.kv._spec import Component, MHAShape, MLAShape
 from sgl_core.kv._validation import check_backed, check_layer_id
 from sgl_core.kv.device._indexer import IndexerConfig, indexer_of
 from sgl_core.kv.device._paged_indexer import (
