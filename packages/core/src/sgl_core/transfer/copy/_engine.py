@@ -8,9 +8,8 @@ them with one of ``_copy``'s batched copies; :func:`gather_rows` is the
 gather/scatter alternative for short runs. The caller picks between them (and
 the by-address ``memmove_blocks``) with its ``CopyTuning``.
 
-``copy_runs`` dispatches to the copy itself, rather than through
-``copy_pairs``, so a per-layer load stays within four of our frames from the
-public method to the copy.
+``copy_runs`` dispatches to the copy itself, so a per-layer load stays
+within three of our frames from the public method to the copy.
 """
 
 from __future__ import annotations
