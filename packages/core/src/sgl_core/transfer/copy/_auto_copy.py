@@ -64,29 +64,32 @@ def _nbytes(t: torch.Tensor) -> int:
 def _run(
     key: str,
     total: int,
-    samples: Callable[[], tuple[Callable[[int, int], None], int, int]],
+    sample: Callable[[], tuple[Sequence[int], Callable[[int, int, int], None]]],
     full: Callable[[int], None],
     with_aten: bool = True,
 ) -> None:
-    """Resolve ``key`` (measuring on ``samples()`` if needed), run ``full``, report its speed.
+    """Resolve ``key`` (measuring on ``sample()`` if needed), run ``full``, report its speed.
 
-    ``samples()`` (built only when measuring) returns ``(run, segments,
-    bytes)``: ``run(threads, k)`` copies disjoint segment ``k`` of the call;
-    successive timed runs take successive segments, so a candidate is not
-    timed on data the previous one left in cache.
+    ``sample()`` (built only when measuring) returns ``(sizes, run)``: the
+    bytes of each item of the call's first items, and ``run(threads, a, b)``,
+    which copies items ``[a, b)``. Successive timed runs take successive
+    disjoint segments (``_spans``), so a candidate is not timed on data the
+    previous one left in cache.
     """
     cal = default_calibrator()
     chosen = cal.current(key)
     if chosen is None:
-        run, count, nbytes = samples()
+        sizes, run = sample()
+        spans = _spans(sizes)
         turn = itertools.count()
 
         def candidate(threads: int) -> None:
-            run(threads, next(turn) % count)
+            run(threads, *spans[next(turn) % len(spans)])
 
         cands = {
             str(t): functools.partial(candidate, t) for t in thread_candidates(with_aten=with_aten)
         }
+        nbytes = sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
         chosen = cal.choose(key, cands, nbytes)
     start = cal.timer()
     full(int(chosen))
@@ -136,18 +139,15 @@ def auto_copy_blocks(dst_list: list[torch.Tensor], src_list: list[torch.Tensor])
     kind = "strided" if strided else "contiguous"
     key = f"copy cpu->cpu {_bucket(total // len(dst_list))} {kind}"
 
-    def samples() -> tuple[Callable[[int, int], None], int, int]:
+    def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
         ud, us = _units(dst_list, src_list)
-        spans = _spans([_nbytes(t) for t in ud])
 
-        def run(threads: int, k: int) -> None:
-            a, b = spans[k]
+        def run(threads: int, a: int, b: int) -> None:
             copy_blocks(ud[a:b], us[a:b], threads=threads)
 
-        nbytes = sum(_nbytes(t) for t in ud[spans[0][0] : spans[-1][1]]) // len(spans)
-        return run, len(spans), nbytes
+        return [_nbytes(t) for t in ud], run
 
-    _run(key, total, samples, lambda t: copy_blocks(dst_list, src_list, threads=t))
+    _run(key, total, sample, lambda t: copy_blocks(dst_list, src_list, threads=t))
 
 
 def auto_memmove(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> None:
@@ -158,16 +158,16 @@ def auto_memmove(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -
         return
     key = f"memmove cpu->cpu {_bucket(total // len(sizes))}"
 
-    def samples() -> tuple[Callable[[int, int], None], int, int]:
-        spans = _spans(sizes)
+    def run(threads: int, a: int, b: int) -> None:
+        memmove_blocks(dst[a:b], src[a:b], sizes[a:b], threads=threads)
 
-        def run(threads: int, k: int) -> None:
-            a, b = spans[k]
-            memmove_blocks(dst[a:b], src[a:b], sizes[a:b], threads=threads)
-
-        return run, len(spans), sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
-
-    _run(key, total, samples, lambda t: memmove_blocks(dst, src, sizes, threads=t), False)
+    _run(
+        key,
+        total,
+        lambda: (sizes, run),
+        lambda t: memmove_blocks(dst, src, sizes, threads=t),
+        False,
+    )
 
 
 def gather_pieces(
@@ -235,20 +235,16 @@ def auto_gather(
     row = _nbytes(src[0][0])
     total = sum(_nbytes(s[0]) for s in src) * d_idx.numel()
 
-    def samples() -> tuple[Callable[[int, int], None], int, int]:
+    def run(threads: int, a: int, b: int) -> None:
+        di, si = d_idx[a:b], s_idx[a:b]
+        if threads == 0:
+            dst[0].index_copy_(0, di, src[0].index_select(0, si))
+        else:
+            gather_pieces(dst[:1], src[:1], di, si, threads)
+
+    def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
         per = max(1, SAMPLE_BYTES // max(row, 1))
-        spans = _spans([row] * min(d_idx.numel(), SEGMENTS * per))
-        one_d, one_s = dst[:1], src[:1]
-
-        def run(threads: int, k: int) -> None:
-            a, b = spans[k]
-            di, si = d_idx[a:b], s_idx[a:b]
-            if threads == 0:
-                one_d[0].index_copy_(0, di, one_s[0].index_select(0, si))
-            else:
-                gather_pieces(one_d, one_s, di, si, threads)
-
-        return run, len(spans), row * (spans[-1][1] - spans[0][0]) // len(spans)
+        return [row] * min(d_idx.numel(), SEGMENTS * per), run
 
     def full(t: int) -> None:
         if t == 0:
@@ -256,7 +252,7 @@ def auto_gather(
         else:
             gather_pieces(dst, src, d_idx, s_idx, t)
 
-    _run(f"gather cpu->cpu {_bucket(row)} rows", total, samples, full)
+    _run(f"gather cpu->cpu {_bucket(row)} rows", total, sample, full)
 
 
 _copy.register_auto_copies(auto_copy_blocks, auto_memmove)
