@@ -1,21 +1,12 @@
 """CPU copies with ``copy_threads = AUTO``: the thread count chosen by measurement.
 
-Between two CPU buffers each copy of the direct movers has three candidate
-strategies (``CopyTuning.copy_threads``): ``1`` (pieces below ATen's grain
-on the calling thread), ``n`` (the same pieces over ``n`` threads of our
-own) and ``0`` (ATen's threads: one ``copy_`` per block, an OpenMP team per
-big block). With ``AUTO`` a call of at least ``AUTO_MIN_BYTES`` asks the
-process's :class:`~sgl_core.transfer.copy._calibrate.Calibrator` for the key (operation,
-``cpu->cpu``, block-size class, contiguous or strided); an unknown key is
-measured on the call's own first blocks (about ``SAMPLE_BYTES``: copying
-them again is what the call does next anyway), and the whole call's
-throughput is reported back so a slowed copy is measured again. Smaller
-calls take ``1``: there a hand-off costs more than it saves, and one thread
-never waits for a team.
-
-The sample copies blocks of the call before the call itself, so the blocks
-must not overlap their own sources (true of every mover: the device pool
-and the host pool are separate buffers).
+Candidates ``1``, ``n`` and ``0`` (``CopyTuning.copy_threads``), measured per
+key by the process's :class:`~sgl_core.transfer.copy._calibrate.Calibrator`
+on the call's own first blocks (about ``SAMPLE_BYTES`` a segment), the whole
+call reported back (docs/design.md, "Copy threads, calibrated"). The sample
+copies blocks of the call before the call itself, so the blocks must not
+overlap their own sources (true of every mover: the device pool and the host
+pool are separate buffers).
 """
 
 from __future__ import annotations
@@ -152,10 +143,7 @@ def auto_copy_blocks(dst_list: list[torch.Tensor], src_list: list[torch.Tensor])
 
 def auto_memmove(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> None:
     """``memmove_blocks`` with a measured thread count (memmove itself never starts a team)."""
-    total = sum(sizes)
-    if total < AUTO_MIN_BYTES or len(sizes) < 2:
-        memmove_blocks(dst, src, sizes, threads=1)
-        return
+    total = sum(sizes)  # at least AUTO_MIN_BYTES in two blocks or more (memmove_blocks)
     key = f"memmove cpu->cpu {_bucket(total // len(sizes))}"
 
     def run(threads: int, a: int, b: int) -> None:
@@ -182,11 +170,9 @@ def gather_pieces(
 
     Each chunk is one ``index_select`` into a buffer and one ``index_copy_``;
     destination indices are distinct (validated), so chunks on different
-    threads never write the same row. ``out`` (rows for every index, the
-    caller's reused staging buffer) is the buffer where it fits, each chunk
-    in its own rows (on several threads only with one pair); else each
-    thread allocates one chunk. ``threads`` 0 is
-    one thread too (this function never hands a chunk to ATen's team).
+    threads never write the same row. ``out`` is the caller's reused staging
+    buffer, else each thread allocates one chunk. ``threads`` 0 is one thread
+    too (this function never hands a chunk to ATen's team).
     """
     count = d_idx.numel()
     if not dst or count == 0:

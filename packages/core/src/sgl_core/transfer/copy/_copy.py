@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from sgl_core.transfer.copy._pieces import split_parts, split_pieces
+from sgl_core.transfer.copy._pieces import split_parts, split_pieces, wide_dtype
 from sgl_core.transfer.copy._runs import IndexRuns, merge_runs
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
@@ -84,11 +84,8 @@ def widen_rows(t: torch.Tensor) -> torch.Tensor:
     under ATen's parallel grain and copies serially, instead of each block
     starting an OpenMP team (which costs more than copying a page).
     """
-    row_bytes = t.shape[-1] * t.element_size()
-    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        if size > t.element_size() and row_bytes % size == 0 and t.stride(-1) == 1:
-            return t.view(dtype)
-    return byte_view(t)
+    wide = wide_dtype(t)
+    return byte_view(t) if wide is None else t.view(wide)
 
 
 def _pool() -> ThreadPoolExecutor:
