@@ -199,15 +199,7 @@ def gather_pieces(
             rows = torch.index_select(src[i], 0, s_idx[a:b], out=held[at : at + b - a])
             dst[i].index_copy_(0, d_idx[a:b], rows)
 
-    if threads > 1:
-        _copy._spread(threads, len(work), part)
-        return
-    held: torch.Tensor | None = None  # one thread: part's loop inline (one frame less)
-    for i, a, b in work:
-        held = chunk_buffer(src[i], held)
-        at = a if held is out else 0
-        rows = torch.index_select(src[i], 0, s_idx[a:b], out=held[at : at + b - a])
-        dst[i].index_copy_(0, d_idx[a:b], rows)
+    _copy._spread(max(threads, 1), len(work), part)
 
 
 def auto_gather(
