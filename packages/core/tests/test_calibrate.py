@@ -18,8 +18,15 @@ import sgl_core
 from sgl_core.backend import CopyTuning
 from sgl_core.testing import device_rows, fill_device_random, page_indices
 from sgl_core.transfer.copy import _calibrate
-from sgl_core.transfer.copy._calibrate import Calibrator, copy_calibration
-from sgl_core.transfer.copy._calibration_cache import ENV_VAR, FORMAT, DiskCache, Entry, host_id
+from sgl_core.transfer.copy._calibrate import (
+    ENV_VAR,
+    FORMAT,
+    Calibrator,
+    CopyChoice,
+    DiskCache,
+    copy_calibration,
+    host_id,
+)
 
 
 class FakeClock:
@@ -211,7 +218,7 @@ def test_an_unwritable_cache_path_only_loses_the_cache(tmp_path: Path, clock: Fa
     blocker = tmp_path / "file"
     blocker.write_text("x")
     cache = DiskCache(blocker / "sub" / "cal.json")  # parent is a file: cannot be created
-    cache.store("k", Entry("1", {"1": 1.0}, 8))
+    cache.store(CopyChoice("k", "1", {"1": 1.0}, 8, "measured", "1"))
     assert cache.load() == {}
     assert list(tmp_path.iterdir()) == [blocker]
 

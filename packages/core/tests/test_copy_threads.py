@@ -284,3 +284,27 @@ def test_auto_copies_unregistered_is_an_internal_error(monkeypatch: pytest.Monke
             [AUTO_MIN_BYTES] * 2,
             threads=AUTO,
         )
+
+
+def test_small_auto_copies_take_one_thread_without_measuring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``AUTO_MIN_BYTES``, or one block to move by address, ``AUTO`` is 1 at once."""
+    from sgl_core.transfer.copy import _copy
+    from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
+
+    monkeypatch.setattr(_copy, "_auto", {})  # reaching the measured copies would raise
+    src = torch.randint(0, 255, (2 * AUTO_MIN_BYTES,), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    half = AUTO_MIN_BYTES // 2 - 1
+    _copy.copy_blocks(
+        [dst[:half], dst[half : 2 * half]], [src[:half], src[half : 2 * half]], threads=AUTO
+    )
+    assert torch.equal(dst[: 2 * half], src[: 2 * half])
+    dst.zero_()
+    ptrs = [dst.data_ptr(), dst.data_ptr() + half], [src.data_ptr(), src.data_ptr() + half]
+    _copy.memmove_blocks(*ptrs, [half, half], threads=AUTO)  # two blocks, under the minimum
+    assert torch.equal(dst[: 2 * half], src[: 2 * half])
+    dst.zero_()
+    _copy.memmove_blocks([dst.data_ptr()], [src.data_ptr()], [2 * AUTO_MIN_BYTES], threads=AUTO)
+    assert torch.equal(dst, src)  # one block, however big

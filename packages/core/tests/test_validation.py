@@ -56,12 +56,12 @@ def test_merge_runs_merges_only_where_both_sides_step() -> None:
 
 
 def test_copy_each_copies_every_pair_including_strided() -> None:
-    from sgl_core.transfer.copy._copy import copy_each, copy_pairs
+    from sgl_core.transfer.copy._copy import copy_batched, copy_each
 
     src = [torch.arange(12.0).view(3, 4), torch.arange(12.0).view(3, 4).t(), torch.ones(5)]
     dst = [torch.zeros(3, 4), torch.zeros(4, 3), torch.zeros(5)]
     copy_each(dst, src)  # the cross-device path, exercised on one device
     assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
     dst = [torch.zeros(3, 4), torch.zeros(4, 3), torch.zeros(5)]
-    copy_pairs(dst, src)
+    copy_batched(dst, src)  # strided pairs split into contiguous pieces, the rest blocking
     assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))

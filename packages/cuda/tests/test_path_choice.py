@@ -490,7 +490,7 @@ def test_the_batched_candidate_moves_exact_bytes_where_it_runs(
 
 def test_a_choice_is_kept_on_disk_for_the_next_process(tmp_path: Any, clock: FakeClock) -> None:
     """The core calibrator's cache file (``SGLCORE_COPY_CALIBRATION``) keeps cuda keys too."""
-    from sgl_core.transfer.copy._calibration_cache import DiskCache
+    from sgl_core.transfer.copy._calibrate import DiskCache
 
     path = tmp_path / "cal.json"
     log: list[str] = []

@@ -1,21 +1,12 @@
 """CPU copies with ``copy_threads = AUTO``: the thread count chosen by measurement.
 
-Between two CPU buffers each copy of the direct movers has three candidate
-strategies (``CopyTuning.copy_threads``): ``1`` (pieces below ATen's grain
-on the calling thread), ``n`` (the same pieces over ``n`` threads of our
-own) and ``0`` (ATen's threads: one ``copy_`` per block, an OpenMP team per
-big block). With ``AUTO`` a call of at least ``AUTO_MIN_BYTES`` asks the
-process's :class:`~sgl_core.transfer.copy._calibrate.Calibrator` for the key (operation,
-``cpu->cpu``, block-size class, contiguous or strided); an unknown key is
-measured on the call's own first blocks (about ``SAMPLE_BYTES``: copying
-them again is what the call does next anyway), and the whole call's
-throughput is reported back so a slowed copy is measured again. Smaller
-calls take ``1``: there a hand-off costs more than it saves, and one thread
-never waits for a team.
-
-The sample copies blocks of the call before the call itself, so the blocks
-must not overlap their own sources (true of every mover: the device pool
-and the host pool are separate buffers).
+Candidates ``1``, ``n`` and ``0`` (``CopyTuning.copy_threads``), measured per
+key by the process's :class:`~sgl_core.transfer.copy._calibrate.Calibrator`
+on the call's own first blocks (about ``SAMPLE_BYTES`` a segment), the whole
+call reported back (docs/design.md, "Copy threads, calibrated"). The sample
+copies blocks of the call before the call itself, so the blocks must not
+overlap their own sources (true of every mover: the device pool and the host
+pool are separate buffers).
 """
 
 from __future__ import annotations
@@ -64,29 +55,32 @@ def _nbytes(t: torch.Tensor) -> int:
 def _run(
     key: str,
     total: int,
-    samples: Callable[[], tuple[Callable[[int, int], None], int, int]],
+    sample: Callable[[], tuple[Sequence[int], Callable[[int, int, int], None]]],
     full: Callable[[int], None],
     with_aten: bool = True,
 ) -> None:
-    """Resolve ``key`` (measuring on ``samples()`` if needed), run ``full``, report its speed.
+    """Resolve ``key`` (measuring on ``sample()`` if needed), run ``full``, report its speed.
 
-    ``samples()`` (built only when measuring) returns ``(run, segments,
-    bytes)``: ``run(threads, k)`` copies disjoint segment ``k`` of the call;
-    successive timed runs take successive segments, so a candidate is not
-    timed on data the previous one left in cache.
+    ``sample()`` (built only when measuring) returns ``(sizes, run)``: the
+    bytes of each item of the call's first items, and ``run(threads, a, b)``,
+    which copies items ``[a, b)``. Successive timed runs take successive
+    disjoint segments (``_spans``), so a candidate is not timed on data the
+    previous one left in cache.
     """
     cal = default_calibrator()
     chosen = cal.current(key)
     if chosen is None:
-        run, count, nbytes = samples()
+        sizes, run = sample()
+        spans = _spans(sizes)
         turn = itertools.count()
 
         def candidate(threads: int) -> None:
-            run(threads, next(turn) % count)
+            run(threads, *spans[next(turn) % len(spans)])
 
         cands = {
             str(t): functools.partial(candidate, t) for t in thread_candidates(with_aten=with_aten)
         }
+        nbytes = sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
         chosen = cal.choose(key, cands, nbytes)
     start = cal.timer()
     full(int(chosen))
@@ -136,38 +130,32 @@ def auto_copy_blocks(dst_list: list[torch.Tensor], src_list: list[torch.Tensor])
     kind = "strided" if strided else "contiguous"
     key = f"copy cpu->cpu {_bucket(total // len(dst_list))} {kind}"
 
-    def samples() -> tuple[Callable[[int, int], None], int, int]:
+    def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
         ud, us = _units(dst_list, src_list)
-        spans = _spans([_nbytes(t) for t in ud])
 
-        def run(threads: int, k: int) -> None:
-            a, b = spans[k]
+        def run(threads: int, a: int, b: int) -> None:
             copy_blocks(ud[a:b], us[a:b], threads=threads)
 
-        nbytes = sum(_nbytes(t) for t in ud[spans[0][0] : spans[-1][1]]) // len(spans)
-        return run, len(spans), nbytes
+        return [_nbytes(t) for t in ud], run
 
-    _run(key, total, samples, lambda t: copy_blocks(dst_list, src_list, threads=t))
+    _run(key, total, sample, lambda t: copy_blocks(dst_list, src_list, threads=t))
 
 
 def auto_memmove(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> None:
     """``memmove_blocks`` with a measured thread count (memmove itself never starts a team)."""
-    total = sum(sizes)
-    if total < AUTO_MIN_BYTES or len(sizes) < 2:
-        memmove_blocks(dst, src, sizes, threads=1)
-        return
+    total = sum(sizes)  # at least AUTO_MIN_BYTES in two blocks or more (memmove_blocks)
     key = f"memmove cpu->cpu {_bucket(total // len(sizes))}"
 
-    def samples() -> tuple[Callable[[int, int], None], int, int]:
-        spans = _spans(sizes)
+    def run(threads: int, a: int, b: int) -> None:
+        memmove_blocks(dst[a:b], src[a:b], sizes[a:b], threads=threads)
 
-        def run(threads: int, k: int) -> None:
-            a, b = spans[k]
-            memmove_blocks(dst[a:b], src[a:b], sizes[a:b], threads=threads)
-
-        return run, len(spans), sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
-
-    _run(key, total, samples, lambda t: memmove_blocks(dst, src, sizes, threads=t), False)
+    _run(
+        key,
+        total,
+        lambda: (sizes, run),
+        lambda t: memmove_blocks(dst, src, sizes, threads=t),
+        False,
+    )
 
 
 def gather_pieces(
@@ -182,11 +170,9 @@ def gather_pieces(
 
     Each chunk is one ``index_select`` into a buffer and one ``index_copy_``;
     destination indices are distinct (validated), so chunks on different
-    threads never write the same row. ``out`` (rows for every index, the
-    caller's reused staging buffer) is the buffer where it fits, each chunk
-    in its own rows (on several threads only with one pair); else each
-    thread allocates one chunk. ``threads`` 0 is
-    one thread too (this function never hands a chunk to ATen's team).
+    threads never write the same row. ``out`` is the caller's reused staging
+    buffer, else each thread allocates one chunk. ``threads`` 0 is one thread
+    too (this function never hands a chunk to ATen's team).
     """
     count = d_idx.numel()
     if not dst or count == 0:
@@ -213,15 +199,7 @@ def gather_pieces(
             rows = torch.index_select(src[i], 0, s_idx[a:b], out=held[at : at + b - a])
             dst[i].index_copy_(0, d_idx[a:b], rows)
 
-    if threads > 1:
-        _copy._spread(threads, len(work), part)
-        return
-    held: torch.Tensor | None = None  # one thread: part's loop inline (one frame less)
-    for i, a, b in work:
-        held = chunk_buffer(src[i], held)
-        at = a if held is out else 0
-        rows = torch.index_select(src[i], 0, s_idx[a:b], out=held[at : at + b - a])
-        dst[i].index_copy_(0, d_idx[a:b], rows)
+    _copy._spread(max(threads, 1), len(work), part)
 
 
 def auto_gather(
@@ -235,20 +213,16 @@ def auto_gather(
     row = _nbytes(src[0][0])
     total = sum(_nbytes(s[0]) for s in src) * d_idx.numel()
 
-    def samples() -> tuple[Callable[[int, int], None], int, int]:
+    def run(threads: int, a: int, b: int) -> None:
+        di, si = d_idx[a:b], s_idx[a:b]
+        if threads == 0:
+            dst[0].index_copy_(0, di, src[0].index_select(0, si))
+        else:
+            gather_pieces(dst[:1], src[:1], di, si, threads)
+
+    def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
         per = max(1, SAMPLE_BYTES // max(row, 1))
-        spans = _spans([row] * min(d_idx.numel(), SEGMENTS * per))
-        one_d, one_s = dst[:1], src[:1]
-
-        def run(threads: int, k: int) -> None:
-            a, b = spans[k]
-            di, si = d_idx[a:b], s_idx[a:b]
-            if threads == 0:
-                one_d[0].index_copy_(0, di, one_s[0].index_select(0, si))
-            else:
-                gather_pieces(one_d, one_s, di, si, threads)
-
-        return run, len(spans), row * (spans[-1][1] - spans[0][0]) // len(spans)
+        return [row] * min(d_idx.numel(), SEGMENTS * per), run
 
     def full(t: int) -> None:
         if t == 0:
@@ -256,7 +230,7 @@ def auto_gather(
         else:
             gather_pieces(dst, src, d_idx, s_idx, t)
 
-    _run(f"gather cpu->cpu {_bucket(row)} rows", total, samples, full)
+    _run(f"gather cpu->cpu {_bucket(row)} rows", total, sample, full)
 
 
 _copy.register_auto_copies(auto_copy_blocks, auto_memmove)

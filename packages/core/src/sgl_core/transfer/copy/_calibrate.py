@@ -1,31 +1,31 @@
 """Choose a copy's strategy by measuring the candidates, once per kind of copy.
 
-A :class:`Calibrator` times each candidate strategy of one kind of copy (a
-*key*: the operation, the two devices, the block size) on a small sample of
-the real copy — a few ms, round-robin, each charged its slowest round — and
-keeps the winner for
-the process (and, where ``SGLCORE_COPY_CALIBRATION`` names a file, on disk
-for the next process: ``sgl_core.transfer.copy._calibration_cache``). Each real copy
-reports its own throughput (:meth:`Calibrator.observe`); when it runs far
-below the figure the choice was measured at, several times in a row, the
-key is measured again on its next use (the machine's load changed).
-
-It is generic: candidates are named callables, the clock is injected (tests
-drive it with a fake clock; no timed assertions). The CPU copy threads
-(``sgl_core.transfer.copy._auto_copy``) are one user; a CUDA backend can register kernel,
-copy-engine and batched copy-engine candidates the same way.
+A :class:`Calibrator` times the named candidates of a *key* (the operation,
+the two devices, the block size) on a sample of the real copy, on an injected
+clock (tests use a fake one); it keeps the winner for the process (and in a
+:class:`DiskCache` where ``SGLCORE_COPY_CALIBRATION`` names a file) and
+measures a key again when its real copies run far slower (docs/design.md,
+"Copy threads, calibrated": the CPU copy threads and the CUDA copy paths).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import math
+import os
+import platform
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-from sgl_core.transfer.copy._calibration_cache import DiskCache, Entry
+import torch
 
-__all__ = ["Calibrator", "CopyChoice", "copy_calibration", "default_calibrator"]
+__all__ = ["Calibrator", "CopyChoice", "DiskCache", "copy_calibration", "default_calibrator"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +46,103 @@ class CopyChoice:
         return self.nbytes / max(self.seconds[self.choice], 1e-12) / 1e9
 
 
+# The disk cache: JSON ``{"format": FORMAT, "host": <this machine>, "entries": {key: entry}}``,
+# written atomically (a temporary file renamed over it). A file that does not parse, has
+# another format, was written on another host or holds a malformed entry is ignored whole
+# and overwritten at the next measurement; an unwritable path only loses the cache.
+ENV_VAR = "SGLCORE_COPY_CALIBRATION"
+FORMAT = "sgl-core copy calibration v1"
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def host_id() -> dict[str, Any]:
+    """What must match for a cached choice to apply: CPU, core count, torch."""
+    return {"cpu": _cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__}
+
+
+def _positive(value: object) -> bool:
+    """A finite positive number (a bool is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _entry(key: str, raw: object, path: Path, now: float) -> CopyChoice | None:
+    if not isinstance(raw, dict):
+        return None
+    choice, seconds, nbytes = raw.get("choice"), raw.get("seconds"), raw.get("nbytes")
+    if not isinstance(choice, str) or not isinstance(seconds, dict) or choice not in seconds:
+        return None
+    if not isinstance(nbytes, int) or not all(map(_positive, [nbytes, *seconds.values()])):
+        return None
+    clean = {str(name): float(value) for name, value in seconds.items()}
+    listed = ", ".join(f"{c}: {t * 1e3:.3f} ms" for c, t in clean.items())
+    reason = f"{choice} (read from {path}; slowest rounds {listed})"
+    return CopyChoice(key, choice, clean, nbytes, "disk cache", reason, now)
+
+
+class DiskCache:
+    """One cache file; ``load`` never raises, ``store`` ignores write errors."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._host = host_id()
+
+    @classmethod
+    def from_env(cls) -> DiskCache | None:
+        path = os.environ.get(ENV_VAR, "").strip()
+        return cls(path) if path else None
+
+    def load(self, now: float = 0.0) -> dict[str, CopyChoice]:
+        """The choices (loaded at ``now``) of a file in this format from this host; else none."""
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            return {}
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            return {}
+        if doc.get("host") != self._host or not isinstance(doc.get("entries"), dict):
+            return {}
+        entries: dict[str, CopyChoice] = {}
+        for key, raw in doc["entries"].items():
+            entry = _entry(str(key), raw, self.path, now)
+            if entry is None:
+                return {}  # a file with a malformed entry is not trusted at all
+            entries[str(key)] = entry
+        return entries
+
+    def store(self, choice: CopyChoice) -> None:
+        """Add or replace ``choice``'s entry (the rest of a valid file is kept)."""
+        with self._lock:
+            entries = self.load()
+            entries[choice.key] = choice
+            doc = {
+                "format": FORMAT,
+                "host": self._host,
+                "entries": {
+                    k: {"choice": c.choice, "seconds": c.seconds, "nbytes": c.nbytes}
+                    for k, c in sorted(entries.items())
+                },
+            }
+            tmp: str | None = None
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".")
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(doc, f, indent=1)
+                os.replace(tmp, self.path)
+            except OSError:
+                if tmp is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+
+
 def _decide(seconds: Mapping[str, float], order: Sequence[str], margin: float) -> tuple[str, str]:
     """The first candidate in preference order within ``margin`` of the fastest, and why."""
     best = min(seconds.values())
@@ -56,6 +153,7 @@ def _decide(seconds: Mapping[str, float], order: Sequence[str], margin: float) -
     return chosen, f"{chosen} ({why}; slowest rounds {listed})"
 
 
+@dataclasses.dataclass(eq=False, repr=False, kw_only=True)
 class Calibrator:
     """Measured choices per key; thread-safe (one lock, held while measuring).
 
@@ -69,32 +167,21 @@ class Calibrator:
     make the key stale.
     """
 
-    def __init__(
-        self,
-        *,
-        timer: Callable[[], float] = time.perf_counter,
-        rounds: int = 3,
-        budget_s: float = 0.01,
-        margin: float = 0.25,
-        drop: float = 0.25,
-        strikes: int = 3,
-        min_interval_s: float = 5.0,
-        cache: DiskCache | None = None,
-    ) -> None:
-        self.timer = timer
-        self.rounds = rounds
-        self.budget_s = budget_s
-        self.margin = margin
-        self.drop = drop
-        self.strikes = strikes
-        self.min_interval_s = min_interval_s
-        self.cache = cache
-        self._lock = threading.Lock()
-        self._choices: dict[str, CopyChoice] = {}
-        self._stale: dict[str, str] = {}  # key -> why it is measured again
-        self._strikes: dict[str, int] = {}
-        self._seen: dict[str, float] = {}  # key -> best GB/s of a real copy since measured
-        self._loaded = False
+    timer: Callable[[], float] = time.perf_counter
+    rounds: int = 3
+    budget_s: float = 0.01
+    margin: float = 0.25
+    drop: float = 0.25
+    strikes: int = 3
+    min_interval_s: float = 5.0
+    cache: DiskCache | None = None
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
+    _choices: dict[str, CopyChoice] = dataclasses.field(default_factory=dict, init=False)
+    # key -> why it is measured again
+    _stale: dict[str, str] = dataclasses.field(default_factory=dict, init=False)
+    # key -> (best GB/s of a real copy since measured, strikes in a row)
+    _seen: dict[str, tuple[float, int]] = dataclasses.field(default_factory=dict, init=False)
+    _loaded: bool = dataclasses.field(default=False, init=False)
 
     def choices(self) -> list[CopyChoice]:
         """Every current choice, by key."""
@@ -106,7 +193,6 @@ class Calibrator:
         with self._lock:
             self._choices.clear()
             self._stale.clear()
-            self._strikes.clear()
             self._seen.clear()
 
     def current(self, key: str) -> str | None:
@@ -126,10 +212,9 @@ class Calibrator:
             choice = self._measure(key, candidates, nbytes)
             self._choices[key] = choice
             self._stale.pop(key, None)
-            self._strikes.pop(key, None)
             self._seen.pop(key, None)
             if self.cache is not None:
-                self.cache.store(key, Entry(choice.choice, choice.seconds, nbytes))
+                self.cache.store(choice)
             return choice.choice
 
     def observe(self, key: str, nbytes: int, seconds: float) -> bool:
@@ -146,13 +231,13 @@ class Calibrator:
             gbps = nbytes / seconds / 1e9
             # the figure: the best real copy since measured, and at least half the sample's
             # (a choice that is slow from its first real call on is noticed too)
-            best = max(self._seen.get(key, 0.0), known.gbps / 2)
+            seen, strikes = self._seen.get(key, (0.0, 0))
+            best = max(seen, known.gbps / 2)
             if gbps >= best * self.drop:
-                self._seen[key] = max(best, gbps)
-                self._strikes[key] = 0
+                self._seen[key] = (max(best, gbps), 0)
                 return False
-            strikes = self._strikes.get(key, 0) + 1
-            self._strikes[key] = strikes
+            strikes += 1
+            self._seen[key] = (seen, strikes)
             if strikes < self.strikes or self.timer() - known.measured_at < self.min_interval_s:
                 return False
             self._stale[key] = (
@@ -161,7 +246,6 @@ class Calibrator:
             )
             return True
 
-    # ----------------------------------------------------------- internals
     def _measure(
         self, key: str, candidates: Mapping[str, Callable[[], None]], nbytes: int
     ) -> CopyChoice:
@@ -192,17 +276,10 @@ class Calibrator:
         return CopyChoice(key, chosen, seconds, nbytes, source, reason, self.timer())
 
     def _load_disk(self) -> None:
-        if self._loaded or self.cache is None:
-            self._loaded = True
+        loaded, self._loaded = self._loaded, True
+        if loaded or self.cache is None:
             return
-        self._loaded = True
-        now = self.timer()
-        for key, entry in self.cache.load().items():
-            listed = ", ".join(f"{c}: {t * 1e3:.3f} ms" for c, t in entry.seconds.items())
-            reason = f"{entry.choice} (read from {self.cache.path}; slowest rounds {listed})"
-            self._choices[key] = CopyChoice(
-                key, entry.choice, dict(entry.seconds), entry.nbytes, "disk cache", reason, now
-            )
+        self._choices.update(self.cache.load(self.timer()))
 
 
 _default: Calibrator | None = None

@@ -12,7 +12,6 @@ limits").
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from sgl_core.transfer.copy._pieces import split_parts, split_pieces
+from sgl_core.transfer.copy._pieces import split_parts, split_pieces, wide_dtype
 from sgl_core.transfer.copy._runs import IndexRuns, merge_runs
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
@@ -30,7 +29,6 @@ __all__ = [
     "copy_batched",
     "copy_blocks",
     "copy_each",
-    "copy_pairs",
     "memmove_blocks",
     "merge_runs",
     "shutdown_copy_threads",
@@ -86,11 +84,8 @@ def widen_rows(t: torch.Tensor) -> torch.Tensor:
     under ATen's parallel grain and copies serially, instead of each block
     starting an OpenMP team (which costs more than copying a page).
     """
-    row_bytes = t.shape[-1] * t.element_size()
-    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        if size > t.element_size() and row_bytes % size == 0 and t.stride(-1) == 1:
-            return t.view(dtype)
-    return byte_view(t)
+    wide = wide_dtype(t)
+    return byte_view(t) if wide is None else t.view(wide)
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -166,8 +161,9 @@ def copy_blocks(
         return
     dst_list, src_list = list(dst), list(src)
     on_cpu = dst_list[0].device.type == "cpu" and src_list[0].device.type == "cpu"
+    total = sum(t.numel() * t.element_size() for t in dst_list)
     if threads == AUTO and on_cpu:
-        if sum(t.numel() * t.element_size() for t in dst_list) >= AUTO_MIN_BYTES:
+        if total >= AUTO_MIN_BYTES:
             _auto_copy("blocks")(dst_list, src_list)
             return
         threads = 1
@@ -177,21 +173,15 @@ def copy_blocks(
     if threads > 0 and on_cpu:
         copy_pieces(dst_list, src_list, threads)
         return
-    total = sum(t.numel() * t.element_size() for t in dst_list)
     big_blocks = total // len(dst_list) >= _ATEN_GRAIN * dst_list[0].element_size()
     if not on_cpu or big_blocks or total < _THREADED_MIN_BYTES or len(dst_list) < 2:
         torch._foreach_copy_(dst_list, src_list)
         return
-    pool = _pool()
-    parts = _workers + 1
-    bounds = [len(dst_list) * k // parts for k in range(parts + 1)]
-    futures: list[Future[None]] = [
-        pool.submit(torch._foreach_copy_, dst_list[a:b], src_list[a:b])
-        for a, b in itertools.pairwise(bounds[1:])
-    ]
-    torch._foreach_copy_(dst_list[: bounds[1]], src_list[: bounds[1]])
-    for future in futures:
-        future.result()
+
+    def part(a: int, b: int) -> None:
+        torch._foreach_copy_(dst_list[a:b], src_list[a:b])
+
+    _spread(_workers + 1, len(dst_list), part)
 
 
 def copy_each(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
@@ -206,30 +196,14 @@ def copy_each(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
         d.copy_(s, non_blocking=host_side.is_contiguous())
 
 
-def copy_pairs(
-    dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], *, batched: bool = False
-) -> None:
-    """Copy block pairs: batched on one device; across devices pair by pair, or batched.
-
-    ``batched`` (``CopyTuning.batched_cross_device``) issues every cross-device
-    block in one non-blocking ``_foreach_copy_``: torch loops over the pairs in
-    C++, one async copy each. A strided pair would be staged through a
-    pageable temporary an async copy could outlive, so such pairs are split
-    into their contiguous pieces first, and any that stay strided are copied
-    blocking.
-    """
-    if not dst:
-        return
-    if dst[0].device == src[0].device:
-        copy_blocks(dst, src)
-    elif not batched:
-        copy_each(dst, src)
-    else:
-        copy_batched(dst, src)
-
-
 def copy_batched(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
-    """Cross-device pairs in one non-blocking ``_foreach_copy_`` (see ``copy_pairs``)."""
+    """Cross-device pairs in one non-blocking ``_foreach_copy_`` (``batched_cross_device``).
+
+    torch loops over the pairs in C++, one async copy each. A strided pair
+    would be staged through a pageable temporary an async copy could outlive,
+    so such pairs are split into their contiguous pieces first, and any that
+    stay strided are copied blocking.
+    """
     dst_parts: list[torch.Tensor] = []
     src_parts: list[torch.Tensor] = []
     strided: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -273,26 +247,13 @@ def memmove_blocks(
             _auto_copy("memmove")(dst, src, sizes)
             return
         threads = 1
+    if threads == 0:
+        threads = _workers + 1 if count >= 2 and sum(sizes) >= _THREADED_MIN_BYTES else 1
     if threads == 1:
         _memmove_all(dst, src, sizes)
         return
-    if threads > 0:
 
-        def part(a: int, b: int) -> None:
-            _memmove_all(dst[a:b], src[a:b], sizes[a:b])
+    def part(a: int, b: int) -> None:
+        _memmove_all(dst[a:b], src[a:b], sizes[a:b])
 
-        _spread(threads, count, part)
-        return
-    if count < 2 or sum(sizes) < _THREADED_MIN_BYTES:
-        _memmove_all(dst, src, sizes)
-        return
-    pool = _pool()
-    parts = _workers + 1
-    bounds = [count * k // parts for k in range(parts + 1)]
-    futures: list[Future[None]] = [
-        pool.submit(_memmove_all, dst[a:b], src[a:b], sizes[a:b])
-        for a, b in itertools.pairwise(bounds[1:])
-    ]
-    _memmove_all(dst[: bounds[1]], src[: bounds[1]], sizes[: bounds[1]])
-    for future in futures:
-        future.result()
+    _spread(threads, count, part)

@@ -8,14 +8,14 @@ them with one of ``_copy``'s batched copies; :func:`gather_rows` is the
 gather/scatter alternative for short runs. The caller picks between them (and
 the by-address ``memmove_blocks``) with its ``CopyTuning``.
 
-``copy_runs`` dispatches to the copy itself, rather than through
-``copy_pairs``, so a per-layer load stays within four of our frames from the
-public method to the copy.
+``copy_runs`` dispatches to the copy itself, so a per-layer load stays
+within three of our frames from the public method to the copy.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Sequence
 from typing import TypedDict
 
@@ -77,14 +77,13 @@ class RunSide:
         or not whole pages of a page-split side) go through ``block``, which
         raises as before.
         """
-        t, dim, unit = self.tensor, self.axis, self.unit
-        if self.page:
-            # Split into pages once: needs unit steps of 1 and an axis of whole pages.
-            page = self.page
-            if unit != 1 or t.shape[dim] % page:
-                return [self.block(start, length) for start, length in spans]
-            if any(start % page or length % page for start, length in spans):
-                return [self.block(start, length) for start, length in spans]
+        t, dim, unit, page = self.tensor, self.axis, self.unit, self.page
+        # Split into pages once: needs unit steps of 1, an axis and spans of whole pages.
+        if page and (
+            unit != 1 or t.shape[dim] % page or any(a % page or n % page for a, n in spans)
+        ):
+            return [self.block(start, length) for start, length in spans]
+        if page:
             t = t.view(*t.shape[:dim], t.shape[dim] // page, page, *t.shape[dim + 1 :])
             unit = page
         cuts = spans if unit == 1 else [(start // unit, length // unit) for start, length in spans]
@@ -172,20 +171,15 @@ def gather_rows(
         return
     if threads and axis == 0 and dst[0].device.type == "cpu" and src[0].device.type == "cpu":
         d_cpu, s_cpu = dst_idx.to("cpu", torch.int64), src_idx.to("cpu", torch.int64)
+        dsts, srcs = [byte_view(d) for d in dst], [byte_view(s) for s in src]
         row = src[0][0].numel() * src[0].element_size() if src[0].dim() else 1
-        if threads == AUTO and row * len(src) * d_cpu.numel() < AUTO_MIN_BYTES:
-            threads = 1
-        if threads != AUTO:
-            dsts, srcs = [byte_view(d) for d in dst], [byte_view(s) for s in src]
-            gather_pieces(dsts, srcs, d_cpu, s_cpu, threads, out)
-            return
-        auto_gather(
-            [byte_view(d) for d in dst],
-            [byte_view(s) for s in src],
-            d_cpu,
-            s_cpu,
-            lambda: _gather_whole(dst, src, d_cpu, s_cpu, axis, non_blocking, out),
-        )
+        if threads == AUTO and row * len(src) * d_cpu.numel() >= AUTO_MIN_BYTES:
+            whole = functools.partial(
+                _gather_whole, dst, src, d_cpu, s_cpu, axis, non_blocking, out
+            )
+            auto_gather(dsts, srcs, d_cpu, s_cpu, whole)
+        else:
+            gather_pieces(dsts, srcs, d_cpu, s_cpu, 1 if threads == AUTO else threads, out)
         return
     _gather_whole(dst, src, dst_idx, src_idx, axis, non_blocking, out)
 

@@ -1,16 +1,10 @@
 """Cut CPU copies into pieces that ATen copies on the calling thread.
 
-ATen runs a CPU ``copy_`` (and ``index_select`` / ``index_copy_``) with its
-OpenMP team once the iteration has ``GRAIN`` elements or more. A team waits
-for every one of its threads to be scheduled: on a machine whose cores are
-busy with other processes (a serving host: scheduler, tokenizer, other ranks),
-a big copy then waits for a core instead of copying (BENCHMARKS.md, "Copy
-threads"). A piece below the grain never starts a team; the pieces of one call
-are spread over the copy threads of ``sgl_core.transfer.copy._copy`` instead, which release
-the GIL inside each ``_foreach_copy_``.
-
-Pieces are views (``split`` along dim 0, then of a row along its own dim 0):
-they cover every byte of the block exactly once, in order.
+A CPU ``copy_`` (or ``index_select`` / ``index_copy_``) of ``GRAIN`` elements
+or more starts ATen's OpenMP team, which waits for every core it uses; a
+piece below the grain never does (docs/design.md, "Copy threads,
+calibrated"). Pieces are views (``split`` along dim 0, then of a row along
+its own dim 0): they cover every byte of the block exactly once, in order.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["GRAIN", "index_chunk", "split_parts", "split_pieces"]
+__all__ = ["GRAIN", "index_chunk", "split_parts", "split_pieces", "wide_dtype"]
 
 #: ATen's parallel grain (``at::internal::GRAIN_SIZE``): elements per iteration below
 #: which a CPU kernel runs serially on the calling thread.
@@ -28,21 +22,23 @@ GRAIN = 32768
 _WIDE = ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2))
 
 
+def wide_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The widest integer dtype, wider than ``t``'s, whose items tile its unit-stride rows."""
+    if t.dim() == 0 or t.stride(-1) != 1:
+        return None
+    row = t.shape[-1] * t.element_size()
+    return next((dt for dt, size in _WIDE if size > t.element_size() and row % size == 0), None)
+
+
 def _widen(d: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both sides as the widest integer dtype that tiles their rows (fewer elements, same bytes)."""
-    if d.dtype != s.dtype or d.dim() == 0 or d.shape != s.shape:
+    """Both sides (same shape and dtype) as their ``wide_dtype`` (fewer elements, same bytes)."""
+    wide = wide_dtype(d) if s.dim() and s.stride(-1) == 1 else None
+    if wide is None:
         return d, s
-    size = d.element_size()
-    row = d.shape[-1] * size
-    if d.stride(-1) != 1 or s.stride(-1) != 1:
+    try:
+        return d.view(wide), s.view(wide)
+    except RuntimeError:  # strides not divisible by the wider item
         return d, s
-    for dtype, wide in _WIDE:
-        if wide > size and row % wide == 0:
-            try:
-                return d.view(dtype), s.view(dtype)
-            except RuntimeError:  # strides not divisible by the wider item
-                return d, s
-    return d, s
 
 
 def _cut(

@@ -1,13 +1,10 @@
 """One tuning object for every ``direct`` copy: which path a copy takes, per device.
 
-Each copy of the direct movers (the token-row pools' ``RowDirectMover``,
-``sgl_ascend``'s kv-split mover) and of ``sgl_cuda.kvcacheio``'s direct
-functions picks its path by comparing block and run sizes with one
-:class:`CopyTuning`. :func:`tuning_for` returns the preset of the device the
-device pool lives on; a pool or a call given a ``CopyTuning`` uses that one
-instead (tests pin a path that way). The preset values were measured
-(BENCHMARKS.md, "Copy-path limits"); they are speed choices only: every path
-moves the same bytes.
+Each direct copy picks its path by comparing block and run sizes with one
+:class:`CopyTuning`: the preset of the device pool's device
+(:func:`tuning_for`), or the one a pool or call is given (docs/design.md;
+the preset values were measured, BENCHMARKS.md "Copy-path limits"). They
+are speed choices only: every path moves the same bytes.
 """
 
 from __future__ import annotations
@@ -51,13 +48,10 @@ class CopyTuning:
       non-blocking ``_foreach_copy_`` (host sides split into contiguous
       pieces) instead of one ``copy_`` per block.
     * ``copy_threads``: how copies between two CPU buffers use threads.
-      ``AUTO`` (the default): chosen by measurement at first use, per kind of
-      copy and block size, and measured again when copies run far slower
-      than measured (``sgl_core.transfer.copy._calibrate``; ``copy_calibration()`` says what
-      was chosen and why). 0: ATen's own threads (one ``copy_`` per block; a
-      block above ATen's grain starts an OpenMP team, which waits for every
-      core it uses). n >= 1: blocks cut into pieces below ATen's grain (no
-      team), spread over n threads of our own (1: the calling thread only).
+      ``AUTO`` (the default): measured per kind of copy (``copy_calibration()``
+      says what was chosen and why). 0: ATen's own threads (an OpenMP team
+      per block above its grain). n >= 1: pieces below the grain over n
+      threads of our own (1: the calling thread only).
     """
 
     stacked_min_run_bytes: int = 8 << 10
