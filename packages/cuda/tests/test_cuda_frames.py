@@ -28,7 +28,7 @@ from sgl_cuda._movers import KernelMover
 OURS = (str(Path(sgl_core.__file__).parent), str(Path(sgl_cuda.__file__).parent))
 TESTING = str(Path(sgl_core.__file__).parent / "testing")
 COPIES = {"copy_", "_foreach_copy_", "index_copy_", "index_select"}
-LAUNCHERS = {"_memmove_all", "launch_copy_kv_rows", "launch_copy_rows"}
+LAUNCHERS = {"_memmove_all", "copy_slices", "take_rows", "launch_copy_kv_rows", "launch_copy_rows"}
 PS = 4
 
 
