@@ -152,31 +152,6 @@ def _load() -> float:
         return 0.0
 
 
-def _measure(plan: Plan, phase: str) -> list[Record]:
-    cfg = plan.cfg
-    progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), f"hicache {phase}")
-    records: list[Record] = []
-    try:
-        for case in plan.cases:
-            progress.describe(f"{phase}: {case.label}")
-            got = run_case(case, cfg, progress)
-            for r in got:
-                r.extra["phase"] = phase
-                if case.backend.name in plan.interpreted:
-                    r.extra["interpreted"] = True
-            records.extend(got)
-    finally:
-        progress.close()
-    return records
-
-
-def _calibration_lines() -> list[str]:
-    choices = copy_calibration()
-    if not choices:
-        return ["  copy calibration: nothing measured (no CPU copy of 1 MiB or more)"]
-    return [f"  copy calibration: {c.key}: {c.source}, {c.reason}" for c in choices]
-
-
 BUSY_CODE = """
 import os, sys, time
 end = time.monotonic() + float(sys.argv[1])
@@ -226,13 +201,29 @@ def run(args: argparse.Namespace) -> int:
     records: list[Record] = []
     for phase, count in phases:
         phase_load = _load()
+        name, cfg = phase.split()[0], plan.cfg
+        progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), f"hicache {name}")
+        got: list[Record] = []
         with busy_processes(count):
-            got = _measure(plan, phase.split()[0])
+            try:
+                for case in plan.cases:
+                    progress.describe(f"{name}: {case.label}")
+                    for r in run_case(case, cfg, progress):
+                        r.extra["phase"] = name
+                        if case.backend.name in plan.interpreted:
+                            r.extra["interpreted"] = True
+                        got.append(r)
+            finally:
+                progress.close()
         records.extend(got)
+        fitted = copy_calibration()
         header, rows = table.summarize(got, plan.interpreted)
         title = f"{phase}: host pool transfers, GB/s{table.io_note(got)}; load {phase_load:.2f}"
         print_table(f"{title} to {_load():.2f}", header, rows)
-        print("\n".join([*_calibration_lines(), *table.target_lines(got, plan.interpreted)]))
+        calibration = [f"  copy calibration: {c.key}: {c.source}, {c.reason}" for c in fitted]
+        if not calibration:
+            calibration = ["  copy calibration: nothing measured (no CPU copy of 1 MiB or more)"]
+        print("\n".join([*calibration, *table.target_lines(got, plan.interpreted)]))
     print("\n".join([*table.batch_lines(records), *table.legend(records, plan.interpreted)]))
     exact = all(r.bit_exact is not False for r in records)
     print(f"bit-exact: {'yes' if exact else 'NO (exit status 1)'}")
@@ -255,5 +246,5 @@ def run(args: argparse.Namespace) -> int:
         command="hicache",
         quick=plan.quick,
         background_load=busy,
-        copy_calibration=[dataclasses.asdict(c) for c in copy_calibration()],
+        copy_calibration=[dataclasses.asdict(c) for c in fitted],
     )
