@@ -218,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
         records.extend(got)
         fitted = copy_calibration()
         header, rows = table.summarize(got, plan.interpreted)
-        title = f"{phase}: host pool transfers, GB/s{table.io_note(got)}; load {phase_load:.2f}"
+        ios = {r.io_backend for r in got}  # just one: named in the title, its column dropped
+        io = f"; io {ios.pop()}" if len(ios) == 1 else ""
+        title = f"{phase}: host pool transfers, GB/s{io}; load {phase_load:.2f}"
         print_table(f"{title} to {_load():.2f}", header, rows)
         calibration = [f"  copy calibration: {c.key}: {c.source}, {c.reason}" for c in fitted]
         if not calibration:
