@@ -23,7 +23,7 @@ import torch
 from sgl_core.cli import _hicache_table as table
 from sgl_core.cli._checks import EXIT_STATUS, CliParser
 from sgl_core.cli._hicache import run_case
-from sgl_core.cli._hicache_plan import MODELS, Plan, plan_run
+from sgl_core.cli._hicache_plan import MODELS, plan_run
 from sgl_core.cli._report import Progress, Record, print_table, write_outputs
 from sgl_core.kv._enums import HostLayout
 from sgl_core.transfer.copy._calibrate import copy_calibration
@@ -120,30 +120,6 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
     p.set_defaults(run=run)
 
 
-def _header(plan: Plan) -> str:
-    cfg, shape = plan.cfg, plan.cfg.shape
-    dtype = str(shape.dtype).removeprefix("torch.")
-    if shape.is_mha:
-        row = f"K+V {shape.head_num} heads x {shape.head_dim} {dtype}"
-    elif shape.kv_cache_dim is None:
-        row = f"({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) {dtype}"
-    else:
-        row = f"{shape.kv_cache_dim} packed {dtype}"
-    if shape.index_head_dim is not None:
-        scale = " + fp32 scale" if shape.with_index_k_scale else ""
-        row += f" + indexer {shape.index_head_dim} {dtype}{scale}"
-    backends = ", ".join(sorted({c.backend.name for c in plan.cases}))
-    pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
-    sizes = ",".join(str(p) for p in plan.page_sizes)
-    return (
-        f"sgl-bench hicache: {len(plan.cases)} case(s) = backend {backends} x {pairs} "
-        f"layout/io x page {sizes}; rows: backup, load\n"
-        f"model {cfg.model}: {cfg.layers} layers x {row}; "
-        f"{'quick' if plan.quick else 'full'}: {cfg.repeats} round(s) + {cfg.warmup} "
-        f"warm-up; torch threads {torch.get_num_threads()}"
-    )
-
-
 def _load() -> float:
     """The machine's 1-minute load average (0.0 where the OS does not report one)."""
     try:
@@ -193,7 +169,27 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_run(args)  # every argument is checked here, before any work
     for note in plan.notes:
         print(f"note: {note}")
-    print(_header(plan))
+    cfg, shape = plan.cfg, plan.cfg.shape
+    dtype = str(shape.dtype).removeprefix("torch.")
+    if shape.is_mha:
+        row = f"K+V {shape.head_num} heads x {shape.head_dim} {dtype}"
+    elif shape.kv_cache_dim is None:
+        row = f"({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) {dtype}"
+    else:
+        row = f"{shape.kv_cache_dim} packed {dtype}"
+    if shape.index_head_dim is not None:
+        scale = " + fp32 scale" if shape.with_index_k_scale else ""
+        row += f" + indexer {shape.index_head_dim} {dtype}{scale}"
+    backends = ", ".join(sorted({c.backend.name for c in plan.cases}))
+    pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
+    sizes = ",".join(str(p) for p in plan.page_sizes)
+    print(
+        f"sgl-bench hicache: {len(plan.cases)} case(s) = backend {backends} x {pairs} "
+        f"layout/io x page {sizes}; rows: backup, load\n"
+        f"model {cfg.model}: {cfg.layers} layers x {row}; "
+        f"{'quick' if plan.quick else 'full'}: {cfg.repeats} round(s) + {cfg.warmup} "
+        f"warm-up; torch threads {torch.get_num_threads()}"
+    )
     load_start = _load()
     started = time.perf_counter()
     busy = args.background_load
@@ -201,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     records: list[Record] = []
     for phase, count in phases:
         phase_load = _load()
-        name, cfg = phase.split()[0], plan.cfg
+        name = phase.split()[0]
         progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), f"hicache {name}")
         got: list[Record] = []
         with busy_processes(count):
