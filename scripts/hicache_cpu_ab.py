@@ -25,6 +25,7 @@ spread (max - min) / median of either tree's ratios.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -105,7 +106,6 @@ def run(
 
     bench = _cli_module("_hicache")
     Case, HicacheConfig, _Bench = bench.Case, bench.HicacheConfig, bench._Bench
-    pairs_of = _cli_module(*_MODELS).pairs_of
 
     records: list[dict[str, object]] = []
     for kind in kinds:
@@ -114,7 +114,8 @@ def run(
         mha = kind != "mla"
         for name in backends:
             backend = sgl_core.get_backend(name)
-            for layout, ios in pairs_of(backend, mha).items():
+            pairs = backend.supported_mha_pairs if mha else backend.supported_pairs
+            for layout, ios in dict(pairs).items():
                 for io in sorted(ios, key=lambda i: i.value):
                     if not _wanted(layout.value, io.value, layouts):
                         continue
@@ -125,10 +126,11 @@ def run(
                     else:
                         cfg = HicacheConfig(tokens=tokens, shuffle_host=shuffle)
                     bench = _Bench(Case(backend, layout, io, page_size), cfg)
-                    ops: dict[str, Callable[[], None]] = {
-                        "copy_backup": bench.copy_backup,
+                    host, dev = bench.copy_host, bench.copy_dev
+                    ops: dict[str, Callable[[], object]] = {
+                        "copy_backup": functools.partial(host.copy_, dev, non_blocking=True),
                         "sgl_backup": bench.sgl_backup,
-                        "copy_load": bench.copy_load,
+                        "copy_load": functools.partial(dev.copy_, host, non_blocking=True),
                         "sgl_load": bench.sgl_load,
                     }
                     times: dict[str, list[float]] = {k: [] for k in ops}

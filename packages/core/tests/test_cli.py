@@ -434,7 +434,7 @@ def test_moe_flags_interpreted_timings(
 
     from sgl_core import MoEWeights
     from sgl_core.backend import MoEBenchCase
-    from sgl_core.cli import _moe_bench
+    from sgl_core.cli import _moe_cmd
     from sgl_core.moe._moe import TorchMoEMethod
 
     def fake(device: torch.device, small: bool) -> MoEBenchCase:
@@ -443,7 +443,7 @@ def test_moe_flags_interpreted_timings(
         bf16 = MoEWeights(w.w13_weight.bfloat16(), w.w2_weight.bfloat16())
         return MoEBenchCase("fake_q", TorchMoEMethod(), bf16, w)
 
-    monkeypatch.setattr(_moe_bench, "moe_bench_factories", lambda: {"fake": fake})
+    monkeypatch.setattr(_moe_cmd, "moe_bench_factories", lambda: {"fake": fake})
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
     argv = ["moe", "--quick", "--device", "cpu", "--tokens", "8", "--hidden", "64"]
     assert main([*argv, "--repeats", "1"]) == 0

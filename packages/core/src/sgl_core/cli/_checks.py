@@ -60,8 +60,29 @@ def check_args(
         if not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
             bound = ">= 0" if zero_ok else "> 0"
             raise UsageError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
-    for option in ("json", "plot"):
-        check_output_path(f"--{option}", getattr(args, option, None))
+    # output paths can be written (checked before the run, so a long benchmark never ends
+    # in a failed write); creates nothing: the probe file is anonymous and closed at once
+    for option, path in ((f"--{o}", getattr(args, o, None)) for o in ("json", "plot")):
+        if path is None:
+            continue
+        target = Path(path)
+        if target.is_dir():
+            raise UsageError(f"{option} {path!r} is a directory; give a file path")
+        parent = target.parent
+        if not parent.is_dir():
+            raise UsageError(f"{option} {path!r}: directory {str(parent)!r} does not exist")
+        if target.exists():
+            writable = os.access(target, os.W_OK)
+        else:
+            writable = os.access(parent, os.W_OK | os.X_OK)
+            if writable:
+                try:
+                    with tempfile.TemporaryFile(dir=parent):
+                        pass
+                except OSError:
+                    writable = False
+        if not writable:
+            raise UsageError(f"{option} {path!r}: cannot write there (permission or read-only)")
     if getattr(args, "plot", None):  # matplotlib comes with the bench extra
         try:
             import matplotlib  # noqa: F401
@@ -97,34 +118,6 @@ def check_device(spec: str | None) -> torch.device | None:
         if not callable(is_available) or not is_available():
             raise UsageError(f"--device {spec!r}: no {device.type} device is available here")
     return device
-
-
-def check_output_path(option: str, path: str | None) -> None:
-    """``path`` can be written: its directory exists and is writable, it is not a directory.
-
-    Checked before the run so a long benchmark never ends in a failed write.
-    Creates nothing (the probe file is anonymous and closed at once).
-    """
-    if path is None:
-        return
-    target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"{option} {path!r} is a directory; give a file path")
-    parent = target.parent
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path!r}: directory {str(parent)!r} does not exist")
-    if target.exists():
-        writable = os.access(target, os.W_OK)
-    else:
-        writable = os.access(parent, os.W_OK | os.X_OK)
-        if writable:
-            try:
-                with tempfile.TemporaryFile(dir=parent):
-                    pass
-            except OSError:
-                writable = False
-    if not writable:
-        raise UsageError(f"{option} {path!r}: cannot write there (permission or read-only)")
 
 
 def check_memory(

@@ -151,20 +151,15 @@ class _Bench:
                 self.dev, self.h_idx, self.d_dst, layer, self.case.io_backend
             )
 
-    def copy_backup(self) -> None:
-        self.copy_host.copy_(self.copy_dev, non_blocking=True)
-
-    def copy_load(self) -> None:
-        self.copy_dev.copy_(self.copy_host, non_blocking=True)
-
     def ops(
         self, baselines: tuple[str, ...], copy_threads: tuple[int, ...]
-    ) -> dict[tuple[str, str], Callable[[], None]]:
-        ops: dict[tuple[str, str], Callable[[], None]] = {}
-        for direction, copy, sgl in (
-            ("backup", self.copy_backup, self.sgl_backup),
-            ("load", self.copy_load, self.sgl_load),
+    ) -> dict[tuple[str, str], Callable[[], object]]:
+        ops: dict[tuple[str, str], Callable[[], object]] = {}
+        for direction, (dst, src), sgl in (
+            ("backup", (self.copy_host, self.copy_dev), self.sgl_backup),
+            ("load", (self.copy_dev, self.copy_host), self.sgl_load),
         ):
+            copy = functools.partial(dst.copy_, src, non_blocking=True)
             # the reference copy at each torch thread count, most threads first: an OpenMP
             # team's threads spin for a while after it, so the op right after a multi-thread
             # copy shares the cores with them; after the 1-thread copy sgl and fixed do not
@@ -181,7 +176,7 @@ class _Bench:
 
     # --------------------------------------------------------- verification
     def verify(
-        self, backup: Callable[[], None], load: Callable[[], None], t: Transfer
+        self, backup: Callable[[], object], load: Callable[[], object], t: Transfer
     ) -> tuple[bool, bool]:
         """Round trip through ``backup`` then ``load`` with ``t``'s host pool.
 

@@ -23,7 +23,7 @@ import torch
 from sgl_core.cli import _hicache_table as table
 from sgl_core.cli._checks import EXIT_STATUS, CliParser
 from sgl_core.cli._hicache import run_case
-from sgl_core.cli._hicache_plan import MODELS, Plan, plan_run
+from sgl_core.cli._hicache_plan import MODELS, plan_run
 from sgl_core.cli._report import Progress, Record, print_table, write_outputs
 from sgl_core.kv._enums import HostLayout
 from sgl_core.transfer.copy._calibrate import copy_calibration
@@ -120,61 +120,12 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
     p.set_defaults(run=run)
 
 
-def _header(plan: Plan) -> str:
-    cfg, shape = plan.cfg, plan.cfg.shape
-    dtype = str(shape.dtype).removeprefix("torch.")
-    if shape.is_mha:
-        row = f"K+V {shape.head_num} heads x {shape.head_dim} {dtype}"
-    elif shape.kv_cache_dim is None:
-        row = f"({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) {dtype}"
-    else:
-        row = f"{shape.kv_cache_dim} packed {dtype}"
-    if shape.index_head_dim is not None:
-        scale = " + fp32 scale" if shape.with_index_k_scale else ""
-        row += f" + indexer {shape.index_head_dim} {dtype}{scale}"
-    backends = ", ".join(sorted({c.backend.name for c in plan.cases}))
-    pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
-    sizes = ",".join(str(p) for p in plan.page_sizes)
-    return (
-        f"sgl-bench hicache: {len(plan.cases)} case(s) = backend {backends} x {pairs} "
-        f"layout/io x page {sizes}; rows: backup, load\n"
-        f"model {cfg.model}: {cfg.layers} layers x {row}; "
-        f"{'quick' if plan.quick else 'full'}: {cfg.repeats} round(s) + {cfg.warmup} "
-        f"warm-up; torch threads {torch.get_num_threads()}"
-    )
-
-
 def _load() -> float:
     """The machine's 1-minute load average (0.0 where the OS does not report one)."""
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return 0.0
-
-
-def _measure(plan: Plan, phase: str) -> list[Record]:
-    cfg = plan.cfg
-    progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), f"hicache {phase}")
-    records: list[Record] = []
-    try:
-        for case in plan.cases:
-            progress.describe(f"{phase}: {case.label}")
-            got = run_case(case, cfg, progress)
-            for r in got:
-                r.extra["phase"] = phase
-                if case.backend.name in plan.interpreted:
-                    r.extra["interpreted"] = True
-            records.extend(got)
-    finally:
-        progress.close()
-    return records
-
-
-def _calibration_lines() -> list[str]:
-    choices = copy_calibration()
-    if not choices:
-        return ["  copy calibration: nothing measured (no CPU copy of 1 MiB or more)"]
-    return [f"  copy calibration: {c.key}: {c.source}, {c.reason}" for c in choices]
 
 
 BUSY_CODE = """
@@ -218,7 +169,27 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_run(args)  # every argument is checked here, before any work
     for note in plan.notes:
         print(f"note: {note}")
-    print(_header(plan))
+    cfg, shape = plan.cfg, plan.cfg.shape
+    dtype = str(shape.dtype).removeprefix("torch.")
+    if shape.is_mha:
+        row = f"K+V {shape.head_num} heads x {shape.head_dim} {dtype}"
+    elif shape.kv_cache_dim is None:
+        row = f"({cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}) {dtype}"
+    else:
+        row = f"{shape.kv_cache_dim} packed {dtype}"
+    if shape.index_head_dim is not None:
+        scale = " + fp32 scale" if shape.with_index_k_scale else ""
+        row += f" + indexer {shape.index_head_dim} {dtype}{scale}"
+    backends = ", ".join(sorted({c.backend.name for c in plan.cases}))
+    pairs = len({(c.backend.name, c.layout, c.io_backend) for c in plan.cases})
+    sizes = ",".join(str(p) for p in plan.page_sizes)
+    print(
+        f"sgl-bench hicache: {len(plan.cases)} case(s) = backend {backends} x {pairs} "
+        f"layout/io x page {sizes}; rows: backup, load\n"
+        f"model {cfg.model}: {cfg.layers} layers x {row}; "
+        f"{'quick' if plan.quick else 'full'}: {cfg.repeats} round(s) + {cfg.warmup} "
+        f"warm-up; torch threads {torch.get_num_threads()}"
+    )
     load_start = _load()
     started = time.perf_counter()
     busy = args.background_load
@@ -226,13 +197,31 @@ def run(args: argparse.Namespace) -> int:
     records: list[Record] = []
     for phase, count in phases:
         phase_load = _load()
+        name = phase.split()[0]
+        progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), f"hicache {name}")
+        got: list[Record] = []
         with busy_processes(count):
-            got = _measure(plan, phase.split()[0])
+            try:
+                for case in plan.cases:
+                    progress.describe(f"{name}: {case.label}")
+                    for r in run_case(case, cfg, progress):
+                        r.extra["phase"] = name
+                        if case.backend.name in plan.interpreted:
+                            r.extra["interpreted"] = True
+                        got.append(r)
+            finally:
+                progress.close()
         records.extend(got)
+        fitted = copy_calibration()
         header, rows = table.summarize(got, plan.interpreted)
-        title = f"{phase}: host pool transfers, GB/s{table.io_note(got)}; load {phase_load:.2f}"
+        ios = {r.io_backend for r in got}  # just one: named in the title, its column dropped
+        io = f"; io {ios.pop()}" if len(ios) == 1 else ""
+        title = f"{phase}: host pool transfers, GB/s{io}; load {phase_load:.2f}"
         print_table(f"{title} to {_load():.2f}", header, rows)
-        print("\n".join([*_calibration_lines(), *table.target_lines(got, plan.interpreted)]))
+        calibration = [f"  copy calibration: {c.key}: {c.source}, {c.reason}" for c in fitted]
+        if not calibration:
+            calibration = ["  copy calibration: nothing measured (no CPU copy of 1 MiB or more)"]
+        print("\n".join([*calibration, *table.target_lines(got, plan.interpreted)]))
     print("\n".join([*table.batch_lines(records), *table.legend(records, plan.interpreted)]))
     exact = all(r.bit_exact is not False for r in records)
     print(f"bit-exact: {'yes' if exact else 'NO (exit status 1)'}")
@@ -255,5 +244,5 @@ def run(args: argparse.Namespace) -> int:
         command="hicache",
         quick=plan.quick,
         background_load=busy,
-        copy_calibration=[dataclasses.asdict(c) for c in copy_calibration()],
+        copy_calibration=[dataclasses.asdict(c) for c in fitted],
     )

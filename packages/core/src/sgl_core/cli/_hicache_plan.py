@@ -24,7 +24,7 @@ from sgl_core.errors import BackendUnavailableError
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv.protocols._protocols import Backend, EmulatedWithoutDevice
 
-__all__ = ["MODELS", "Case", "HicacheConfig", "Plan", "create_device_pool", "pairs_of", "plan_run"]
+__all__ = ["MODELS", "Case", "HicacheConfig", "Plan", "create_device_pool", "plan_run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +61,6 @@ MODELS: dict[str, ModelShape] = {
         ModelShape("qwen3-235b", 94, head_num=4, head_dim=128),
     )
 }
-
-
-def pairs_of(backend: Backend, mha: bool) -> dict[HostLayout, frozenset[IOBackend]]:
-    """The (layout, io) pairs a backend builds for the model's pool kind."""
-    return dict(backend.supported_mha_pairs if mha else backend.supported_pairs)
 
 
 def create_device_pool(backend: Backend, cfg: HicacheConfig, *, size: int, page_size: int) -> Any:
@@ -146,22 +141,6 @@ class Case:
         )
 
 
-def list_cases(
-    backends: list[Backend],
-    layouts: set[HostLayout] | None,
-    page_sizes: list[int],
-    mha: bool = False,
-) -> list[Case]:
-    return [
-        Case(backend, layout, io, page_size)
-        for backend in backends
-        for page_size in page_sizes
-        for layout, ios in pairs_of(backend, mha).items()
-        if layouts is None or layout in layouts
-        for io in sorted(ios, key=lambda i: i.value)
-    ]
-
-
 FULL_PAGE_SIZES = [1, 16, 64, 128]
 # Under Triton's interpreter a kernel runs as numpy calls per program: the run
 # shrinks to this (layers, tokens) unless --layers/--tokens/--pages are given.
@@ -180,27 +159,6 @@ class Plan:
     interpreted: set[str]  # backends whose kernels run in Triton's interpreter
 
 
-def _emulated(backend: EmulatedWithoutDevice, name: str, spec_all: bool, notes: list[str]) -> bool:
-    """Decide how a backend that only emulates without its device runs; False: leave it out.
-
-    Named explicitly, it runs emulated (the backend turns its emulator on for
-    this process); with ``--backend all`` it is left out (an emulator measures
-    nothing about the device).
-    """
-    if spec_all:
-        notes.append(
-            f"backend {name!r} left out: {backend.missing_device()}; "
-            f"`sgl-bench hicache --backend {name}` runs it emulated (correctness only)"
-        )
-        return False
-    try:
-        how = backend.start_emulation()
-    except BackendUnavailableError as exc:
-        raise UsageError(f"backend {name!r}: {exc}") from None
-    notes.append(f"backend {name!r}: {how}")
-    return True
-
-
 def select_backends(spec: str | None, notes: list[str]) -> tuple[list[Backend], set[str]]:
     """Backends to run, and which of them run in Triton's interpreter."""
     if spec is None:
@@ -215,18 +173,38 @@ def select_backends(spec: str | None, notes: list[str]) -> tuple[list[Backend], 
         backend = get_backend(raw.strip())
         if backend in chosen:
             continue
+        name = backend.name
         if not backend.is_available():
-            if isinstance(backend, EmulatedWithoutDevice):
-                if not _emulated(backend, backend.name, spec_all, notes):
-                    continue
-                interpreted.add(backend.name)
-            else:
-                notes.append(f"backend {backend.name!r}: its device is not available; CPU tensors")
+            if not isinstance(backend, EmulatedWithoutDevice):
+                notes.append(f"backend {name!r}: its device is not available; CPU tensors")
+            elif spec_all:  # left out: an emulator measures nothing about the device
+                notes.append(
+                    f"backend {name!r} left out: {backend.missing_device()}; "
+                    f"`sgl-bench hicache --backend {name}` runs it emulated (correctness only)"
+                )
+                continue
+            else:  # named explicitly: the backend turns its emulator on for this process
+                try:
+                    notes.append(f"backend {name!r}: {backend.start_emulation()}")
+                except BackendUnavailableError as exc:
+                    raise UsageError(f"backend {name!r}: {exc}") from None
+                interpreted.add(name)
         chosen.append(backend)
     return chosen, interpreted
 
 
-def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list[int], bool]:
+def plan_run(args: argparse.Namespace) -> Plan:
+    """Check every argument and resolve the run; ``UsageError`` before any work."""
+    positive = ("pages", "layers", "tokens", "repeats", "budget", "kv_lora_rank", "rope_dim")
+    device = check_args(args, positive, nonneg=("warmup", "background_load"))
+    most = 4 * (os.cpu_count() or 1)
+    if args.background_load > most:
+        raise UsageError(
+            f"--background-load must be at most {most} (4 per CPU), got {args.background_load}"
+        )
+    notes: list[str] = []
+    backends, interpreted = select_backends(args.backend or ("all" if args.full else None), notes)
+    shrink = bool(interpreted)
     quick = not args.full  # a selection (--backend/--layout/--page-size) narrows the quick run
     page_sizes = args.page_size or (FULL_PAGE_SIZES if args.full else [64])
     sized = args.layers is not None or args.tokens is not None or args.pages is not None
@@ -251,49 +229,34 @@ def _config(args: argparse.Namespace, shrink: bool) -> tuple[HicacheConfig, list
         compare_fixed=args.compare_fixed,
         copy_threads=tuple(sorted({1, torch.get_num_threads()})),
     )
-    return cfg, page_sizes, quick
-
-
-def _check_memory(cfg: HicacheConfig, plan_cases: list[Case], device: torch.device | None) -> None:
-    """The largest case fits: device pool 2x the batch, host pool 4x, two copy buffers 1x."""
-    row = cfg.row_bytes
-    worst = 0
-    for case in plan_cases:
+    if shrink and (cfg.layers, cfg.tokens) == INTERPRETED_SIZE and args.pages is None:
+        notes.append(
+            f"Triton interpreter: the run is shrunk to {cfg.layers} layers x {cfg.tokens} "
+            f"tokens, {cfg.repeats} timed repeat (--layers/--tokens/--pages override)"
+        )
+    mha = cfg.shape.is_mha  # the (layout, io) pairs each backend builds for the pool kind
+    pairs = [(b, b.supported_mha_pairs if mha else b.supported_pairs) for b in backends]
+    cases = [
+        Case(backend, layout, io, page_size)
+        for backend, built in pairs
+        for page_size in page_sizes
+        for layout, ios in built.items()
+        if args.layout is None or layout in args.layout
+        for io in sorted(ios, key=lambda i: i.value)
+    ]
+    if not cases:
+        built = "; ".join(f"{b.name}: {', '.join(x.value for x in p)}" for b, p in pairs)
+        raise UsageError(f"no selected backend builds the --layout given (layouts: {built})")
+    # the largest case fits: device pool 2x the batch, host pool 4x, two copy buffers 1x
+    row, worst = cfg.row_bytes, 0
+    for case in cases:
         n = cfg.batch_tokens(case.page_size)
         on_device = (2 * n + case.page_size) * row + n * row
         if device is not None:
             on_host = device.type == "cpu"
         else:
             on_host = case.backend.name == "torch" or not case.backend.is_available()
-        host = 5 * n * row + (on_device if on_host else 0)
-        worst = max(worst, host)
+        worst = max(worst, 5 * n * row + (on_device if on_host else 0))
     option = "--pages" if cfg.pages is not None else "--tokens/--page-size"
     check_memory(option, worst, "the largest case (pools and copy buffers)")
-
-
-def plan_run(args: argparse.Namespace) -> Plan:
-    """Check every argument and resolve the run; ``UsageError`` before any work."""
-    positive = ("pages", "layers", "tokens", "repeats", "budget", "kv_lora_rank", "rope_dim")
-    device = check_args(args, positive, nonneg=("warmup", "background_load"))
-    most = 4 * (os.cpu_count() or 1)
-    if args.background_load > most:
-        raise UsageError(
-            f"--background-load must be at most {most} (4 per CPU), got {args.background_load}"
-        )
-    notes: list[str] = []
-    backends, interpreted = select_backends(args.backend or ("all" if args.full else None), notes)
-    cfg, page_sizes, quick = _config(args, shrink=bool(interpreted))
-    if interpreted and (cfg.layers, cfg.tokens) == INTERPRETED_SIZE and args.pages is None:
-        notes.append(
-            f"Triton interpreter: the run is shrunk to {cfg.layers} layers x {cfg.tokens} "
-            f"tokens, {cfg.repeats} timed repeat (--layers/--tokens/--pages override)"
-        )
-    cases = list_cases(backends, args.layout, page_sizes, mha=cfg.shape.is_mha)
-    if not cases:
-        built = "; ".join(
-            f"{b.name}: {', '.join(layout.value for layout in pairs_of(b, cfg.shape.is_mha))}"
-            for b in backends
-        )
-        raise UsageError(f"no selected backend builds the --layout given (layouts: {built})")
-    _check_memory(cfg, cases, device)
     return Plan(cfg, cases, page_sizes, quick, notes, interpreted)

@@ -12,7 +12,6 @@ __all__ = [
     "GOALS_NOTE",
     "MIN_BASELINE_GBPS",
     "batch_lines",
-    "io_note",
     "legend",
     "plot_hicache",
     "summarize",
@@ -47,12 +46,6 @@ def _fmt(x: float) -> str:
 def _ratio(ratio: float, baseline_gbps: float) -> str:
     """A ratio, marked ``?`` when its baseline is too slow to compare with."""
     return _fmt(ratio) + ("?" if baseline_gbps < MIN_BASELINE_GBPS else "")
-
-
-def _spread(r: Record) -> str:
-    """The lowest and highest per-round sgl/copy (``-`` where the rounds were not kept)."""
-    rounds = r.extra.get("ratio_rounds")
-    return f"{_fmt(min(rounds))}-{_fmt(max(rounds))}" if rounds else "-"
 
 
 def _key(r: Record) -> tuple[str, str, str, int, str]:
@@ -90,7 +83,9 @@ def summarize(
         name = f"{r.backend}*" if r.backend in interpreted else r.backend
         row = [name] if several else []
         row += [r.layout if one_io else f"{r.layout}/{r.io_backend}", str(r.page_size), r.direction]
-        row += [_fmt(r.gbps), _fmt(r.copy_gbps), _ratio(r.ratio, r.copy_gbps), _best(r), _spread(r)]
+        rounds = r.extra.get("ratio_rounds")  # lowest-highest per-round sgl/copy, if kept
+        spread = f"{_fmt(min(rounds))}-{_fmt(max(rounds))}" if rounds else "-"
+        row += [_fmt(r.gbps), _fmt(r.copy_gbps), _ratio(r.ratio, r.copy_gbps), _best(r), spread]
         if fixed:
             f = base.get("fixed")
             row += [_fmt(f.ratio), _best(f)] if f is not None else ["-", "-"]
@@ -100,12 +95,6 @@ def summarize(
         row.append("yes" if all(b.bit_exact is not False for b in base.values()) else "NO")
         rows.append(row)
     return header, rows
-
-
-def io_note(records: Sequence[Record]) -> str:
-    """``; io <name>`` for a table whose rows all use one io backend (its column is dropped)."""
-    ios = {r.io_backend for r in records}
-    return f"; io {ios.pop()}" if len(ios) == 1 else ""
 
 
 def batch_lines(records: Sequence[Record]) -> list[str]:

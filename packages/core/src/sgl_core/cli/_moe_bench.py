@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from sgl_core.cli._report import median, time_interleaved
-from sgl_core.errors import BackendUnavailableError
-from sgl_core.moe._bench_case import MoEBenchCase, moe_bench_factories
+from sgl_core.moe._bench_case import MoEBenchCase
 from sgl_core.moe._moe import MoEWeights, TorchMoEMethod, maybe_fuse_routed_scale_and_shared_add
 
-__all__ = ["MoERecord", "bench_combine", "check_case", "check_torch_moe", "device_cases"]
+__all__ = ["MoERecord", "bench_combine", "check_case", "check_torch_moe"]
 
 SCALE = 2.5  # DeepSeek-V3's routed_scaling_factor
+# methods that leave the routed scale to the combine (fused) or scaled it themselves
+_FOLDS = types.SimpleNamespace(fuses_routed_scale_and_shared_add=True)
+_SCALED = types.SimpleNamespace(fuses_routed_scale_and_shared_add=False)
 
 
 @dataclasses.dataclass
@@ -38,13 +41,6 @@ class MoERecord:
     note: str = ""
     #: Ran in Triton's interpreter (``TRITON_INTERPRET=1``): checked, but its timing is moot.
     interpreted: bool = False
-
-
-class _Combine:
-    """A method that leaves the routed scale to the combine (``folds``) or scaled it itself."""
-
-    def __init__(self, folds: bool) -> None:
-        self.fuses_routed_scale_and_shared_add = folds
 
 
 def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -100,13 +96,11 @@ def bench_combine(
         shared.copy_(shared0)
 
     def fused() -> None:
-        out["fused"] = maybe_fuse_routed_scale_and_shared_add(_Combine(True), routed, shared, SCALE)
+        out["fused"] = maybe_fuse_routed_scale_and_shared_add(_FOLDS, routed, shared, SCALE)
 
     def unfused() -> None:
         routed.mul_(SCALE)  # what a method that does not fold the scale does itself
-        out["unfused"] = maybe_fuse_routed_scale_and_shared_add(
-            _Combine(False), routed, shared, SCALE
-        )
+        out["unfused"] = maybe_fuse_routed_scale_and_shared_add(_SCALED, routed, shared, SCALE)
 
     ops = {"fused": fused, "unfused": unfused}
     samples = time_interleaved(
@@ -249,15 +243,3 @@ def check_case(case: MoEBenchCase, device: torch.device, repeats: int) -> list[M
     )
     records[0].interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     return records
-
-
-def device_cases(device: torch.device, small: bool) -> tuple[list[MoEBenchCase], list[str]]:
-    """Cases that installed device packages registered, and why others were skipped."""
-    cases: list[MoEBenchCase] = []
-    notes: list[str] = []
-    for name, factory in sorted(moe_bench_factories().items()):
-        try:
-            cases.append(factory(device, small))
-        except BackendUnavailableError as exc:
-            notes.append(f"{name}: {exc}")
-    return cases, notes

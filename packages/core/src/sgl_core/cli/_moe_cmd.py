@@ -14,9 +14,10 @@ from sgl_core.cli._moe_bench import (
     bench_combine,
     check_case,
     check_torch_moe,
-    device_cases,
 )
 from sgl_core.cli._report import interpreted_note, print_table, pyplot, write_outputs
+from sgl_core.errors import BackendUnavailableError
+from sgl_core.moe._bench_case import moe_bench_factories
 
 __all__ = ["add_parser", "run"]
 
@@ -78,10 +79,13 @@ def run(args: argparse.Namespace) -> int:
     if args.no_device_methods:
         notes.append("device packages' MoE methods: skipped (--no-device-methods)")
     else:
-        cases, skipped = device_cases(device, small=args.quick)
-        for case in cases:
+        for name, factory in sorted(moe_bench_factories().items()):  # device packages' cases
+            try:
+                case = factory(device, args.quick)
+            except BackendUnavailableError as exc:
+                notes.append(f"{name}: {exc}")
+                continue
             records += check_case(case, device, repeats)
-        notes += skipped
     header = ["op", "impl", "shape", "device", "ms", "GB/s", "speedup", "rel err", "verified"]
     print_table("sgl-bench moe (ms per call, median)", header, [_row(r) for r in records])
     print(

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from sgl_core.transfer.copy._calibration_cache import host_id
+from sgl_core.transfer.copy._calibrate import host_id
 
 __all__ = [
     "Progress",
@@ -62,25 +62,20 @@ def interpreted_note(names: Iterable[str], measured: str = "GB/s") -> str:
     return f"* {listed}: Triton interpreter on CPU: {measured} not meaningful (correctness only)"
 
 
-def _mem_total_gb() -> float | None:
-    try:
-        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-    return round(pages / 1e9, 1)
-
-
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "cpu": host_id()["cpu"],
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "mem_total_gb": _mem_total_gb(),
+        "mem_total_gb": None,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        info["mem_total_gb"] = round(pages / 1e9, 1)
     with contextlib.suppress(OSError):
         info["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     return info
@@ -181,7 +176,7 @@ def median(samples: list[float]) -> float:
 
 
 def time_interleaved(
-    ops: Mapping[K, Callable[[], None]],
+    ops: Mapping[K, Callable[[], object]],
     *,
     warmup: int,
     repeats: int,
