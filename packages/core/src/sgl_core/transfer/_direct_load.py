@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from sgl_core.transfer._transfer import Transfer
-from sgl_core.transfer.copy._copy import IndexRuns, merge_runs
 from sgl_core.transfer.copy._engine import copy_runs, gather_rows, run_options
+from sgl_core.transfer.copy._pieces import IndexRuns, merge_runs
 from sgl_core.transfer.copy._steps import (
     SLICES_MAX_RUN_BYTES,
     Step,
