@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from sgl_core.transfer.copy._calibration_cache import host_id
+from sgl_core.transfer.copy._calibrate import host_id
 
 __all__ = [
     "Progress",

@@ -1,10 +1,5 @@
 """The ``direct`` mover's plan of a transfer, the copy steps of its per-layer loads and
 of its CPU run-copy backups (docs/design.md, "Loads as bound copy steps").
-
-A transfer is planned once (runs, gather indices; ``new_plan``); a layer's load is
-built once per (plan, thread, layer) into :class:`Step`\\ s, per part with the same
-path choice as a backup's (by address, gather, or run copies), and
-``DirectMover.load`` calls each step's primitive itself.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """The ``direct`` mover of every token-row host layout, for every kind of KV rows.
 
-It moves a list of host parts (``HostSide.parts``: one buffer per component
-of the KV spec, ``sgl_core.kv._spec``) with the same runs. A transfer is
-planned once as *runs* (index pairs where both sides step by +1; whole
-pages in the paged layouts). Per call and part, one path is chosen with the
-pool's ``CopyTuning`` (default: the preset of the device pool's device), and
-the parts that chose the same path share one call:
-
-* backup, device rows equally spaced in one allocation, long runs: one
-  strided copy per (part, run) across every row;
-* both sides in CPU memory and big contiguous blocks (layouts whose facts say
-  ``addressable``): one ``memmove`` per (part, row, block), by address;
-* short runs: one gather and one scatter per (part, row);
-* otherwise: one slice copy per (part, row, run), batched.
-
-A component kept on a subset of layers (the DSA indexer) moves, on a
-per-layer load, only when the layer has a row of it. A per-layer load reuses
-the first layer's plan while the host pool hands it the same ``Transfer``
-(``PlanCache``); a plan keeps its block addresses and gather buffers, so
-repeated loads of the same indices allocate nothing big.
+It moves the host parts (``HostSide.parts``: one buffer per component of the KV
+spec) with the same runs; per call and part one path is chosen with the pool's
+``CopyTuning``, and the parts that chose the same path share one call
+(docs/design.md, "Transfers (torch backend)" and "Choosing a copy path"). A
+component kept on a subset of layers (the DSA indexer) moves, on a per-layer
+load, only when the layer has a row of it.
 """
 
 from __future__ import annotations
