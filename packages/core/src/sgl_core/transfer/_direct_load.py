@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from typing import Any
 
 import torch
@@ -99,7 +100,13 @@ def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -
         elif run_bytes < (load_gather_limit(tune) if on_cpu else tune.gather_below_run_bytes):
             dev = mover._device_rows(mover._wide(layer))
             rows = mover._host_rows(c, r)
-            staged = mover._staging(plan, c, rows, dev.device)
+            # this thread's gather buffer of the part (threads may share a plan)
+            key = (threading.get_ident(), c, dev.device)
+            staged = plan.staging.get(key)
+            if staged is None:
+                shape = (plan.host_idx.numel(), *rows.shape[1:])
+                staged = torch.empty(shape, dtype=rows.dtype, device=rows.device)
+                plan.staging[key] = staged
             if on_cpu:
                 steps.append(
                     gather_step(dev, rows, plan.device_idx, plan.host_idx, staged, threads)

@@ -118,20 +118,16 @@ class DirectMover:
         plan = self._plans.get(transfer, self.plan)
         key = (threading.get_ident(), layer_id)
         kept = plan.steps.get(key)
-        bases = self._bases(transfer.device_pool, layer_id)
+        pool = transfer.device_pool  # the device tensors this load writes, by address
+        bases = tuple(
+            self._device(pool, c)[r].data_ptr()
+            for c, part in enumerate(self.parts)
+            if (r := part.component.slot(layer_id)) is not None
+        )
         if kept is None or kept[0] != bases:
             kept = (bases, load_steps(self, plan, transfer, layer_id))
             plan.steps[key] = kept
         return kept[1]
-
-    def _bases(self, device_pool: Any, layer_id: int) -> tuple[int, ...]:
-        """The addresses of the device tensors a load of ``layer_id`` writes."""
-        out = []
-        for c, part in enumerate(self.parts):
-            r = part.component.slot(layer_id)
-            if r is not None:
-                out.append(self._device(device_pool, c)[r].data_ptr())
-        return tuple(out)
 
     # ------------------------------------------------------------- planning
     def plan(self, transfer: Transfer[Any]) -> Plan:
@@ -205,19 +201,6 @@ class DirectMover:
         devs = [base + o for o in dev_offsets]
         plan.addresses[(c, r)] = (base, hosts, devs)
         return hosts, devs, sizes
-
-    def _staging(
-        self, plan: Plan, c: int, rows: torch.Tensor, device: torch.device
-    ) -> torch.Tensor:
-        """This thread's gather buffer of part ``c`` for the plan (threads may share a plan)."""
-        key = (threading.get_ident(), c, device)
-        staged = plan.staging.get(key)
-        if staged is None:
-            staged = torch.empty(
-                (plan.host_idx.numel(), *rows.shape[1:]), dtype=rows.dtype, device=rows.device
-            )
-            plan.staging[key] = staged
-        return staged
 
     # ---------------------------------------------------------------- views
     def _wide(self, t: torch.Tensor) -> torch.Tensor:
