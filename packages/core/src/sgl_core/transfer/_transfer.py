@@ -28,7 +28,8 @@ __all__ = [
     "Transfer",
 ]
 
-# The device-pool kind of a transfer; a bare ``Transfer`` / ``Mover`` is the MLA one.
+# The device-pool kind of a transfer; a bare ``Transfer`` / ``Mover`` is the MLA one
+# (MHA host pools hand down ``Transfer[MHADevicePool]`` to a ``Mover[MHADevicePool]``).
 PoolT_co = TypeVar("PoolT_co", bound=DevicePoolGeometry, covariant=True, default=MLADevicePool)
 PoolT_contra = TypeVar(
     "PoolT_contra", bound=DevicePoolGeometry, contravariant=True, default=MLADevicePool
@@ -45,8 +46,6 @@ class Transfer(Generic[PoolT_co]):
     whole aligned pages where the pair is page-granular, on the CPU or the
     device pool's device. ``device_pool`` matches the host pool (geometry and
     storage kind) and ``io`` is the io backend of the mover it is handed to.
-    ``Transfer`` is ``Transfer[MLADevicePool]``; MHA host pools hand down
-    ``Transfer[MHADevicePool]``.
     """
 
     device_pool: PoolT_co
@@ -60,10 +59,7 @@ class Transfer(Generic[PoolT_co]):
 
 
 class Mover(Protocol[PoolT_contra]):
-    """Moves the bytes of validated transfers for one (host pool, io backend).
-
-    ``Mover`` is ``Mover[MLADevicePool]``; an MHA mover is a ``Mover[MHADevicePool]``.
-    """
+    """Moves the bytes of validated transfers for one (host pool, io backend)."""
 
     def backup(self, transfer: Transfer[PoolT_contra]) -> None:
         """Device -> host, every layer."""
