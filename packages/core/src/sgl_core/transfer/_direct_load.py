@@ -94,9 +94,8 @@ def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -
         on_cpu = layer.device.type == "cpu" and part.buffer.device.type == "cpu"
         if block_bytes >= tune.by_address_min_block_bytes and mover._addressable(c, (layer,)):
             hosts, devs, sizes = mover._addresses(plan, c, r, layer)
-            addrs[0].extend(devs)
-            addrs[1].extend(hosts)
-            addrs[2].extend(sizes)
+            for acc, got in zip(addrs, (devs, hosts, sizes), strict=True):  # dst, src, sizes
+                acc.extend(got)
         elif run_bytes < (load_gather_limit(tune) if on_cpu else tune.gather_below_run_bytes):
             dev = mover._device_rows(mover._wide(layer))
             rows = mover._host_rows(c, r)

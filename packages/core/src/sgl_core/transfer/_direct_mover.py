@@ -80,11 +80,9 @@ class DirectMover:
                 else:
                     runs.append(self._all_row_sides(c, self._wide(stacked)))
             elif block_bytes >= tune.by_address_min_block_bytes and self._addressable(c, layers):
-                for r, layer in enumerate(layers):
-                    hosts, devs, sizes = self._addresses(plan, c, r, layer)
-                    addrs[0].extend(hosts)
-                    addrs[1].extend(devs)
-                    addrs[2].extend(sizes)
+                for r, layer in enumerate(layers):  # host, device, sizes
+                    for acc, got in zip(addrs, self._addresses(plan, c, r, layer), strict=True):
+                        acc.extend(got)
             elif run_bytes < tune.gather_below_run_bytes:
                 g_dst += [self._host_rows(c, r) for r in range(len(layers))]
                 g_src += [self._device_rows(self._wide(layer)) for layer in layers]
