@@ -85,7 +85,6 @@ AREAS: dict[str, Area] = {
     "copy": Area(
         modules=(
             "sgl_core/transfer/copy/_copy.py",
-            "sgl_core/transfer/copy/_runs.py",
             "sgl_core/transfer/copy/_pieces.py",
             "sgl_core/transfer/copy/_engine.py",
             "sgl_core/transfer/_direct_mover.py",
@@ -98,8 +97,8 @@ AREAS: dict[str, Area] = {
             CORE + "test_copy_threads.py",
         ),
         functions=(
-            "sgl_core.transfer.copy._runs.x_merge_runs__*",
-            "sgl_core.transfer.copy._runs.xǁIndexRunsǁ*",
+            "sgl_core.transfer.copy._pieces.x_merge_runs__*",
+            "sgl_core.transfer.copy._pieces.xǁIndexRunsǁ*",
             "sgl_core.transfer.copy._copy.x_memmove_blocks__*",
             "sgl_core.transfer.copy._copy.x_copy_pieces__*",
             "sgl_core.transfer.copy._copy.x__spread__*",

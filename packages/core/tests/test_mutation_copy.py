@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from sgl_core.transfer.copy import _copy
-from sgl_core.transfer.copy._copy import IndexRuns, copy_blocks, memmove_blocks, merge_runs
+from sgl_core.transfer.copy._copy import copy_blocks, memmove_blocks
+from sgl_core.transfer.copy._pieces import IndexRuns, merge_runs
 
 
 def i64(*values: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from sgl_core.kv._validation import (
     check_page_runs,
     check_unique,
 )
-from sgl_core.transfer.copy._copy import merge_runs
+from sgl_core.transfer.copy._pieces import merge_runs
 
 
 def test_index_checks_name_the_argument() -> None:

@@ -7,16 +7,12 @@ Every component is a pair of 5-D tensors with the page and row axes swapped::
 
 where ``rows`` are model layers (k, v) or indexer slots (index_k, scale), and
 ``heads`` is 1 for MLA components and ``head_num`` for MHA K and V.
-A transfer is planned once as runs of pages that are consecutive on *both*
-sides (:func:`plan_pages`). Each run of ``n`` pages is one strided copy per
-component: ``host[h:h+n] <- device[:, d:d+n].transpose(0, 1)`` (backup, every
-row) or ``device[row, d:d+n] <- host[h:h+n, row]`` (load, one row). When the
-runs are short (many tiny blocks), the whole batch instead goes through one
-``index_select``/``index_copy_`` over the page axis per component. Either way
-there is no Python loop per page, and no loop per layer. The exception is a
-per-row load between CPU tensors with big pages: each page of each component
-is then one ``memmove`` by address (``sgl_core.backend.memmove_step``), which
-costs less than the two tensor views a run copy needs.
+A transfer is planned once as runs of pages consecutive on *both* sides
+(:func:`plan_pages`); each run of ``n`` pages is one strided copy per component
+(``host[h:h+n] <- device[:, d:d+n].transpose(0, 1)``, every row, or
+``device[row, d:d+n] <- host[h:h+n, row]``, one row), short runs one gather over
+the page axis (docs/design.md, section 6, ``kernel_ascend``). A CPU load with big
+pages copies each page by address (``memmove_step``): cheaper than a run copy's views.
 
 Between devices (an NPU pool and a pinned host pool) the run copies are
 issued with ``non_blocking=True`` on a side stream ordered after the caller's

@@ -66,14 +66,9 @@ from sgl_core.transfer.copy._calibrate import (
     copy_calibration,
     default_calibrator,
 )
-from sgl_core.transfer.copy._copy import (
-    IndexRuns,
-    byte_view,
-    merge_runs,
-    shutdown_copy_threads,
-    widen_rows,
-)
+from sgl_core.transfer.copy._copy import byte_view, shutdown_copy_threads, widen_rows
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows
+from sgl_core.transfer.copy._pieces import IndexRuns, merge_runs
 from sgl_core.transfer.copy._steps import (
     Step,
     finish,

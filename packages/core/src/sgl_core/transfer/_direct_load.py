@@ -1,23 +1,19 @@
 """The ``direct`` mover's plan of a transfer, the copy steps of its per-layer loads and
 of its CPU run-copy backups (docs/design.md, "Loads as bound copy steps").
-
-A transfer is planned once (runs, gather indices; ``new_plan``); a layer's load is
-built once per (plan, thread, layer) into :class:`Step`\\ s, per part with the same
-path choice as a backup's (by address, gather, or run copies), and
-``DirectMover.load`` calls each step's primitive itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from typing import Any
 
 import torch
 
 from sgl_core.transfer._transfer import Transfer
-from sgl_core.transfer.copy._copy import IndexRuns, merge_runs
 from sgl_core.transfer.copy._engine import copy_runs, gather_rows, run_options
+from sgl_core.transfer.copy._pieces import IndexRuns, merge_runs
 from sgl_core.transfer.copy._steps import (
     SLICES_MAX_RUN_BYTES,
     Step,
@@ -98,13 +94,18 @@ def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -
         on_cpu = layer.device.type == "cpu" and part.buffer.device.type == "cpu"
         if block_bytes >= tune.by_address_min_block_bytes and mover._addressable(c, (layer,)):
             hosts, devs, sizes = mover._addresses(plan, c, r, layer)
-            addrs[0].extend(devs)
-            addrs[1].extend(hosts)
-            addrs[2].extend(sizes)
+            for acc, got in zip(addrs, (devs, hosts, sizes), strict=True):  # dst, src, sizes
+                acc.extend(got)
         elif run_bytes < (load_gather_limit(tune) if on_cpu else tune.gather_below_run_bytes):
             dev = mover._device_rows(mover._wide(layer))
             rows = mover._host_rows(c, r)
-            staged = mover._staging(plan, c, rows, dev.device)
+            # this thread's gather buffer of the part (threads may share a plan)
+            key = (threading.get_ident(), c, dev.device)
+            staged = plan.staging.get(key)
+            if staged is None:
+                shape = (plan.host_idx.numel(), *rows.shape[1:])
+                staged = torch.empty(shape, dtype=rows.dtype, device=rows.device)
+                plan.staging[key] = staged
             if on_cpu:
                 steps.append(
                     gather_step(dev, rows, plan.device_idx, plan.host_idx, staged, threads)

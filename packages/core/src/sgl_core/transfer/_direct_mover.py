@@ -1,24 +1,11 @@
 """The ``direct`` mover of every token-row host layout, for every kind of KV rows.
 
-It moves a list of host parts (``HostSide.parts``: one buffer per component
-of the KV spec, ``sgl_core.kv._spec``) with the same runs. A transfer is
-planned once as *runs* (index pairs where both sides step by +1; whole
-pages in the paged layouts). Per call and part, one path is chosen with the
-pool's ``CopyTuning`` (default: the preset of the device pool's device), and
-the parts that chose the same path share one call:
-
-* backup, device rows equally spaced in one allocation, long runs: one
-  strided copy per (part, run) across every row;
-* both sides in CPU memory and big contiguous blocks (layouts whose facts say
-  ``addressable``): one ``memmove`` per (part, row, block), by address;
-* short runs: one gather and one scatter per (part, row);
-* otherwise: one slice copy per (part, row, run), batched.
-
-A component kept on a subset of layers (the DSA indexer) moves, on a
-per-layer load, only when the layer has a row of it. A per-layer load reuses
-the first layer's plan while the host pool hands it the same ``Transfer``
-(``PlanCache``); a plan keeps its block addresses and gather buffers, so
-repeated loads of the same indices allocate nothing big.
+It moves the host parts (``HostSide.parts``: one buffer per component of the KV
+spec) with the same runs; per call and part one path is chosen with the pool's
+``CopyTuning``, and the parts that chose the same path share one call
+(docs/design.md, "Transfers (torch backend)" and "Choosing a copy path"). A
+component kept on a subset of layers (the DSA indexer) moves, on a per-layer
+load, only when the layer has a row of it.
 """
 
 from __future__ import annotations
@@ -93,11 +80,9 @@ class DirectMover:
                 else:
                     runs.append(self._all_row_sides(c, self._wide(stacked)))
             elif block_bytes >= tune.by_address_min_block_bytes and self._addressable(c, layers):
-                for r, layer in enumerate(layers):
-                    hosts, devs, sizes = self._addresses(plan, c, r, layer)
-                    addrs[0].extend(hosts)
-                    addrs[1].extend(devs)
-                    addrs[2].extend(sizes)
+                for r, layer in enumerate(layers):  # host, device, sizes
+                    for acc, got in zip(addrs, self._addresses(plan, c, r, layer), strict=True):
+                        acc.extend(got)
             elif run_bytes < tune.gather_below_run_bytes:
                 g_dst += [self._host_rows(c, r) for r in range(len(layers))]
                 g_src += [self._device_rows(self._wide(layer)) for layer in layers]
@@ -131,20 +116,16 @@ class DirectMover:
         plan = self._plans.get(transfer, self.plan)
         key = (threading.get_ident(), layer_id)
         kept = plan.steps.get(key)
-        bases = self._bases(transfer.device_pool, layer_id)
+        pool = transfer.device_pool  # the device tensors this load writes, by address
+        bases = tuple(
+            self._device(pool, c)[r].data_ptr()
+            for c, part in enumerate(self.parts)
+            if (r := part.component.slot(layer_id)) is not None
+        )
         if kept is None or kept[0] != bases:
             kept = (bases, load_steps(self, plan, transfer, layer_id))
             plan.steps[key] = kept
         return kept[1]
-
-    def _bases(self, device_pool: Any, layer_id: int) -> tuple[int, ...]:
-        """The addresses of the device tensors a load of ``layer_id`` writes."""
-        out = []
-        for c, part in enumerate(self.parts):
-            r = part.component.slot(layer_id)
-            if r is not None:
-                out.append(self._device(device_pool, c)[r].data_ptr())
-        return tuple(out)
 
     # ------------------------------------------------------------- planning
     def plan(self, transfer: Transfer[Any]) -> Plan:
@@ -218,19 +199,6 @@ class DirectMover:
         devs = [base + o for o in dev_offsets]
         plan.addresses[(c, r)] = (base, hosts, devs)
         return hosts, devs, sizes
-
-    def _staging(
-        self, plan: Plan, c: int, rows: torch.Tensor, device: torch.device
-    ) -> torch.Tensor:
-        """This thread's gather buffer of part ``c`` for the plan (threads may share a plan)."""
-        key = (threading.get_ident(), c, device)
-        staged = plan.staging.get(key)
-        if staged is None:
-            staged = torch.empty(
-                (plan.host_idx.numel(), *rows.shape[1:]), dtype=rows.dtype, device=rows.device
-            )
-            plan.staging[key] = staged
-        return staged
 
     # ---------------------------------------------------------------- views
     def _wide(self, t: torch.Tensor) -> torch.Tensor:

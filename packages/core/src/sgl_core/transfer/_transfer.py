@@ -1,36 +1,22 @@
 """The seam between a host pool and how it moves bytes: ``Transfer`` and ``Mover``.
 
-A host pool validates a call once (every check of ``MLAHostPoolBase``) into a
-:class:`Transfer` and hands it, in one call, to the :class:`Mover` of the
-call's io backend: ``mover.backup(transfer)`` or
-``mover.load(transfer, layer_id)``. A mover never calls back into the pool.
-
-A ``Transfer`` is immutable and is created only by validation. The per-layer
-loads of one batch that the load memo lets through reuse the *same* object,
-so a mover may keep a plan derived from it, keyed by its identity (the mover
-holds the object, so the identity cannot be recycled while the plan lives).
-Any new or modified argument goes through validation again and gets a new
-``Transfer``; a stale plan is therefore never reused.
+How a validated ``Transfer`` reaches a mover, and why a plan keyed by its
+identity is never stale: docs/design.md, "The mover seam".
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from typing import Any, Generic, Protocol
 
 import torch
+from typing_extensions import TypeVar  # TypeVar defaults (PEP 696); it comes with torch
 
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._spec import Component
 from sgl_core.kv.protocols._kv_protocols import DevicePoolGeometry, MLADevicePool
 from sgl_core.transfer.copy._tuning import CopyTuning
-
-if sys.version_info >= (3, 13):
-    from typing import TypeVar
-else:  # TypeVar defaults (PEP 696); typing_extensions comes with torch
-    from typing_extensions import TypeVar
 
 __all__ = [
     "HostPart",
@@ -42,7 +28,8 @@ __all__ = [
     "Transfer",
 ]
 
-# The device-pool kind of a transfer; a bare ``Transfer`` / ``Mover`` is the MLA one.
+# The device-pool kind of a transfer; a bare ``Transfer`` / ``Mover`` is the MLA one
+# (MHA host pools hand down ``Transfer[MHADevicePool]`` to a ``Mover[MHADevicePool]``).
 PoolT_co = TypeVar("PoolT_co", bound=DevicePoolGeometry, covariant=True, default=MLADevicePool)
 PoolT_contra = TypeVar(
     "PoolT_contra", bound=DevicePoolGeometry, contravariant=True, default=MLADevicePool
@@ -59,8 +46,6 @@ class Transfer(Generic[PoolT_co]):
     whole aligned pages where the pair is page-granular, on the CPU or the
     device pool's device. ``device_pool`` matches the host pool (geometry and
     storage kind) and ``io`` is the io backend of the mover it is handed to.
-    ``Transfer`` is ``Transfer[MLADevicePool]``; MHA host pools hand down
-    ``Transfer[MHADevicePool]``.
     """
 
     device_pool: PoolT_co
@@ -74,10 +59,7 @@ class Transfer(Generic[PoolT_co]):
 
 
 class Mover(Protocol[PoolT_contra]):
-    """Moves the bytes of validated transfers for one (host pool, io backend).
-
-    ``Mover`` is ``Mover[MLADevicePool]``; an MHA mover is a ``Mover[MHADevicePool]``.
-    """
+    """Moves the bytes of validated transfers for one (host pool, io backend)."""
 
     def backup(self, transfer: Transfer[PoolT_contra]) -> None:
         """Device -> host, every layer."""
@@ -135,7 +117,8 @@ class PlanCache(Generic[PlanT]):
     """The plan of the last transfer a mover loaded, reused while the transfer is the same.
 
     One ``(transfer, plan)`` tuple is swapped in at once, so a load thread and a
-    write-back thread sharing a mover see either the old pair or the new one.
+    write-back thread sharing a mover see either the old pair or the new one. The
+    cache holds the transfer, so its identity cannot be recycled while the plan lives.
     """
 
     __slots__ = ("_last",)

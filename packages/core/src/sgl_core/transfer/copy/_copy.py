@@ -20,17 +20,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from sgl_core.transfer.copy._pieces import split_parts, split_pieces, wide_dtype
-from sgl_core.transfer.copy._runs import IndexRuns, merge_runs
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
 __all__ = [
-    "IndexRuns",
     "byte_view",
     "copy_batched",
     "copy_blocks",
     "copy_each",
     "memmove_blocks",
-    "merge_runs",
     "shutdown_copy_threads",
     "widen_rows",
 ]

@@ -1,20 +1,30 @@
-"""Cut CPU copies into pieces that ATen copies on the calling thread.
+"""Index runs, and CPU copies cut into pieces that ATen copies on the calling thread.
 
-A CPU ``copy_`` (or ``index_select`` / ``index_copy_``) of ``GRAIN`` elements
-or more starts ATen's OpenMP team, which waits for every core it uses; a
-piece below the grain never does (docs/design.md, "Copy threads,
-calibrated"). Pieces are views (``split`` along dim 0, then of a row along
-its own dim 0): they cover every byte of the block exactly once, in order.
+Runs: maximal stretches where source and destination indices both step by one
+unit (re-exported by ``sgl_core.backend``). A CPU ``copy_`` (or
+``index_select`` / ``index_copy_``) of ``GRAIN`` elements or more starts ATen's
+OpenMP team, which waits for every core it uses; a piece below the grain never
+does (docs/design.md, "Copy threads, calibrated"). Pieces are views (``split``
+along dim 0, then of a row along its own dim 0): they cover every byte of the
+block exactly once, in order.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
-__all__ = ["GRAIN", "index_chunk", "split_parts", "split_pieces", "wide_dtype"]
+__all__ = [
+    "GRAIN",
+    "IndexRuns",
+    "index_chunk",
+    "merge_runs",
+    "split_parts",
+    "split_pieces",
+    "wide_dtype",
+]
 
 #: ATen's parallel grain (``at::internal::GRAIN_SIZE``): elements per iteration below
 #: which a CPU kernel runs serially on the calling thread.
@@ -87,3 +97,41 @@ def split_parts(count: int, parts: int) -> list[tuple[int, int]]:
     parts = max(1, min(parts, count))
     bounds = [count * k // parts for k in range(parts + 1)]
     return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+class IndexRuns:
+    """Runs of paired indices: ``src[i:i+n]`` pairs with ``dst[j:j+n]``."""
+
+    __slots__ = ("dst_starts", "lengths", "src_starts")
+
+    def __init__(self, src_starts: list[int], dst_starts: list[int], lengths: list[int]) -> None:
+        self.src_starts = src_starts
+        self.dst_starts = dst_starts
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        return iter(zip(self.src_starts, self.dst_starts, self.lengths, strict=True))
+
+
+def merge_runs(src: torch.Tensor, dst: torch.Tensor, unit: int = 1) -> IndexRuns:
+    """Merge index pairs into maximal runs where both sides step by ``unit``.
+
+    With ``unit = page_size`` and page-start indices, runs are counted in
+    tokens of consecutive whole pages.
+    """
+    n = src.numel()
+    if n == 0:
+        return IndexRuns([], [], [])
+    src_cpu = src.to("cpu", torch.int64)
+    dst_cpu = dst.to("cpu", torch.int64)
+    if n == 1:
+        return IndexRuns([int(src_cpu[0])], [int(dst_cpu[0])], [unit])
+    breaks = (src_cpu[1:] - src_cpu[:-1] != unit) | (dst_cpu[1:] - dst_cpu[:-1] != unit)
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.nonzero(breaks).flatten() + 1])
+    ends = torch.cat([starts[1:], torch.tensor([n], dtype=torch.int64)])
+    return IndexRuns(
+        src_cpu[starts].tolist(), dst_cpu[starts].tolist(), ((ends - starts) * unit).tolist()
+    )
