@@ -160,20 +160,16 @@ def _decode(b: torch.Tensor, qtype: GGMLQuantType) -> torch.Tensor:
         qs = b[:, 8:136].reshape(-1, 8, 16).int()
         q = _iq4(torch.cat([qs & 15, qs >> 4], dim=2))  # (n, 8, 32)
         return (dl[:, :, None] * q).reshape(-1, 256)
-    if qtype in (_T.Q4_0, _T.Q4_1):
-        off = 2 if qtype == _T.Q4_0 else 4
-        q = _nibbles32(b, off).float()
-        if qtype == _T.Q4_0:
-            return _f16(b, 0) * (q - 8)
-        return _f16(b, 0) * q + _f16(b, 2)
-    if qtype in (_T.Q5_0, _T.Q5_1):
-        qh_off, qs_off = (2, 6) if qtype == _T.Q5_0 else (4, 8)
-        i = torch.arange(32, device=dev)
-        qh = (b[:, qh_off + i // 8].int() >> (i % 8)) & 1  # bit i of the u32 at qh_off
-        q = (_nibbles32(b, qs_off) | (qh << 4)).float()
-        if qtype == _T.Q5_0:
-            return _f16(b, 0) * (q - 16)
-        return _f16(b, 0) * q + _f16(b, 2)
+    if qtype in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1):
+        off = 2 if qtype in (_T.Q4_0, _T.Q5_0) else 4  # past d (*_0) or d and m (*_1)
+        five = qtype in (_T.Q5_0, _T.Q5_1)  # a u32 of high bits at off, the nibbles after it
+        q = _nibbles32(b, off + 4 * five)
+        if five:
+            i = torch.arange(32, device=dev)
+            q = q | (((b[:, off + i // 8].int() >> (i % 8)) & 1) << 4)  # bit i of that u32
+        if off == 2:  # *_0: no min, values centred on half the range
+            return _f16(b, 0) * (q.float() - (16 if five else 8))
+        return _f16(b, 0) * q.float() + _f16(b, 2)
     if qtype == _T.Q8_0:
         return _f16(b, 0) * b[:, 2:34].contiguous().view(torch.int8).float()
 
