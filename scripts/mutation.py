@@ -267,7 +267,6 @@ AREAS: dict[str, Area] = {
                     "check_indices",
                     "check_table",
                     "check_buffer",
-                    "check_layers",
                     "check_layer_id",
                     "check_page_size",
                     "check_head_num",

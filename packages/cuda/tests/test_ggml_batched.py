@@ -215,12 +215,14 @@ def test_method_threshold_is_inclusive_for_vec(monkeypatch: pytest.MonkeyPatch) 
     assert GGMLMoEMethod().batched_threshold == 64
 
 
-def test_method_batched_rejects_out_of_range_ids() -> None:
+@pytest.mark.parametrize("threshold", [0, 64])
+def test_method_rejects_out_of_range_ids_on_both_paths(threshold: int) -> None:
+    # both paths launch with check_ids=False: check_routing's range check is the one
     bank, _, _ = make_bank(Q.Q4_0, Q.Q4_0, 3, 64, 32)
     weights, ids = routing(3, 2, 3)
     ids[1, 0] = 3
     with pytest.raises(IndexOutOfRangeError, match=r"\[0, 3\)"):
-        GGMLMoEMethod(batched_threshold=0).apply(bank, torch.randn(3, 64), weights, ids)
+        GGMLMoEMethod(batched_threshold=threshold).apply(bank, torch.randn(3, 64), weights, ids)
 
 
 def test_method_threshold_validation() -> None:

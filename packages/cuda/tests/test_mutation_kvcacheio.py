@@ -90,11 +90,11 @@ def test_check_buffer_edges() -> None:
 
 
 def test_check_layers_and_page_size_edges() -> None:
-    assert _kv_checks.check_layers(0) == 0
-    assert _kv_checks.check_layers(LAYERS) == LAYERS
+    assert _kv_checks.check_layer_id(0, "num_layers") == 0
+    assert _kv_checks.check_layer_id(LAYERS, "num_layers") == LAYERS
     for bad in (-1, True, 1.0, None):
         with pytest.raises(errors.LayerIndexError, match="num_layers must be a non-negative"):
-            _kv_checks.check_layers(bad)  # type: ignore[arg-type]
+            _kv_checks.check_layer_id(bad, "num_layers")  # type: ignore[arg-type]
     assert _kv_checks.check_page_size(1) == 1
     assert _kv_checks.check_page_size(64, errors.PageAlignmentError) == 64
     for bad in (0, -1, True, 2.0, None):

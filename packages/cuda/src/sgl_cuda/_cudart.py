@@ -166,8 +166,9 @@ class Runtime:
             raise ValueError("cudaMemcpyBatchAsync does not accept the legacy NULL stream")
         attr = MemcpyAttributes()
         attr.srcAccessOrder = _SRC_ACCESS_ORDER_STREAM
-        attr.srcLocHint = _location(src_on_device, device_index)
-        attr.dstLocHint = _location(dst_on_device, device_index)
+        gpu, host = _MemLocation(MEM_DEVICE, device_index), _MemLocation(MEM_HOST, 0)
+        attr.srcLocHint = gpu if src_on_device else host
+        attr.dstLocHint = gpu if dst_on_device else host
         attr.flags = _FLAG_PREFER_OVERLAP_WITH_COMPUTE if prefer_overlap else 0
         attr_idx = ctypes.c_size_t(0)
         ptr = ctypes.c_void_p
@@ -192,12 +193,6 @@ class Runtime:
             raise BatchCopyError(
                 f"cudaMemcpyBatchAsync of {count} copies failed{where}: {text} ({code})"
             )
-
-
-def _location(on_device: bool, device_index: int) -> _MemLocation:
-    if on_device:
-        return _MemLocation(MEM_DEVICE, device_index)
-    return _MemLocation(MEM_HOST, 0)
 
 
 _lock = threading.Lock()

@@ -7,13 +7,12 @@ docs/design.md section 10; stream order: section 6 ("CUDA stream order").
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 
 from sgl_core.backend import (
-    Component,
     HostLayout,
     HostSide,
     IOBackend,
@@ -35,28 +34,6 @@ __all__ = ["CudaMHAHostPool", "CudaMLAHostPool", "CudaTokenHostPool", "StreamFen
 _FENCED = (KernelMover, CudaDirectMover)
 
 
-def check_kernel_rows(layout: HostLayout, components: Sequence[Component]) -> None:
-    """Refuse rows no ``kernel`` transfer could move, before any memory is taken.
-
-    The kernels move rows (``page_head``: each head's slice of a row) as int64
-    words; every part is checked, so no transfer can stop between K and V on a
-    row size. Rows kept on a layer subset (the DSA indexer) move by the direct
-    engine and are not checked.
-    """
-    per_head = not layout_facts(layout).heads_inner
-    unit = "a head's slice of a row" if per_head else "a row"
-    for c in components:
-        heads = 1 if per_head else c.heads
-        size = heads * c.dim * c.itemsize
-        if c.layers is None and size % 8:
-            raise UnsupportedLayoutError(
-                f"layout={layout.value!r} runs io_backend='kernel', which moves rows as "
-                f"8-byte words; {unit} of {c.name} here is {size} bytes ({heads} x {c.dim} "
-                f"x {c.dtype}), not a multiple of 8: use layout 'page_first_direct' "
-                "(io 'direct') or the 'torch' backend"
-            )
-
-
 class CudaTokenHostPool(TokenHostPool[Any, Any]):
     """The cuda host pool of any kind: the core token rows plus the cuda movers' needs.
 
@@ -71,8 +48,23 @@ class CudaTokenHostPool(TokenHostPool[Any, Any]):
 
     def _allocate_buffers(self, device_pool: Any) -> None:
         ios = self.supported_pairs[self.layout]
+        # Refuse rows no ``kernel`` transfer could move, before any memory is taken. The
+        # kernels move rows (``page_head``: each head's slice of a row) as int64 words;
+        # every part is checked, so no transfer can stop between K and V on a row size.
+        # Rows kept on a layer subset (the DSA indexer) move by the direct engine.
+        per_head = not layout_facts(self.layout).heads_inner
+        unit = "a head's slice of a row" if per_head else "a row"
         if IOBackend.KERNEL in ios:
-            check_kernel_rows(self.layout, self.spec.components)
+            for c in self.spec.components:
+                heads = 1 if per_head else c.heads
+                size = heads * c.dim * c.itemsize
+                if c.layers is None and size % 8:
+                    raise UnsupportedLayoutError(
+                        f"layout={self.layout.value!r} runs io_backend='kernel', which moves "
+                        f"rows as 8-byte words; {unit} of {c.name} here is {size} bytes "
+                        f"({heads} x {c.dim} x {c.dtype}), not a multiple of 8: use layout "
+                        "'page_first_direct' (io 'direct') or the 'torch' backend"
+                    )
         if device_pool.device.type == "cuda" and not self.pin_memory and ios == {IOBackend.KERNEL}:
             raise UnsupportedLayoutError(
                 f"layout={self.layout.value!r} runs only the 'kernel' io backend, which "

@@ -36,7 +36,6 @@ __all__ = [
     "check_index_pair",
     "check_indices",
     "check_layer_id",
-    "check_layers",
     "check_page_size",
     "check_table",
     "side_words",
@@ -113,10 +112,6 @@ def check_buffer(buf: torch.Tensor, name: str, device: torch.device) -> None:
         )
     if buf.data_ptr() % 8:
         raise ShapeMismatchError(f"{name} must start on an 8-byte boundary")
-
-
-def check_layers(num_layers: int) -> int:
-    return check_layer_id(num_layers, "num_layers")
 
 
 def check_layer_id(layer_id: int, name: str = "layer_id") -> int:
@@ -212,7 +207,7 @@ def bind_rows(
     item_w = words(item_size, "item_size")
     src_side, src_head_w = side_words(src_form, item_w, item_size)
     dst_side, dst_head_w = side_words(dst_form, item_w, item_size)
-    layers = check_layers(num_layers)
+    layers = check_layer_id(num_layers, "num_layers")
     device = check_indices(src_indices, dst_indices)
     if not 1 <= len(src) == len(dst) <= len(labels):
         raise ShapeMismatchError("a transfer moves (K,) or (K, V): one or two of each side")

@@ -151,80 +151,41 @@ class GGMLMoEMethod:
         if tokens == 0:
             return x.new_zeros((0, hidden))
         ids = topk_ids.to(torch.int32)
-        if tokens > self.batched_threshold:
-            down = _batched(layer, x, ids, self.tile)
-        else:
-            down = _vec(layer, x, ids)
+        down = _routed_rows(layer, x, ids, self.tile, tokens > self.batched_threshold)
         routed = down.view(tokens, top_k, hidden) * topk_weights.to(torch.float32).unsqueeze(-1)
         return routed.sum(dim=1).to(x.dtype)
 
 
-def _silu_and_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
-    # in float32: the down kernel re-quantizes it to Q8_1 anyway
-    return F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()
-
-
-def _vec(layer: GGMLExpertBank, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """``(tokens * top_k, H)`` down outputs with the per-pair kernel."""
-    tokens, top_k = ids.shape
-    inter, pairs = layer.intermediate_size, tokens * top_k
-    gate_up = ggml_moe_a8_vec(x, layer.gate_up, ids, top_k, layer.gate_up_type, 2 * inter, tokens)
-    act = _silu_and_mul(gate_up, inter)
-    return ggml_moe_a8_vec(
-        act,
-        layer.down,
-        ids.reshape(pairs, 1),
-        1,
-        layer.down_type,
-        layer.hidden_size,
-        pairs,
-        check_ids=False,
-    )
-
-
-def _batched(
+def _routed_rows(
     layer: GGMLExpertBank,
     x: torch.Tensor,
     ids: torch.Tensor,
     tile: tuple[int, int, int, int] | None,
+    batched: bool,
 ) -> torch.Tensor:
-    """``(tokens * top_k, H)`` down outputs with the expert-grouped kernel.
+    """``(tokens * top_k, H)`` down outputs, per pair or (``batched``) expert-grouped.
 
-    One alignment serves both matmuls when their tiles share BLOCK_M: down's
-    rows are the pairs themselves (``top_k = 1``), so the same sorted pair ids
-    index them.
+    Down's rows are the pairs themselves (``top_k = 1``), so the same flat ids,
+    and one alignment when both tiles share BLOCK_M, index both matmuls. The
+    ids were range-checked by check_routing in apply().
     """
     tokens, top_k = ids.shape
-    inter, pairs, e = layer.intermediate_size, tokens * top_k, layer.num_experts
-    # ids were range-checked by check_routing in apply()
-    block_m = ggml_moe_get_block_size(layer.gate_up_type, tile)
-    aligned = moe_align_block_size(ids, block_m, e)
-    gate_up = ggml_moe_a8(
-        x,
-        layer.gate_up,
-        *aligned,
-        layer.gate_up_type,
-        2 * inter,
-        top_k,
-        tokens,
-        tile=tile,
-        check_ids=False,
+    inter, flat, out, block_m = layer.intermediate_size, ids.reshape(-1), x, 0
+    steps = (
+        (layer.gate_up, layer.gate_up_type, 2 * inter, top_k, tokens),
+        (layer.down, layer.down_type, layer.hidden_size, 1, tokens * top_k),
     )
-    down_m = ggml_moe_get_block_size(layer.down_type, tile)
-    if down_m != block_m:  # the two types' default tiles pad pairs differently
-        aligned = moe_align_block_size(ids, down_m, e)
-    act = _silu_and_mul(gate_up, inter)
-    return ggml_moe_a8(
-        act,
-        layer.down,
-        *aligned,
-        layer.down_type,
-        layer.hidden_size,
-        1,
-        pairs,
-        tile=tile,
-        check_ids=False,
-    )
+    for w, qtype, row, k, n in steps:
+        if out is not x:  # in float32: the down kernel re-quantizes it to Q8_1 anyway
+            out = F.silu(out[:, :inter].float()) * out[:, inter:].float()
+        if not batched:
+            out = ggml_moe_a8_vec(out, w, flat, k, qtype, row, n, check_ids=False)
+            continue
+        m = ggml_moe_get_block_size(qtype, tile)
+        if m != block_m:  # the two types' default tiles pad pairs differently
+            aligned, block_m = moe_align_block_size(ids, m, layer.num_experts), m
+        out = ggml_moe_a8(out, w, *aligned, qtype, row, k, n, tile=tile, check_ids=False)
+    return out
 
 
 if TYPE_CHECKING:

@@ -132,10 +132,6 @@ def _f16(b: torch.Tensor, off: int) -> torch.Tensor:
     return b[:, off : off + 2].contiguous().view(torch.float16).float()
 
 
-def _idx(n: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(n, device=device)
-
-
 def _nibbles32(b: torch.Tensor, off: int) -> torch.Tensor:
     """32 4-bit values of a legacy block: low nibbles then high nibbles of 16 bytes."""
     qs = b[:, off : off + 16].int()
@@ -157,31 +153,27 @@ def _decode(b: torch.Tensor, qtype: GGMLQuantType) -> torch.Tensor:
     if qtype == _T.IQ4_NL:
         return _f16(b, 0) * _iq4(_nibbles32(b, 2))
     if qtype == _T.IQ4_XS:
-        j = _idx(8, dev)
+        j = torch.arange(8, device=dev)
         lo = (b[:, 4 + j // 2].int() >> ((j % 2) * 4)) & 15
         hi = (b[:, 2 + j // 4].int() >> ((j % 4) * 2)) & 3
         dl = _f16(b, 0) * ((lo | (hi << 4)) - 32).float()  # (n, 8): one scale per 32
         qs = b[:, 8:136].reshape(-1, 8, 16).int()
         q = _iq4(torch.cat([qs & 15, qs >> 4], dim=2))  # (n, 8, 32)
         return (dl[:, :, None] * q).reshape(-1, 256)
-    if qtype in (_T.Q4_0, _T.Q4_1):
-        off = 2 if qtype == _T.Q4_0 else 4
-        q = _nibbles32(b, off).float()
-        if qtype == _T.Q4_0:
-            return _f16(b, 0) * (q - 8)
-        return _f16(b, 0) * q + _f16(b, 2)
-    if qtype in (_T.Q5_0, _T.Q5_1):
-        qh_off, qs_off = (2, 6) if qtype == _T.Q5_0 else (4, 8)
-        i = _idx(32, dev)
-        qh = (b[:, qh_off + i // 8].int() >> (i % 8)) & 1  # bit i of the u32 at qh_off
-        q = (_nibbles32(b, qs_off) | (qh << 4)).float()
-        if qtype == _T.Q5_0:
-            return _f16(b, 0) * (q - 16)
-        return _f16(b, 0) * q + _f16(b, 2)
+    if qtype in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1):
+        off = 2 if qtype in (_T.Q4_0, _T.Q5_0) else 4  # past d (*_0) or d and m (*_1)
+        five = qtype in (_T.Q5_0, _T.Q5_1)  # a u32 of high bits at off, the nibbles after it
+        q = _nibbles32(b, off + 4 * five)
+        if five:
+            i = torch.arange(32, device=dev)
+            q = q | (((b[:, off + i // 8].int() >> (i % 8)) & 1) << 4)  # bit i of that u32
+        if off == 2:  # *_0: no min, values centred on half the range
+            return _f16(b, 0) * (q.float() - (16 if five else 8))
+        return _f16(b, 0) * q.float() + _f16(b, 2)
     if qtype == _T.Q8_0:
         return _f16(b, 0) * b[:, 2:34].contiguous().view(torch.int8).float()
 
-    i = _idx(256, dev)
+    i = torch.arange(256, device=dev)
     g16 = i // 16
     if qtype == _T.Q2_K:
         q = (b[:, 16 + (i // 128) * 32 + i % 32].int() >> (((i % 128) // 32) * 2)) & 3
@@ -192,7 +184,7 @@ def _decode(b: torch.Tensor, qtype: GGMLQuantType) -> torch.Tensor:
         lo = (b[:, 32 + (i // 128) * 32 + i % 32].int() >> (((i % 128) // 32) * 2)) & 3
         hb = (b[:, i % 32].int() >> (i // 32)) & 1
         q = lo - 4 + 4 * hb
-        j = _idx(16, dev)
+        j = torch.arange(16, device=dev)
         sl = (b[:, 96 + j % 8].int() >> ((j // 8) * 4)) & 15
         sh = (b[:, 104 + j % 4].int() >> ((j // 4) * 2)) & 3
         sc = ((sl | (sh << 4)) - 32).float()
@@ -203,7 +195,7 @@ def _decode(b: torch.Tensor, qtype: GGMLQuantType) -> torch.Tensor:
         if qtype == _T.Q5_K:
             q = q | (((b[:, 16 + i % 32].int() >> (i // 32)) & 1) << 4)
         s = b[:, 4:16].int()  # eight 6-bit (scale, min) pairs packed in bytes 4..15
-        j = _idx(8, dev)
+        j = torch.arange(8, device=dev)
         a, bb, c = s[:, j], s[:, j + 4], s[:, j % 4]
         sc = torch.where(j < 4, a & 63, (bb & 15) | ((c >> 6) << 4)).float()
         mn = torch.where(j < 4, bb & 63, (bb >> 4) | ((a >> 6) << 4)).float()
