@@ -1,10 +1,8 @@
 """Hooks and helpers every conformance check shares (a base of ``BackendConformanceSuite``).
 
-A check that takes ``kind`` runs once per row of ``kinds`` (a ``KindCase``);
-one that also takes ``pair`` runs once per (layout, io backend) that the
-backend declares for that kind (``supported_pairs``, ``supported_mha_pairs``);
-one that takes ``pair`` alone runs every MLA pair. The parameters are
-computed at collection from the backend ``backend_name`` names.
+A check that takes ``kind`` runs once per row of ``kinds``; with ``pair`` too,
+once per pair the backend declares for that kind; ``pair`` alone: every MLA
+pair. The parameters are computed at collection from ``backend_name``'s backend.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_core import Backend, IndexerCache, KVRows, MLADevicePool
+from sgl_core import Backend, IndexerCache, KVRows
 from sgl_core.errors import (
     ArgumentTypeError,
     DeviceError,
@@ -55,13 +55,10 @@ _DTYPES = (
 class RowChecks(MisuseChecks):
     """Values the row writers take or refuse, raw and packed rows, the indexer cache."""
 
-    def dsa_pool(self, backend: Backend) -> MLADevicePool:
-        """A DeepSeek-V3.2-shaped pool: 656-byte uint8 rows, fp8-byte keys, fp32 scales."""
-        dsa: dict[str, Any] = {"dtype": torch.uint8, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
-        return self.mla_pool(backend, seed=21, kv_cache_dim=DSA_ROW_BYTES, **dsa)
-
     def test_raw_rows_round_trip_and_bad_rows(self, backend: Backend) -> None:
-        dev = self.dsa_pool(backend)
+        """DeepSeek-V3.2-shaped packed rows (656 uint8 bytes): raw accessors only."""
+        dsa: dict[str, Any] = {"dtype": torch.uint8, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+        dev = self.mla_pool(backend, seed=21, kv_cache_dim=DSA_ROW_BYTES, **dsa)
         assert isinstance(dev, KVRows) and dev.kv_cache_dim == DSA_ROW_BYTES
         gen = torch.Generator().manual_seed(3)
         loc = page_indices([4, 1], 16)[::3]
@@ -76,9 +73,6 @@ class RowChecks(MisuseChecks):
             dev.set_kv_rows(self.layer_num, loc, rows)
         with pytest.raises(IndexError):
             dev.get_kv_rows(0, loc + slot_count(dev))
-
-    def test_packed_rows_have_no_split_accessors(self, backend: Backend) -> None:
-        dev = self.dsa_pool(backend)
         loc = page_indices([1], 16)
         before = device_bytes(dev)
         nope = torch.zeros((loc.numel(), 1, 512), dtype=torch.uint8)
@@ -102,7 +96,7 @@ class RowChecks(MisuseChecks):
             self.mla_pool(backend, kv_cache_dim=0)
 
     def test_dsa_rows_round_trip_every_pair(self, backend: Backend, pair: Pair) -> None:
-        """DeepSeek-V3.2's rows (``dsa_pool``) with the indexer, bit-exact on every MLA pair."""
+        """DeepSeek-V3.2's rows with the indexer, bit-exact on every MLA pair."""
         dsa = next(k for k in KINDS if k.name == "dsa")
         options = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
         self.round_trip(backend, dsa, pair, 16, [1, 6, 3], [5, 0, 2], **options)
