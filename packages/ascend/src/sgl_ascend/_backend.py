@@ -1,9 +1,6 @@
 """The ``ascend`` backend object registered under entry-point group ``sgl.backends``.
 
-``sgl_core.get_backend()`` picks it automatically only where an NPU is usable
-(``is_available()``); ``sgl_core.get_backend("ascend")`` returns it anywhere,
-and its pools then run on CPU tensors (``device=None`` resolves to CPU when
-there is no NPU), which is how its tests and the conformance suite run.
+When ``get_backend`` picks it, and CPU pools without an NPU: the package docstring.
 """
 
 from __future__ import annotations

@@ -19,10 +19,9 @@ def w8a8_dynamic_case(device: torch.device, small: bool) -> MoEBenchCase:
     hidden, inter, experts = (256, 128, 8) if small else (1024, 512, 16)
     gen = torch.Generator().manual_seed(3)
     dense = MoEWeights(
-        torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5,
-        torch.randn(experts, hidden, inter, generator=gen) / inter**0.5,
+        (torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5).to(device),
+        (torch.randn(experts, hidden, inter, generator=gen) / inter**0.5).to(device),
     )
-    dense = MoEWeights(dense.w13_weight.to(device), dense.w2_weight.to(device))
     quantized = W8A8MoEWeights.quantize(dense)
     reference = quantized.dequantize(torch.float32)
     # Per-token int8 activations: each element is off by up to amax/254 before

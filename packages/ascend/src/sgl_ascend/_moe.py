@@ -17,7 +17,7 @@ activations are quantized per token at run time, symmetric,
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -167,51 +167,36 @@ def _grouped(
     return out if row_scale is None else out * row_scale.unsqueeze(-1)
 
 
-def _experts(
-    layer: MoEWeights | W8A8MoEWeights,
-    x: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-) -> torch.Tensor:
-    """Both methods' ``apply``: the weights say the quantization."""
-    if not check_routing(x, topk_weights, topk_ids, layer.num_experts, layer.hidden_size):
-        return x.new_zeros((0, layer.hidden_size))
-    groups = _Groups.of(topk_ids, layer.num_experts)
-    gate_up = _grouped(x[groups.order // groups.top_k], layer, "w13", groups, x.dtype)
-    down = _grouped(silu_and_mul(gate_up), layer, "w2", groups, x.dtype)
-    return groups.combine(down, topk_weights, x.dtype)
+LayerT = TypeVar("LayerT", MoEWeights, W8A8MoEWeights)
 
 
-class AscendMoEMethod:
+class _GroupedMoEMethod(Generic[LayerT]):
+    """Both methods: the weights (``LayerT``) say the quantization."""
+
+    fuses_routed_scale_and_shared_add: ClassVar[bool] = True
+
+    def apply(
+        self,
+        layer: LayerT,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """Unscaled routed output ``(tokens, hidden)`` in ``x.dtype``."""
+        if not check_routing(x, topk_weights, topk_ids, layer.num_experts, layer.hidden_size):
+            return x.new_zeros((0, layer.hidden_size))
+        groups = _Groups.of(topk_ids, layer.num_experts)
+        gate_up = _grouped(x[groups.order // groups.top_k], layer, "w13", groups, x.dtype)
+        down = _grouped(silu_and_mul(gate_up), layer, "w2", groups, x.dtype)
+        return groups.combine(down, topk_weights, x.dtype)
+
+
+class AscendMoEMethod(_GroupedMoEMethod[MoEWeights]):
     """Unquantized (bf16/fp16/fp32) grouped experts on :class:`sgl_core.MoEWeights`."""
 
-    fuses_routed_scale_and_shared_add: ClassVar[bool] = True
 
-    def apply(
-        self,
-        layer: MoEWeights,
-        x: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-    ) -> torch.Tensor:
-        """Unscaled routed output ``(tokens, hidden)`` in ``x.dtype``."""
-        return _experts(layer, x, topk_weights, topk_ids)
-
-
-class AscendW8A8DynamicMoEMethod:
+class AscendW8A8DynamicMoEMethod(_GroupedMoEMethod[W8A8MoEWeights]):
     """W8A8 dynamic: int8 per-channel weights, per-token dynamic int8 activations."""
-
-    fuses_routed_scale_and_shared_add: ClassVar[bool] = True
-
-    def apply(
-        self,
-        layer: W8A8MoEWeights,
-        x: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-    ) -> torch.Tensor:
-        """Unscaled routed output ``(tokens, hidden)`` in ``x.dtype``."""
-        return _experts(layer, x, topk_weights, topk_ids)
 
 
 if TYPE_CHECKING:

@@ -91,16 +91,15 @@ def get_backend(name: str | None = None) -> Backend:
             name = os.environ.get("SGL_BACKEND", "").strip() or None
         if name is not None:
             return _load(name.strip().lower())
-        key = "auto"
-        if key not in _auto:
+        if "auto" not in _auto:
             usable = [n for n in sorted(_entry_points()) if _usable(n)]
             if len(usable) > 1:
                 raise AmbiguousBackendError(
                     f"several device backends are available here ({usable}); "
                     "set SGL_BACKEND or pass get_backend(name=...)"
                 )
-            _auto[key] = _load(usable[0]) if usable else _torch_backend
-        return _auto[key]
+            _auto["auto"] = _load(usable[0]) if usable else _torch_backend
+        return _auto["auto"]
 
 
 def clear_backend_cache() -> None:

@@ -49,7 +49,4 @@ MoEBenchFactory = Callable[[torch.device, bool], MoEBenchCase]
 
 def moe_bench_factories() -> dict[str, MoEBenchFactory]:
     """Registered factories by entry-point name (loading imports their packages)."""
-    found: dict[str, MoEBenchFactory] = {}
-    for ep in entry_points(group=MOE_BENCH_GROUP):
-        found[ep.name] = ep.load()
-    return found
+    return {ep.name: ep.load() for ep in entry_points(group=MOE_BENCH_GROUP)}

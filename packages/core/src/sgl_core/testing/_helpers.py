@@ -1,21 +1,19 @@
 """Pool inspection helpers used by the conformance suite (any backend, any KV kind).
 
-Every helper takes a device pool of either kind: MLA (split, packed, with or
-without the DSA indexer) or MHA/GQA (K and V). A row, to these helpers, is
-every byte a token has in one layer, read and written through the public
-accessors only, so one check compares rows of every kind.
+A row, to these helpers, is every byte a token has in one layer (every part,
+any kind), read and written through the public accessors only.
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from typing import cast
+from typing import Any
 
 import pytest
 import torch
 
-from sgl_core import IndexerCache, KVRows, MHADevicePool, MLADevicePool
+from sgl_core import IndexerCache, KVRows
 from sgl_core.backend import is_mha_device_pool
 from sgl_core.testing._kinds import DevicePool, HostPool
 
@@ -24,7 +22,6 @@ __all__ = [
     "device_rows",
     "fill_device_random",
     "host_bytes",
-    "is_packed",
     "page_indices",
     "random_bits",
     "read_memory",
@@ -60,32 +57,30 @@ def slot_count(device_pool: DevicePool) -> int:
     return device_pool.size + device_pool.page_size
 
 
-def is_packed(device_pool: DevicePool) -> bool:
-    """Rows of ``kv_cache_dim`` engine-packed elements (only the raw-row accessors apply)."""
+def _kv_accessors(device_pool: DevicePool) -> tuple[Callable[..., Any], Callable[..., None], int]:
+    """The pool's KV row reader (returning a list), its writer, and how many parts they move.
+
+    MHA: K and V; MLA: the split rows, or the ``kv_cache_dim`` packed row (only
+    the raw-row accessors apply to engine-packed rows).
+    """
+    pool: Any = device_pool
     if is_mha_device_pool(device_pool):
-        return False
-    pool = cast(MLADevicePool, device_pool)
-    return pool.kv_cache_dim != pool.kv_lora_rank + pool.qk_rope_head_dim
+        return (lambda *a: list(pool.get_kv_buffer(*a))), pool.set_kv_buffer, 2
+    if pool.kv_cache_dim != pool.kv_lora_rank + pool.qk_rope_head_dim:
+        assert isinstance(pool, KVRows)
+        return (lambda *a: [pool.get_kv_rows(*a)]), pool.set_kv_rows, 1
+    return (lambda *a: list(pool.get_mla_kv_buffer(*a))), pool.set_mla_kv_buffer, 2
 
 
 def write_parts(
     device_pool: DevicePool, layer_id: int, loc: torch.Tensor, parts: list[torch.Tensor]
 ) -> None:
     """Write ``parts`` (as ``row_parts`` reads them) into one layer's rows at ``loc``."""
-    if is_mha_device_pool(device_pool):
-        cast(MHADevicePool, device_pool).set_kv_buffer(layer_id, loc, *parts)
-        return
-    mla = cast(MLADevicePool, device_pool)
-    if is_packed(mla):
-        assert isinstance(mla, KVRows)
-        mla.set_kv_rows(layer_id, loc, parts[0])
-        indexer = parts[1:]
-    else:
-        mla.set_mla_kv_buffer(layer_id, loc, parts[0], parts[1])
-        indexer = parts[2:]
-    if indexer:  # the layer's key (and scale)
-        assert isinstance(mla, IndexerCache)
-        mla.set_index_k_buffer(layer_id, loc, *indexer)
+    _, write, count = _kv_accessors(device_pool)
+    write(layer_id, loc, *parts[:count])
+    if parts[count:]:  # the layer's indexer key (and scale)
+        assert isinstance(device_pool, IndexerCache)
+        device_pool.set_index_k_buffer(layer_id, loc, *parts[count:])
 
 
 def write_random_rows(
@@ -117,20 +112,13 @@ def _row_bytes(parts: list[torch.Tensor], n: int) -> torch.Tensor:
 
 def row_parts(device_pool: DevicePool, layer_id: int, loc: torch.Tensor) -> list[torch.Tensor]:
     """The tensors a layer's rows are read as: K and V, or the KV row (and indexer parts)."""
-    if is_mha_device_pool(device_pool):
-        return list(cast(MHADevicePool, device_pool).get_kv_buffer(layer_id, loc))
-    mla = cast(MLADevicePool, device_pool)
-    if is_packed(mla):
-        assert isinstance(mla, KVRows)
-        parts = [mla.get_kv_rows(layer_id, loc)]
-    else:
-        parts = list(mla.get_mla_kv_buffer(layer_id, loc))
+    parts: list[torch.Tensor] = _kv_accessors(device_pool)[0](layer_id, loc)
     if (  # the layer's indexer key (and scale)
-        isinstance(mla, IndexerCache)
-        and mla.index_head_dim is not None
-        and mla.indexer_slot(layer_id) is not None
+        isinstance(device_pool, IndexerCache)
+        and device_pool.index_head_dim is not None
+        and device_pool.indexer_slot(layer_id) is not None
     ):
-        keys, scales = mla.get_index_k_buffer(layer_id, loc)
+        keys, scales = device_pool.get_index_k_buffer(layer_id, loc)
         parts += [keys] if scales is None else [keys, scales]
     return parts
 

@@ -1,10 +1,7 @@
-"""The KV kinds the conformance suite runs: one row of data per kind, no class per kind.
+"""The KV kinds the conformance suite runs: one row of data per kind (docs/design.md, section 4).
 
-A kind case says how to build a device pool of that kind (its family, MLA or
-MHA, and its options); everything a check does with the pool goes through
-kind-neutral byte helpers (``_helpers``), so a check written once runs every
-kind. ``BackendConformanceSuite.kinds`` is the table a backend runs; a backend
-may add its own ``KindCase`` rows.
+Checks touch pools only through the kind-neutral byte helpers (``_helpers``),
+so a check written once runs every kind.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The backend conformance suite: one behaviour contract for every backend and KV kind.
 
-A backend subclasses it with ``backend_name`` set; docs/design.md (section 4)
-lists the kinds and pairs each check runs and what it checks. Override
+What each check runs and checks: docs/design.md, section 4. Override
 :meth:`make_device_pool` / :meth:`make_mha_device_pool` to pass
-backend-specific options. The ``torch`` backend passes it and is its oracle:
-every check compares raw bytes read back through the public pool API.
+backend-specific options. Checks compare raw bytes read through the public API.
 """
 
 from __future__ import annotations
@@ -35,10 +33,7 @@ __all__ = ["BackendConformanceSuite"]
 class BackendConformanceSuite(RowChecks):
     """Subclass with ``backend_name`` set; pytest collects the ``test_*`` methods.
 
-    Hooks, class attributes, the kind x pair parameters and helpers:
-    ``SuiteBase``; pool and L3 checks: ``PoolChecks``; bad calls and
-    concurrency: ``MisuseChecks``; the values row writers take, packed rows
-    and the indexer cache: ``RowChecks``; the transfer checks are here.
+    Its bases, in order (hooks in ``SuiteBase``): docs/design.md, module map.
     """
 
     def test_backend_says_what_it_is(self, backend: Backend) -> None:

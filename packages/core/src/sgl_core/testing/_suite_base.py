@@ -1,10 +1,8 @@
 """Hooks and helpers every conformance check shares (a base of ``BackendConformanceSuite``).
 
-A check that takes ``kind`` runs once per row of ``kinds`` (a ``KindCase``);
-one that also takes ``pair`` runs once per (layout, io backend) that the
-backend declares for that kind (``supported_pairs``, ``supported_mha_pairs``);
-one that takes ``pair`` alone runs every MLA pair. The parameters are
-computed at collection from the backend ``backend_name`` names.
+A check that takes ``kind`` runs once per row of ``kinds``; with ``pair`` too,
+once per pair the backend declares for that kind; ``pair`` alone: every MLA
+pair. The parameters are computed at collection from ``backend_name``'s backend.
 """
 
 from __future__ import annotations
@@ -110,16 +108,16 @@ class SuiteBase:
 
     # --------------------------------------------------------------- helpers
     def mla_pool(
-        self, backend: Backend, *, pages: int | None = None, seed: int | None = None, **options: Any
+        self, backend: Backend, *, seed: int | None = None, **options: Any
     ) -> MLADevicePool:
         """An MLA pool of this class's rows (``options`` over them), pages of 16 tokens.
 
         Built by ``backend`` itself, whatever ``make_device_pool`` does; filled
         with random bits when ``seed`` is given.
         """
-        count = self.device_pages if pages is None else pages
         args = self.device_pool_args(**options)
-        dev = backend.create_device_pool(size=count * 16, page_size=16, **args)
+        size = self.device_pages * 16
+        dev = backend.create_device_pool(size=size, page_size=16, **args)
         if seed is not None:
             fill_device_random(dev, seed)
         return dev
@@ -136,18 +134,24 @@ class SuiteBase:
         *,
         page_size: int = 16,
         pages: int | None = None,
+        seed: int | None = None,
         **options: Any,
     ) -> DevicePool:
-        """A device pool of ``kind`` (``options`` override the kind's, e.g. ``dtype``)."""
+        """A device pool of ``kind`` (``options`` override the kind's, e.g. ``dtype``).
+
+        Filled with random bits when ``seed`` is given.
+        """
         count = self.device_pages if pages is None else pages
         if kind.dtype is not None:
             options.setdefault("dtype", kind.dtype)
-        if kind.mha:
-            if kind.narrow_v:
-                options.setdefault("v_head_dim", self.mha_v_head_dim)
-            return self.make_mha_device_pool(backend, page_size=page_size, pages=count, **options)
-        options = {**kind.options(), **options}
-        return self.make_device_pool(backend, page_size=page_size, pages=count, **options)
+        if kind.mha and kind.narrow_v:
+            options.setdefault("v_head_dim", self.mha_v_head_dim)
+        make = self.make_mha_device_pool if kind.mha else self.make_device_pool
+        options = {**kind.options(), **options}  # (no options for MHA kinds)
+        dev: DevicePool = make(backend, page_size=page_size, pages=count, **options)
+        if seed is not None:
+            fill_device_random(dev, seed)
+        return dev
 
     def build(
         self,
@@ -159,8 +163,7 @@ class SuiteBase:
         **options: Any,
     ) -> tuple[DevicePool, HostPool]:
         """A random-filled device pool of ``kind`` and a host pool twice its size."""
-        dev = self.make_pool(backend, kind, page_size=page_size, **options)
-        fill_device_random(dev, seed)
+        dev = self.make_pool(backend, kind, page_size=page_size, seed=seed, **options)
         host = backend.create_host_pool(dev, layout=layout, host_to_device_ratio=2.0)
         return dev, host
 

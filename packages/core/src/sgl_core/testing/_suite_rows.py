@@ -1,16 +1,9 @@
 """Conformance checks of the row accessors: the values they take, packed rows, the indexer.
 
-The accessors take rows of the pool's dtype and nothing else (docs/design.md
-section 7): another dtype, another shape or a meta tensor is a typed error
-before any byte moves, never a silent conversion. ``layer_id`` is any integer
-(``operator.index``: numpy integers, 0-d integer tensors), never a ``bool``.
-Pools say what they are (``repr``), a host pool remembers the ``io_backend``
-it was built with, and a mismatched device pool is named field by field;
-those checks run every kind. The packed-row and indexer checks build their
-own pools with explicit ``kv_cache_dim`` / indexer arguments, so every
-backend runs them whatever its ``kinds`` say; the round trips and bad calls
-of such pools are the kind-parametrized checks (``KINDS``: ``mla_packed``,
-``mla_indexer``, ``dsa``).
+What the writers refuse: docs/design.md, element types. The packed-row and
+indexer checks build their own pools with explicit ``kv_cache_dim`` / indexer
+arguments, so every backend runs them whatever its ``kinds`` say; the round
+trips and bad calls of such pools are the kind-parametrized checks.
 """
 
 from __future__ import annotations
@@ -21,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_core import Backend, IndexerCache, KVRows, MLADevicePool
+from sgl_core import Backend, IndexerCache, KVRows
 from sgl_core.errors import (
     ArgumentTypeError,
     DeviceError,
@@ -33,7 +26,6 @@ from sgl_core.errors import (
 from sgl_core.testing._helpers import (
     device_bytes,
     device_rows,
-    fill_device_random,
     page_indices,
     random_bits,
     refused,
@@ -43,7 +35,7 @@ from sgl_core.testing._helpers import (
     write_parts,
     write_random_rows,
 )
-from sgl_core.testing._kinds import DSA_ROW_BYTES, KINDS, DevicePool, HostPool, KindCase, Pair
+from sgl_core.testing._kinds import DSA_ROW_BYTES, KINDS, HostPool, KindCase, Pair
 from sgl_core.testing._suite_misuse import MisuseChecks
 
 __all__ = ["RowChecks"]
@@ -63,13 +55,10 @@ _DTYPES = (
 class RowChecks(MisuseChecks):
     """Values the row writers take or refuse, raw and packed rows, the indexer cache."""
 
-    def dsa_pool(self, backend: Backend, **options: Any) -> MLADevicePool:
-        """A DeepSeek-V3.2-shaped pool: 656-byte uint8 rows, fp8-byte keys, fp32 scales."""
-        dsa: dict[str, Any] = {"dtype": torch.uint8, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
-        return self.mla_pool(backend, seed=21, kv_cache_dim=DSA_ROW_BYTES, **dsa, **options)
-
     def test_raw_rows_round_trip_and_bad_rows(self, backend: Backend) -> None:
-        dev = self.dsa_pool(backend)
+        """DeepSeek-V3.2-shaped packed rows (656 uint8 bytes): raw accessors only."""
+        dsa: dict[str, Any] = {"dtype": torch.uint8, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+        dev = self.mla_pool(backend, seed=21, kv_cache_dim=DSA_ROW_BYTES, **dsa)
         assert isinstance(dev, KVRows) and dev.kv_cache_dim == DSA_ROW_BYTES
         gen = torch.Generator().manual_seed(3)
         loc = page_indices([4, 1], 16)[::3]
@@ -84,9 +73,6 @@ class RowChecks(MisuseChecks):
             dev.set_kv_rows(self.layer_num, loc, rows)
         with pytest.raises(IndexError):
             dev.get_kv_rows(0, loc + slot_count(dev))
-
-    def test_packed_rows_have_no_split_accessors(self, backend: Backend) -> None:
-        dev = self.dsa_pool(backend)
         loc = page_indices([1], 16)
         before = device_bytes(dev)
         nope = torch.zeros((loc.numel(), 1, 512), dtype=torch.uint8)
@@ -110,7 +96,7 @@ class RowChecks(MisuseChecks):
             self.mla_pool(backend, kv_cache_dim=0)
 
     def test_dsa_rows_round_trip_every_pair(self, backend: Backend, pair: Pair) -> None:
-        """DeepSeek-V3.2's rows (``dsa_pool``) with the indexer, bit-exact on every MLA pair."""
+        """DeepSeek-V3.2's rows with the indexer, bit-exact on every MLA pair."""
         dsa = next(k for k in KINDS if k.name == "dsa")
         options = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
         self.round_trip(backend, dsa, pair, 16, [1, 6, 3], [5, 0, 2], **options)
@@ -136,11 +122,6 @@ class RowChecks(MisuseChecks):
         with pytest.raises(SGLError):
             self.mla_pool(backend, indexer_layer_ids=[0])
 
-    def kind_pool(self, backend: Backend, kind: KindCase, **options: Any) -> DevicePool:
-        dev = self.make_pool(backend, kind, page_size=PAGE, pages=2, **options)
-        fill_device_random(dev, 31)
-        return dev
-
     def test_rows_of_another_dtype_or_shape_are_refused(
         self, backend: Backend, kind: KindCase
     ) -> None:
@@ -149,7 +130,7 @@ class RowChecks(MisuseChecks):
         Another dtype, fewer rows, narrower rows or fewer heads is a
         ``ShapeMismatchError``, a meta tensor a ``DeviceError``; no byte changes.
         """
-        dev = self.kind_pool(backend, kind)
+        dev = self.make_pool(backend, kind, pages=2, seed=31)
         loc = page_indices([1], PAGE)
         layer = self.layer_num - 1  # one with an indexer row in the indexer kinds
         parts = row_parts(dev, layer, loc)
@@ -165,7 +146,7 @@ class RowChecks(MisuseChecks):
                 refused(error, dev, write_parts, dev, layer, loc, values)
 
     def test_any_integer_is_a_layer_id(self, backend: Backend, kind: KindCase) -> None:
-        dev = self.kind_pool(backend, kind)
+        dev = self.make_pool(backend, kind, pages=2, seed=31)
         loc = page_indices([1], PAGE)
         gen = torch.Generator().manual_seed(34)
         layer: Any
@@ -177,7 +158,7 @@ class RowChecks(MisuseChecks):
             refused(ArgumentTypeError, dev, write_parts, dev, bad, loc, parts)
 
     def test_pools_say_what_they_are(self, backend: Backend, kind: KindCase) -> None:
-        dev = self.kind_pool(backend, kind)
+        dev = self.make_pool(backend, kind, pages=2, seed=31)
         text = repr(dev)
         name, family = type(dev).__name__, kind.family
         assert text.startswith(f"{name}(kind={family}, size={dev.size}, "), text
@@ -194,15 +175,14 @@ class RowChecks(MisuseChecks):
         """``create_host_pool(..., io_backend=io)`` is the default of its transfers."""
         loc = page_indices([1], PAGE)
         layout, io = pair
-        dev = self.kind_pool(backend, kind)
+        dev = self.make_pool(backend, kind, pages=2, seed=31)
         host: HostPool = backend.create_host_pool(dev, layout=layout, io_backend=io)
         assert getattr(host, "default_io_backend", None) is io, f"{layout}/{io}"
         # No io: the pool's own (the protocols keep io_backend required, for
         # portability to other implementations; every shipped pool defaults it,
         # so the calls below go through an untyped ``HostPool``).
         host.backup_from_device_all_layer(dev, loc, loc)
-        twin = self.kind_pool(backend, kind)
-        fill_device_random(twin, 33)
+        twin = self.make_pool(backend, kind, pages=2, seed=33)
         for layer in range(self.layer_num):  # an engine's numpy layer index is an int
             layer_id: Any = np.int64(layer)
             host.load_to_device_per_layer(twin, loc, loc, layer_id)
@@ -212,9 +192,9 @@ class RowChecks(MisuseChecks):
 
     def test_mismatch_names_the_field(self, backend: Backend, kind: KindCase, pair: Pair) -> None:
         layout, io = pair
-        dev = self.kind_pool(backend, kind)
+        dev = self.make_pool(backend, kind, pages=2, seed=31)
         other_dtype = torch.float16 if dev.dtype != torch.float16 else torch.bfloat16
-        other = self.kind_pool(backend, kind, dtype=other_dtype)
+        other = self.make_pool(backend, kind, pages=2, seed=31, dtype=other_dtype)
         loc = page_indices([1], PAGE)
         host: HostPool = backend.create_host_pool(dev, layout=layout)
         with pytest.raises(PoolMismatchError) as info:
