@@ -181,7 +181,12 @@ def _gather_whole(
     buffer = out
     for d, s in zip(dst, src, strict=True):
         view = byte_view(s)
-        if buffer is not None and _fits(buffer, view, axis, s_idx.numel()):
+        if (  # ``buffer`` is exactly this ``index_select``'s result
+            buffer is not None
+            and (buffer.dtype, buffer.device) == (view.dtype, view.device)
+            and tuple(buffer.shape) == (*view.shape[:axis], s_idx.numel(), *view.shape[axis + 1 :])
+            and buffer.is_contiguous()
+        ):
             rows = torch.index_select(view, axis, s_idx, out=buffer)
         else:
             rows = view.index_select(axis, s_idx)
@@ -196,17 +201,6 @@ def _gather_whole(
                 d.device, non_blocking=non_blocking and d.device.type != "cpu"
             )
         byte_view(d).index_copy_(0, d_idx, rows)
-
-
-def _fits(buffer: torch.Tensor, src: torch.Tensor, axis: int, count: int) -> bool:
-    """Whether ``buffer`` is exactly ``src.index_select(axis, <count indices>)``'s shape."""
-    shape = (*src.shape[:axis], count, *src.shape[axis + 1 :])
-    return (
-        buffer.dtype == src.dtype
-        and buffer.device == src.device
-        and tuple(buffer.shape) == shape
-        and buffer.is_contiguous()
-    )
 
 
 def reusable_after(gather: torch.device, dst: torch.device, *, non_blocking: bool) -> bool:
