@@ -187,15 +187,12 @@ def _view(pool: Any) -> AscendDevicePool:
     return view
 
 
-def _is_engine_pool(pool: Any) -> bool:
-    """An engine's pool (``device`` a str, as SGLang's) with one 5-D K tensor."""
-    k = getattr(pool, "k_buffer", None)
-    return isinstance(getattr(pool, "device", None), str) and isinstance(k, torch.Tensor)
-
-
 def engine_view(pool: Any) -> Any:
     """``pool`` itself, or the cached Ascend view of an SGLang NPU pool (see the module)."""
-    if isinstance(pool, AscendDevicePool) or not _is_engine_pool(pool):
+    if isinstance(pool, AscendDevicePool) or not (  # an engine's: ``device`` a str, as SGLang's
+        isinstance(getattr(pool, "device", None), str)
+        and isinstance(getattr(pool, "k_buffer", None), torch.Tensor)
+    ):
         return pool
     try:
         cached = _views.get(pool)

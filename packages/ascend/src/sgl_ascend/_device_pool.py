@@ -153,11 +153,7 @@ class AscendDevicePool(abc.ABC):
     def _values(
         self, name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype | None = None
     ) -> torch.Tensor:
-        """Rows of ``shape`` and ``dtype`` (None: the pool's) with values, as device bytes.
-
-        Another dtype or shape, or a meta tensor, is a typed error (``check_value_rows``):
-        values are never converted.
-        """
+        """Rows of ``shape`` and ``dtype`` (None: the pool's), never converted, as device bytes."""
         rows = check_value_rows(t, name, shape, self.dtype if dtype is None else dtype)
         return byte_view(rows.to(self.device).contiguous())
 

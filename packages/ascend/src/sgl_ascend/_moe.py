@@ -139,9 +139,7 @@ def _grouped(
     """``x_rows @ weight[e].T`` per expert group, of ``layer``'s ``{name}_weight``.
 
     W8A8 weights (a ``{name}_weight_scale``): ``x`` quantized per token first
-    (a row's own scale, so before or after the gather agrees), both scales
-    applied. On an NPU one ``grouped_matmul`` in ``dtype``; elsewhere (the
-    torch path) a float32 loop over the groups.
+    (a row's own scale, so before or after the gather agrees), both scales applied.
     """
     weight = getattr(layer, f"{name}_weight")
     weight_scale: torch.Tensor | None = getattr(layer, f"{name}_weight_scale", None)

@@ -131,10 +131,7 @@ def backup_rows(
 def _row_addresses(
     triples: Sequence[tuple[torch.Tensor, torch.Tensor, int]], plan: PagePlan
 ) -> tuple[list[int], list[int], list[int]] | None:
-    """Device and host addresses and sizes of one ``memmove`` per (page, component).
-
-    None (copy another way) when a component is not contiguous.
-    """
+    """Device and host addresses and sizes of one ``memmove`` per (page, component), or None."""
     for host, dev, _ in triples:
         if not (host.is_contiguous() and dev.is_contiguous()):
             return None
@@ -214,12 +211,8 @@ class _LoadPlan:
 class KvSplitMover:
     """``kernel_ascend`` io of ``page_first_kv_split``: whole pages, every component.
 
-    Built from the host side alone: its parts are the host components in
-    flat-page order; a transfer's device pool holds each component's 5-D
-    tensor under the component's ``device_name``. A layer's load moves, per
-    component, the row the component keeps for it (the layer, or its indexer
-    slot; none where the layer has no indexer row). It runs MLA pools (k,
-    v[, index_k[, scale]]) and MHA pools (k, v) alike.
+    Built from the host side alone; it runs MLA pools (k, v[, index_k[, scale]])
+    and MHA pools (k, v) alike.
     """
 
     def __init__(self, side: HostSide) -> None:

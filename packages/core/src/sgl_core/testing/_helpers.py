@@ -58,11 +58,7 @@ def slot_count(device_pool: DevicePool) -> int:
 
 
 def _kv_accessors(device_pool: DevicePool) -> tuple[Callable[..., Any], Callable[..., None], int]:
-    """The pool's KV row reader (returning a list), its writer, and how many parts they move.
-
-    MHA: K and V; MLA: the split rows, or the ``kv_cache_dim`` packed row (only
-    the raw-row accessors apply to engine-packed rows).
-    """
+    """The pool's KV row reader (returning a list), its writer, and how many parts they move."""
     pool: Any = device_pool
     if is_mha_device_pool(device_pool):
         return (lambda *a: list(pool.get_kv_buffer(*a))), pool.set_kv_buffer, 2
@@ -86,10 +82,7 @@ def write_parts(
 def write_random_rows(
     device_pool: DevicePool, layer_id: int, loc: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
-    """Write random bits into every part of one layer's rows at ``loc``, through the API.
-
-    Returns the bytes written, as ``device_rows`` reads them back.
-    """
+    """Write random bits into every part of one layer's rows at ``loc``; return ``device_rows``."""
     parts = [
         random_bits(tuple(p.shape), p.dtype, generator)
         for p in row_parts(device_pool, layer_id, loc)

@@ -230,12 +230,7 @@ class DirectMover:
         return host, RunSide(dev.transpose(0, 1), axis=1, page=self.unit, transpose=True)
 
     def _all_row_sides(self, c: int, stacked: torch.Tensor) -> tuple[RunSide, RunSide]:
-        """Host and device side of run copies of part ``c`` across every row.
-
-        ``stacked`` is the widened device component as ``(row, slot, W)``
-        (``page_head``: ``(row, slot, H, D)``); each side keeps its own dim
-        order and the device block is transposed to the host's.
-        """
+        """Host and device side of run copies of part ``c`` across every (``stacked``) row."""
         wide, ps = self.wide[c], self.unit
         if not self.facts.heads_inner:  # page_head: host (P, H, ps, R, D); device (H, slot, R, D)
             dev = stacked.permute(2, 1, 0, 3)

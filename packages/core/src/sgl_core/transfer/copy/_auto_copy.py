@@ -101,28 +101,6 @@ def _spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return spans or [(0, len(sizes))]
 
 
-def _units(
-    dst: list[torch.Tensor], src: list[torch.Tensor]
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The call's first blocks, big ones cut along dim 0 to about ``SAMPLE_BYTES``."""
-    units_d: list[torch.Tensor] = []
-    units_s: list[torch.Tensor] = []
-    got = 0
-    for d, s in zip(dst, src, strict=True):
-        size = _nbytes(d)
-        if size > 2 * SAMPLE_BYTES and d.dim() and d.shape[0] > 1:
-            rows = max(1, d.shape[0] * SAMPLE_BYTES // size)
-            units_d.extend(torch.split(d, rows))
-            units_s.extend(torch.split(s, rows))
-        else:
-            units_d.append(d)
-            units_s.append(s)
-        got += size
-        if got >= SEGMENTS * SAMPLE_BYTES:
-            break
-    return units_d, units_s
-
-
 def auto_copy_blocks(dst_list: list[torch.Tensor], src_list: list[torch.Tensor]) -> None:
     """``copy_blocks`` between CPU buffers with a measured thread count."""
     total = sum(_nbytes(t) for t in dst_list)
@@ -131,7 +109,22 @@ def auto_copy_blocks(dst_list: list[torch.Tensor], src_list: list[torch.Tensor])
     key = f"copy cpu->cpu {_bucket(total // len(dst_list))} {kind}"
 
     def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
-        ud, us = _units(dst_list, src_list)
+        # The call's first blocks, big ones cut along dim 0 to about ``SAMPLE_BYTES``.
+        ud: list[torch.Tensor] = []
+        us: list[torch.Tensor] = []
+        got = 0
+        for d, s in zip(dst_list, src_list, strict=True):
+            size = _nbytes(d)
+            if size > 2 * SAMPLE_BYTES and d.dim() and d.shape[0] > 1:
+                rows = max(1, d.shape[0] * SAMPLE_BYTES // size)
+                ud.extend(torch.split(d, rows))
+                us.extend(torch.split(s, rows))
+            else:
+                ud.append(d)
+                us.append(s)
+            got += size
+            if got >= SEGMENTS * SAMPLE_BYTES:
+                break
 
         def run(threads: int, a: int, b: int) -> None:
             copy_blocks(ud[a:b], us[a:b], threads=threads)

@@ -67,18 +67,16 @@ def host_id() -> dict[str, Any]:
     return {"cpu": _cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__}
 
 
-def _positive(value: object) -> bool:
-    """A finite positive number (a bool is not one)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
-
-
 def _entry(key: str, raw: object, path: Path, now: float) -> CopyChoice | None:
     if not isinstance(raw, dict):
         return None
     choice, seconds, nbytes = raw.get("choice"), raw.get("seconds"), raw.get("nbytes")
     if not isinstance(choice, str) or not isinstance(seconds, dict) or choice not in seconds:
         return None
-    if not isinstance(nbytes, int) or not all(map(_positive, [nbytes, *seconds.values()])):
+    if not isinstance(nbytes, int) or not all(  # finite positive numbers (a bool is not one)
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+        for v in [nbytes, *seconds.values()]
+    ):
         return None
     clean = {str(name): float(value) for name, value in seconds.items()}
     listed = ", ".join(f"{c}: {t * 1e3:.3f} ms" for c, t in clean.items())

@@ -150,9 +150,6 @@ def copy_blocks(
     ``threads`` (``CopyTuning.copy_threads``) 0: blocks big enough for ATen
     to parallelize internally are issued from one thread (ATen's OpenMP team
     splits each); smaller ones are split across a few Python threads instead.
-    ``threads`` >= 1, on CPU: ``copy_pieces`` over that many threads.
-    ``AUTO``: measured (``sgl_core.transfer.copy._auto_copy``); a call under
-    ``AUTO_MIN_BYTES`` takes 1 (no hand-off, no team, no extra frames).
     """
     if not dst:
         return
@@ -233,10 +230,7 @@ def memmove_blocks(
     """``memmove(dst[i], src[i], sizes[i])`` for all i: raw CPU addresses, in bytes.
 
     Unchecked: the caller guarantees that every block lies inside live CPU
-    tensors it holds for the duration of the call. With ``threads`` 0, calls
-    moving at least ``_THREADED_MIN_BYTES`` are split across the copy threads;
-    ``threads`` >= 1 splits every call over that many threads (1: this one);
-    ``AUTO``: measured (``sgl_core.transfer.copy._auto_copy``).
+    tensors it holds for the duration of the call.
     """
     count = len(sizes)
     if threads == AUTO:

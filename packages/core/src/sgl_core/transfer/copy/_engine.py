@@ -70,12 +70,8 @@ class RunSide:
         """``block(start, length)`` of every ``(start, length)``: the same views, built cheaper.
 
         A run copy of short runs builds one view per run and side, so the
-        per-view cost is the copy's overhead: the page split and the
-        transpose are applied once to the whole tensor, and each block is
-        one slice of that (a plain dim-0 slice where possible, the cheapest
-        view torch makes). Spans that ``block`` would reject (out of range,
-        or not whole pages of a page-split side) go through ``block``, which
-        raises as before.
+        per-view cost is the copy's overhead (hence one page split and
+        transpose per call, and dim-0 slices, the cheapest view torch makes).
         """
         t, dim, unit, page = self.tensor, self.axis, self.unit, self.page
         # Split into pages once: needs unit steps of 1, an axis and spans of whole pages.
@@ -111,14 +107,8 @@ def copy_runs(
     """One block copy per (pair, run), between the two sides of each pair.
 
     A run ``(a, b, n)`` cuts ``pairs[i][0]`` at ``a`` and ``pairs[i][1]`` at
-    ``b`` (``IndexRuns`` order); ``into_first`` copies second -> first, else
-    first -> second. Blocks are issued pair-major, or run-major with
-    ``runs_outer`` (each caller keeps its own issue order). On one device the
-    blocks go through ``copy_blocks``; across devices one by one
-    (``copy_each``) or, with ``batched`` (``CopyTuning.batched_cross_device``),
-    in one non-blocking ``copy_batched``. ``threads`` is
-    ``CopyTuning.copy_threads`` for copies between two CPU buffers (``AUTO``:
-    measured, ``sgl_core.transfer.copy._auto_copy``; 0, the default: ATen's threads).
+    ``b`` (``IndexRuns`` order). ``runs_outer`` issues run-major (each caller
+    keeps its own issue order); ``batched`` and ``threads`` are ``CopyTuning``'s.
     """
     spans = list(runs)
     if not spans or not pairs:
@@ -156,16 +146,9 @@ def gather_rows(
 ) -> None:
     """``dst[i].index_copy_(0, dst_idx, src[i].index_select(axis, src_idx))`` for each i.
 
-    One gather and one scatter per pair, moved as bytes (``byte_view``: fp8
-    has no index kernels). A gather along ``axis`` > 0 is moved to dim 0
-    (``transpose``) and made contiguous before it crosses devices. With
-    ``non_blocking`` the index uploads and a copy *to* an accelerator are
-    asynchronous (a copy to the CPU never is: the scatter reads it next).
-    ``out`` is a reused gather buffer; without it, the pairs share the first
-    pair's gather result as their buffer where their shapes match.
-    ``threads`` (``CopyTuning.copy_threads``): between two CPU buffers along
-    dim 0, a value other than 0 gathers in chunks below ATen's grain over
-    that many threads (``AUTO``: measured; ``sgl_core.transfer.copy._auto_copy``).
+    Moved as bytes (``byte_view``: fp8 has no index kernels). With
+    ``non_blocking`` a copy to the CPU still is not async: the scatter reads it
+    next. ``out`` is a reused gather buffer; ``threads`` is ``CopyTuning.copy_threads``.
     """
     if not dst:
         return
@@ -198,7 +181,12 @@ def _gather_whole(
     buffer = out
     for d, s in zip(dst, src, strict=True):
         view = byte_view(s)
-        if buffer is not None and _fits(buffer, view, axis, s_idx.numel()):
+        if (  # ``buffer`` is exactly this ``index_select``'s result
+            buffer is not None
+            and (buffer.dtype, buffer.device) == (view.dtype, view.device)
+            and tuple(buffer.shape) == (*view.shape[:axis], s_idx.numel(), *view.shape[axis + 1 :])
+            and buffer.is_contiguous()
+        ):
             rows = torch.index_select(view, axis, s_idx, out=buffer)
         else:
             rows = view.index_select(axis, s_idx)
@@ -213,17 +201,6 @@ def _gather_whole(
                 d.device, non_blocking=non_blocking and d.device.type != "cpu"
             )
         byte_view(d).index_copy_(0, d_idx, rows)
-
-
-def _fits(buffer: torch.Tensor, src: torch.Tensor, axis: int, count: int) -> bool:
-    """Whether ``buffer`` is exactly ``src.index_select(axis, <count indices>)``'s shape."""
-    shape = (*src.shape[:axis], count, *src.shape[axis + 1 :])
-    return (
-        buffer.dtype == src.dtype
-        and buffer.device == src.device
-        and tuple(buffer.shape) == shape
-        and buffer.is_contiguous()
-    )
 
 
 def reusable_after(gather: torch.device, dst: torch.device, *, non_blocking: bool) -> bool:
