@@ -7,8 +7,7 @@ pinned host memory, a layer is not contiguous, or the average piece is short;
 the caller then runs its per-piece path. The address arrays (runs, pieces, the
 checks before a batch) are pure CPU tensor ops over int64 addresses, no loop
 per piece; the modes are in ``sgl_cuda._path_choice``, the runtime call and
-its stream order in ``sgl_cuda._cudart``. Opt-in: tested on CPU against a fake
-runtime.
+its stream order in ``sgl_cuda._cudart`` (docs/design.md section 10).
 """
 
 from __future__ import annotations

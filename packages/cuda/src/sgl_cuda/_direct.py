@@ -1,11 +1,9 @@
 """The ``*_direct`` transfers of ``sgl_cuda.kvcacheio``: slice copies, no kernels.
 
-Index pairs merge into runs where both sides step by +1 (whole pages for the
-page-first-direct forms): one slice copy per run and layer, or one
-gather/scatter per layer when runs are short (``tuning``: a ``CopyTuning``,
-default the accelerator side's preset); with CUDA >= 12.8 and an opt-in
-``mode`` (``sgl_cuda._copy_engine``) one batched copy-engine call. Checked:
-what is O(1) to check; unchecked: bounds, duplicates, layer shapes.
+The copy paths are the ``direct`` io's (docs/design.md section 6): ``tuning``
+(a ``CopyTuning``, default the accelerator side's preset) picks among them, an
+opt-in ``mode`` makes them one batched copy-engine call (``sgl_cuda._copy_engine``).
+Checked: what is O(1) to check; unchecked: bounds, duplicates, layer shapes.
 """
 
 from __future__ import annotations
@@ -84,43 +82,43 @@ def transfer_kv_direct(
     copy_runs(runs, pairs, into_first=False, batched=tune.batched_cross_device)
 
 
-def _split_components(
-    per_layer: list[torch.Tensor], paged: list[torch.Tensor], what: str
-) -> list[list[torch.Tensor]]:
-    """Group per-layer buffers by component (MLA: 1; K/V: 2, ``k_layers + v_layers``)."""
-    parts = len(paged)
-    if parts == 0 or len(per_layer) % parts:
-        raise ShapeMismatchError(
-            f"{what}: {len(per_layer)} per-layer buffers do not split over "
-            f"{parts} page-first buffers"
-        )
-    per = len(per_layer) // parts
-    return [per_layer[c * per : (c + 1) * per] for c in range(parts)]
-
-
 def _pages(
-    hosts: list[torch.Tensor],
-    groups: list[list[torch.Tensor]],
+    per_layer: Sequence[torch.Tensor],
+    paged: Sequence[torch.Tensor],
     indices: tuple[torch.Tensor, torch.Tensor],
-    ps: int,
-    options: tuple[str, CopyTuning | None],
+    page_size: int,
+    options: tuple[str | None, CopyTuning | None],
     first: int,
     to_host: bool,
 ) -> None:
-    """Whole pages between page-first-direct ``hosts`` and per-layer ``groups`` (from ``first``)."""
+    """Whole pages between page-first-direct ``paged`` and per-layer ``per_layer``
+    buffers (from layer ``first``), grouped by component (MLA: 1; K/V: 2,
+    ``k_layers + v_layers``)."""
+    ps = check_page_size(page_size, PageAlignmentError)
+    copy_mode = resolve_mode(options[0])
+    check_layer_id(first)
+    hosts, layers = list(paged), list(per_layer)
+    parts = len(hosts)
+    if parts == 0 or len(layers) % parts:
+        what = "src_ptrs" if to_host else "dst_ptrs"
+        raise ShapeMismatchError(
+            f"{what}: {len(layers)} per-layer buffers do not split over {parts} page-first buffers"
+        )
+    per = len(layers) // parts
+    groups = [layers[c * per : (c + 1) * per] for c in range(parts)]
     src_idx, dst_idx = _cpu_indices(*indices)
     if src_idx.numel() % ps:
         raise PageAlignmentError(
             f"{src_idx.numel()} indices are not a whole number of pages of {ps}"
         )
-    parts = list(zip(hosts, groups, strict=True))
     host_idx, dev_idx = (dst_idx, src_idx) if to_host else (src_idx, dst_idx)
-    if _copy_engine.page_first(parts, first, host_idx, dev_idx, ps, options[0], to_host=to_host):
+    pieces = list(zip(hosts, groups, strict=True))
+    if _copy_engine.page_first(pieces, first, host_idx, dev_idx, ps, copy_mode, to_host=to_host):
         return
     runs = merge_runs(src_idx[::ps], dst_idx[::ps], unit=ps)
     pairs = []
-    for host, layers in zip(hosts, groups, strict=True):
-        for j, layer in enumerate(layers):
+    for host, group in pieces:
+        for j, layer in enumerate(group):
             h, dev = RunSide(host[:, first + j], unit=ps), RunSide(layer, page=ps)
             pairs.append((dev, h) if to_host else (h, dev))
     devs = [g[0] for g in groups if g]
@@ -146,13 +144,8 @@ def transfer_kv_per_layer_direct_pf_lf(
     buffer(s) for layers ``layer_id, layer_id + 1, ...`` (one per layer and
     component). Indices must be whole, aligned pages (only the count is checked).
     """
-    ps = check_page_size(page_size, PageAlignmentError)
-    copy_mode = resolve_mode(mode)
-    check_layer_id(layer_id)
-    hosts = list(src_ptrs)
-    groups = _split_components(list(dst_ptrs), hosts, "dst_ptrs")
     indices = (src_indices, dst_indices)
-    _pages(hosts, groups, indices, ps, (copy_mode, tuning), layer_id, to_host=False)
+    _pages(dst_ptrs, src_ptrs, indices, page_size, (mode, tuning), layer_id, to_host=False)
 
 
 def transfer_kv_all_layer_direct_lf_pf(
@@ -170,8 +163,5 @@ def transfer_kv_all_layer_direct_lf_pf(
     ``src_ptrs`` holds the per-layer buffers (``k_layers + v_layers`` for two
     components); ``dst_ptrs`` the page-first-direct buffer(s).
     """
-    ps = check_page_size(page_size, PageAlignmentError)
-    copy_mode = resolve_mode(mode)
-    hosts = list(dst_ptrs)
-    groups = _split_components(list(src_ptrs), hosts, "src_ptrs")
-    _pages(hosts, groups, (src_indices, dst_indices), ps, (copy_mode, tuning), 0, to_host=True)
+    indices = (src_indices, dst_indices)
+    _pages(src_ptrs, dst_ptrs, indices, page_size, (mode, tuning), 0, to_host=True)

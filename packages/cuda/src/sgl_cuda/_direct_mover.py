@@ -2,9 +2,7 @@
 
 ``CudaDirectMover`` is the core ``DirectMover`` recording the point after each
 transfer in the pool's ``StreamFence``; ``SGL_CUDA_DIRECT_COPY`` picks how it
-copies (``foreach``, the default; opt-in ``batch``/``batch-plain`` through
-``sgl_cuda._copy_engine``, ``auto`` through ``sgl_cuda._path_choice``; a
-``CopyTuning`` the pool was given makes ``auto`` copy as ``foreach``).
+copies (docs/design.md section 6, "CUDA copy paths, calibrated").
 """
 
 from __future__ import annotations
@@ -169,7 +167,22 @@ class CudaDirectMover(DirectMover):
             unit=unit,
         )
         run_bytes = self.rows[0] * transfer.count // max(len(runs), 1)
-        return _AutoPlan(run_bytes, self._kernel_mover(transfer.device_pool))
+        # The ``kernel`` candidate only for ``layer_first`` (the kernels have no address
+        # form for ``page_first_direct``), whose pools refuse rows that are not whole
+        # 8-byte words when they are built; the device pool is checked as for ``kernel`` io.
+        if self.layout is not HostLayout.LAYER_FIRST:
+            return _AutoPlan(run_bytes, None)
+        kernel = self._kernel
+        if kernel is None:
+            # one thread for its indexer rows between CPU buffers: no calibrator inside a candidate
+            tune = dataclasses.replace(tuning_for(transfer.device_pool.device), copy_threads=1)
+            side = dataclasses.replace(self.side, tuning=tune)
+            kernel = self._kernel = KernelMover(side, self.fence)
+        try:
+            kernel.check(transfer.device_pool)  # unpinned host memory; a CPU pool, no interpreter
+        except SGLError:
+            return _AutoPlan(run_bytes, None)
+        return _AutoPlan(run_bytes, kernel)
 
     def _candidates(
         self, transfer: Transfer[Any], layer_id: int | None, kernel: KernelMover | None
@@ -201,24 +214,3 @@ class CudaDirectMover(DirectMover):
             mover = DirectMover(dataclasses.replace(self.side, tuning=tune))
             self._pinned[(device, gather_below)] = mover
         return mover
-
-    def _kernel_mover(self, device_pool: Any) -> KernelMover | None:
-        """The ``kernel`` candidate where its kernels can move these rows, else None.
-
-        Only ``layer_first`` (the kernels have no address form for
-        ``page_first_direct``), whose pools refuse rows that are not whole 8-byte
-        words when they are built; the device pool is checked as for ``kernel`` io.
-        """
-        if self.layout is not HostLayout.LAYER_FIRST:
-            return None
-        kernel = self._kernel
-        if kernel is None:
-            # one thread for its indexer rows between CPU buffers: no calibrator inside a candidate
-            tune = dataclasses.replace(tuning_for(device_pool.device), copy_threads=1)
-            side = dataclasses.replace(self.side, tuning=tune)
-            kernel = self._kernel = KernelMover(side, self.fence)
-        try:
-            kernel.check(device_pool)  # unpinned host memory; a CPU pool, no interpreter
-        except SGLError:
-            return None
-        return kernel

@@ -1,11 +1,9 @@
 """The O(1) argument checks of every ``sgl_cuda.kvcacheio`` kernel launch, and the launch.
 
-``bind_rows`` runs them and binds one launch of ``sgl_cuda._triton.kvcacheio``
-for ``(K,)`` (MLA) or ``(K, V)`` buffers or pointer tables (the address forms
-are in ``sgl_cuda.kvcacheio``'s docstring). The checks run before any launch,
-so a rejected call changes nothing. What they do
-not check (bounds, duplicates, the addresses inside pointer tables) is listed
-in ``sgl_cuda.kvcacheio``'s docstring.
+``bind_rows`` runs them before any launch (a rejected call changes nothing) and
+binds one launch of ``sgl_cuda._triton.kvcacheio`` for ``(K,)`` (MLA) or ``(K, V)``
+buffers or pointer tables (address forms: docs/design.md sections 5 and 6; what is
+not checked: ``sgl_cuda.kvcacheio``'s docstring).
 """
 
 from __future__ import annotations

@@ -4,10 +4,7 @@ Drop-in for the engine's ``kvcacheio`` transfer module (MLA, MHA and direct
 forms; address forms, checks and byte orders: docs/design.md sections 5 and
 6). The ``*_mla`` and MHA functions are one Triton launch each, rows moved as
 ``item_size // 8`` int64 words; the ``*_direct`` functions are slice copies
-(``sgl_cuda._direct``, re-exported here). Address forms, in bytes
-(``item = item_size``, ``dim = *_layout_dim``): layer-first
-``base + idx * item``; page-first ``base + idx * dim + layer * item``; pointer
-table ``tbl[layer] + idx * item`` (``torch.uint64``); page-head per head.
+(``sgl_cuda._direct``, re-exported here).
 
 These are the hot path and check only what is O(1) to check. They do **not**
 check that indices are in bounds or unique, that pointer tables hold valid,
@@ -157,14 +154,8 @@ def transfer_kv_per_layer_pf_lf(
 ) -> None:
     """Layer ``layer_id`` of page-first ``src_k``/``src_v`` into layer-first ``dst_k``/``dst_v``."""
     forms = RowForm("page_first", "src", src_layout_dim), RowForm("layer_first", "dst")
-    _rows(
-        (src_k, src_v),
-        (dst_k, dst_v),
-        (src_indices, dst_indices),
-        item_size,
-        forms,
-        _check_layer_id(layer_id),
-    )
+    src, dst = (src_k, src_v), (dst_k, dst_v)
+    _rows(src, dst, (src_indices, dst_indices), item_size, forms, _check_layer_id(layer_id))
 
 
 def transfer_kv_per_layer_ph_lf(
@@ -185,14 +176,8 @@ def transfer_kv_per_layer_ph_lf(
         RowForm("page_head", "src", src_layout_dim, page_size, head_num),
         RowForm("layer_first", "dst"),
     )
-    _rows(
-        (src_k, src_v),
-        (dst_k, dst_v),
-        (src_indices, dst_indices),
-        item_size,
-        forms,
-        _check_layer_id(layer_id),
-    )
+    src, dst = (src_k, src_v), (dst_k, dst_v)
+    _rows(src, dst, (src_indices, dst_indices), item_size, forms, _check_layer_id(layer_id))
 
 
 def transfer_kv_all_layer(
@@ -207,15 +192,8 @@ def transfer_kv_all_layer(
 ) -> None:
     """Every layer, K and V, pointer tables to pointer tables (``torch.uint64``), one launch."""
     forms = RowForm("table", "src"), RowForm("table", "dst")
-    _rows(
-        (src_k_layers, src_v_layers),
-        (dst_k_layers, dst_v_layers),
-        (src_indices, dst_indices),
-        item_size,
-        forms,
-        0,
-        num_layers,
-    )
+    src, dst = (src_k_layers, src_v_layers), (dst_k_layers, dst_v_layers)
+    _rows(src, dst, (src_indices, dst_indices), item_size, forms, 0, num_layers)
 
 
 def transfer_kv_all_layer_lf_pf(
@@ -231,15 +209,8 @@ def transfer_kv_all_layer_lf_pf(
 ) -> None:
     """Every layer, K and V, pointer tables to page-first ``dst_k``/``dst_v``, one launch."""
     forms = RowForm("table", "src"), RowForm("page_first", "dst", dst_layout_dim)
-    _rows(
-        (src_k_layers, src_v_layers),
-        (dst_k, dst_v),
-        (src_indices, dst_indices),
-        item_size,
-        forms,
-        0,
-        num_layers,
-    )
+    src, dst = (src_k_layers, src_v_layers), (dst_k, dst_v)
+    _rows(src, dst, (src_indices, dst_indices), item_size, forms, 0, num_layers)
 
 
 def transfer_kv_all_layer_lf_ph(
@@ -260,15 +231,8 @@ def transfer_kv_all_layer_lf_ph(
         RowForm("table", "src"),
         RowForm("page_head", "dst", dst_layout_dim, page_size, head_num),
     )
-    _rows(
-        (src_k_layers, src_v_layers),
-        (dst_k, dst_v),
-        (src_indices, dst_indices),
-        item_size,
-        forms,
-        0,
-        num_layers,
-    )
+    src, dst = (src_k_layers, src_v_layers), (dst_k, dst_v)
+    _rows(src, dst, (src_indices, dst_indices), item_size, forms, 0, num_layers)
 
 
 publish_names(__name__, globals())  # the kernels' entry points report sgl_cuda.kvcacheio
