@@ -302,7 +302,7 @@ def test_dsa_stack_round_trip(
 def _damage(storage: SGLangPageStorage, pages: list[int], how: str) -> None:
     """Drop or corrupt the INDEXER objects of ``pages`` (their KV objects stay whole)."""
     store = storage._pools["indexer"][1]
-    keys = storage._scoped("indexer", page_keys(TOKENS, PAGE, scheme="sglang"))
+    keys = storage._keys(page_keys(TOKENS, PAGE, scheme="sglang"), "indexer")
     for p in pages:
         path = store._path(keys[p])
         if how == "dropped":

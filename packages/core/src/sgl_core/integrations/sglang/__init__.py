@@ -1,11 +1,7 @@
-"""Our host pools and L3 stores as SGLang 0.5.23's HiCache pieces.
-
-:func:`wrap_host_pool` (any of our host pools as SGLang's ``mem_pool_host`` or
-a ``HostPoolGroup`` entry), the drop-in builders :func:`kv_host_pool_builder`
-and :func:`indexer_host_pool_builder`, and, in
-:mod:`sgl_core.integrations.sglang_storage`, the storage backend. This
-package imports nothing from ``sglang``. Semantics kept from SGLang, and the
-deliberate differences, are listed in ``docs/sglang.md``.
+"""Our host pools and L3 stores as SGLang 0.5.23's HiCache pieces (the storage backend
+is in :mod:`sgl_core.integrations.sglang_storage`); what each piece is for, the
+semantics kept from SGLang and the deliberate differences: docs/sglang.md. This
+package imports nothing from ``sglang``.
 """
 
 from __future__ import annotations

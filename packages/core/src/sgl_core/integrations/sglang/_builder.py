@@ -1,9 +1,5 @@
-"""Drop-ins for SGLang 0.5.23's host pool builders, building ours.
-
-SGLang has no option to choose another host pool class, so a deployment
-replaces ``build_kv_host_pool`` and ``DSAIndexerHostPoolBuilder`` before the
-scheduler builds its cache (docs/sglang.md shows how); everything else (the
-group, the controller, storage attach) stays SGLang's own.
+"""Drop-ins for SGLang 0.5.23's host pool builders, building ours (why and how a
+deployment swaps them in: docs/sglang.md, "Running an SGLang server on our packages").
 """
 
 from __future__ import annotations

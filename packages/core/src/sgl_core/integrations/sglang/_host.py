@@ -70,7 +70,6 @@ class SGLangHostPool(SGLangEntryMembers):
         #: (its indexer is the INDEXER entry's), and the view that shows only them.
         self._kv_rows = kv_rows
         self._bind(pool, pool_label)
-        self._mha = isinstance(pool, MHAHostPoolBase)
         layout = self._layout
         self.size: int = pool.size
         self.page_size: int = pool.page_size
@@ -116,7 +115,7 @@ class SGLangHostPool(SGLangEntryMembers):
     @property
     def is_mha(self) -> bool:
         """True for an MHA/GQA pool (K and V rows), False for MLA."""
-        return self._mha
+        return isinstance(self._base, MHAHostPoolBase)
 
     # ------------------------------------------------------------- sizes
     def get_ksize_per_token(self) -> int:

@@ -111,8 +111,10 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
             raise PoolMismatchError(f"{type(pool).__name__} keeps no kv_buffer of index pages")
         if self._layout is HostLayout.LAYER_FIRST:
             shape: tuple[int, ...] = (self.layer_num, pool.size, fmt.row_bytes)
+            self._page_shape: tuple[int, ...] = (self.layer_num, 1, fmt.row_bytes)
         else:
             shape = (pool.size, self.layer_num, 1, fmt.row_bytes)
+            self._page_shape = (1, self.layer_num, 1, fmt.row_bytes)
         #: SGLang's host buffer (a view of the inner pool's, no copy).
         self.index_k_with_scale_buffer: torch.Tensor = buf.view(shape)
 
@@ -165,11 +167,7 @@ class SGLangIndexerHostPool(SGLangEntryMembers):
     def get_data_page(self, index: object, flat: bool = True) -> torch.Tensor:
         """A copy of one page: every indexer layer's row, in SGLang's shape when not flat."""
         page = self._base.get_data_page(self._page(index), flat)
-        if flat:
-            return page
-        if self._layout is HostLayout.LAYER_FIRST:
-            return page.reshape(self.layer_num, 1, self.indexer_page_stride_size)
-        return page.reshape(1, self.layer_num, 1, self.indexer_page_stride_size)
+        return page if flat else page.reshape(self._page_shape)
 
     def get_page_buffer_meta(
         self, indices: torch.Tensor | Sequence[int]

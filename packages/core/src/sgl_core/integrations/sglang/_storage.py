@@ -87,15 +87,18 @@ class SGLangPageStorage:
             raise PageStoreArgumentError("keys must be a sequence of str, got one str")
         if self.mem_pool_host is None:
             raise PageStoreArgumentError("call register_mem_pool_host before moving pages")
-        suffix = self._suffix if pool is None else f"{self._suffix}@pool-{pool}"
+        anchor = pool is None or pool == self._anchor_name()
+        suffix = self._suffix if anchor else f"{self._suffix}@pool-{pool}"
         return [f"{k}{suffix}" if isinstance(k, str) and k else k for k in keys]
+
+    def _hits(self, store: PageStore, keys: Sequence[str], pool: str | None = None) -> int:
+        """Leading pages of ``keys`` ``store`` holds whole (no store call for no keys)."""
+        return store.batch_exists(self._keys(keys, pool)) if keys else 0
 
     # ---------------------------------------------------- v1 (zero-copy)
     def batch_exists(self, keys: Sequence[str], extra_info: Any = None) -> int:
         """Consecutive keys, from the first, whose pages are stored whole."""
-        if not keys:
-            return 0
-        return self._store.batch_exists(self._keys(keys))
+        return self._hits(self._store, keys)
 
     def batch_get_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor, extra_info: Any = None
@@ -203,9 +206,6 @@ class SGLangPageStorage:
     def _anchor_name(self) -> str | None:
         return next((n for n, (h, _) in self._pools.items() if h is self.mem_pool_host), None)
 
-    def _scoped(self, name: str, keys: Sequence[str]) -> list[str]:
-        return self._keys(keys, None if name == self._anchor_name() else name)
-
     def _entry(self, transfer: Any) -> tuple[str, _Registered, PageStore]:
         name = pool_name(getattr(transfer, "name", None))
         if name not in self._pools:
@@ -225,7 +225,7 @@ class SGLangPageStorage:
         checked = [
             (self._entry(t), hit_policy(t), list(getattr(t, "keys", None) or [])) for t in transfers
         ]
-        kv = self._store.batch_exists(self._keys(keys)) if keys else 0
+        kv = self._hits(self._store, keys)
         hits: dict[Any, int] = {}
         if kv:
             hits[self._anchor_name() or "kv"] = kv
@@ -233,7 +233,7 @@ class SGLangPageStorage:
         for t, ((name, _, store), policy, t_keys) in zip(transfers, checked, strict=True):
             if final == 0:
                 break
-            exists = functools.partial(self._exists, name, store)
+            exists = functools.partial(self._hits, store, pool=name)
             boundary = policy_boundary(policy, keys[:kv], t_keys, exists)
             if policy == BLOCK_GROUPS:  # the pool's own verdict, never a gate on the KV hit
                 hits[t.name] = boundary
@@ -243,9 +243,6 @@ class SGLangPageStorage:
             final = min(final, boundary)
         return transfer_result(final, hits)
 
-    def _exists(self, name: str, store: PageStore, keys: list[str]) -> int:
-        return store.batch_exists(self._scoped(name, keys)) if keys else 0
-
     def _move_v2(self, transfers: Any, load: bool) -> dict[Any, list[bool]]:
         if transfers is None or isinstance(transfers, (str, bytes)):
             raise PageStoreArgumentError("transfers must be a list of PoolTransfer")
@@ -253,7 +250,7 @@ class SGLangPageStorage:
         for t in list(transfers):
             name, host, store = self._entry(t)
             keys, slots = transfer_slots(name, host, t)
-            scoped = self._scoped(name, keys)
+            scoped = self._keys(keys, name)
             # The store's own checks (key form, index dtype, range, whole pages,
             # duplicates) for every transfer before the first one moves a byte.
             resolve_pages(host.pool, page_format(host.pool), scoped, slots)

@@ -1,11 +1,7 @@
-"""Our host pools (and L3 stores) as vLLM 0.33's KV-offloading backend.
+"""Our host pools (and L3 stores) as vLLM 0.33's KV-offloading backend and secondary tier.
 
-Load it in vLLM with ``"spec_name": "SglOffloadingSpec"`` and
-``"spec_module_path": "sgl_core.integrations.vllm"`` in the
-``OffloadingConnector``'s ``kv_connector_extra_config`` (docs/vllm.md); our
-L3 stores as a secondary tier of vLLM's ``TieringOffloadingSpec`` with
-``"type": "SglPageStoreTier"`` and ``"module_path": "sgl_core.integrations.vllm"``
-in ``secondary_tiers``. Nothing here imports vLLM at import time.
+How vLLM loads each: docs/vllm.md ("Enabling it in a vLLM server", "L3 stores as
+vLLM's secondary tier"). Nothing here imports vLLM at import time.
 """
 
 from sgl_core.backends._public import publish_names as _publish_names

@@ -166,13 +166,19 @@ class BlockHost:
         self.num_chunks = num_chunks
         self.blocks_per_chunk = blocks_per_chunk
         self.backend = get_backend(backend)
-        chosen = layout if layout is not None else _first_layout(self.backend.supported_pairs)
-        self.io_backend = io_backend if io_backend is not None else self.backend.default_io(chosen)
+        if layout is None:
+            # page_first when the backend runs it (a page is then one contiguous
+            # block of every layer: what an L3 store writes), else its first layout.
+            names = sorted(str(getattr(k, "value", k)) for k in self.backend.supported_pairs)
+            if not names:
+                raise UnsupportedLayoutError("backend supports no host layout")
+            layout = "page_first" if "page_first" in names else names[0]
+        self.io_backend = io_backend if io_backend is not None else self.backend.default_io(layout)
         pages = num_chunks * blocks_per_chunk
         # Exactly ``pages`` host pages (+0.5 absorbs the float product's rounding).
         ratio = (pages + 0.5) / view.size
         self.pool: MLAHostPool = self.backend.create_host_pool(
-            self.device_pool, layout=chosen, host_to_device_ratio=ratio, io_backend=self.io_backend
+            self.device_pool, layout=layout, host_to_device_ratio=ratio, io_backend=self.io_backend
         )
         if self.pool.size < pages:
             raise PoolMismatchError(f"host pool holds {self.pool.size} pages, need {pages}")
@@ -236,12 +242,3 @@ class BlockHost:
     def synchronize(self) -> None:
         """Wait for transfers the host pool queued on a stream (no-op when synchronous)."""
         self.pool.synchronize()
-
-
-def _first_layout(pairs: Any) -> str:
-    """``page_first`` when the backend runs it (a page is then one contiguous
-    block of every layer: what an L3 store writes), else its first layout."""
-    names = sorted(str(getattr(k, "value", k)) for k in pairs)
-    if not names:
-        raise UnsupportedLayoutError("backend supports no host layout")
-    return "page_first" if "page_first" in names else names[0]

@@ -1,14 +1,10 @@
-"""vLLM's offloaded chunks as pages of our L3 stores (no vLLM import).
+"""vLLM's offloaded chunks as pages of our L3 stores (no vLLM import): docs/vllm.md,
+"Our page records" (:class:`ChunkRows`, :func:`chunk_format_fields`, :class:`BlockStore`).
 
-``SglPageStoreTier``'s side: :class:`ChunkRows` (vLLM's CPU tier chunk rows as
-a host pool of one-page slots) and :func:`chunk_format_fields` (the page
-format's identity: a chunk of another format is a miss). ``SglOffloadingSpec``'s
-side: :class:`BlockStore`, one page per vLLM block of a :class:`BlockHost`
-(docs/vllm.md, "Our page records"). What the format cannot see (another model
-of the same shapes) is the key's job: vLLM keys a chunk by the hash at its end,
-so sub-block ``j`` of a 2-block chunk is another block than sub-block ``j`` of
-a 1-block one (hence ``.<j>of<blocks per chunk>``), and the model name is
-escaped so that no name forges another's prefix.
+What the format cannot see (another model of the same shapes) is the key's job: vLLM
+keys a chunk by the hash at its end, so sub-block ``j`` of a 2-block chunk is another
+block than sub-block ``j`` of a 1-block one (hence ``.<j>of<blocks per chunk>``), and
+the model name is escaped so that no name forges another's prefix.
 """
 
 from __future__ import annotations
@@ -131,10 +127,6 @@ def chunk_format_fields(spec: Any) -> dict[str, object]:
     }
 
 
-def _escape(model: str) -> str:
-    return model.replace("%", "%25").replace("@", "%40")
-
-
 class BlockStore:
     """A page store over a :class:`BlockHost`'s pool, addressed by vLLM's chunk keys."""
 
@@ -143,7 +135,7 @@ class BlockStore:
             raise ArgumentTypeError(f"model must be a non-empty str, got {model!r}")
         self.host = host
         self.store = store
-        self.prefix = _escape(model) + "@"
+        self.prefix = model.replace("%", "%25").replace("@", "%40") + "@"
         store.register_host_pool(host.pool)
 
     def keys(self, offload_keys: Sequence[bytes]) -> list[str]:

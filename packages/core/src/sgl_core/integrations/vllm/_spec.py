@@ -16,7 +16,7 @@ from typing import Any
 from sgl_core.errors import ArgumentTypeError, PoolMismatchError, UnsupportedLayoutError
 from sgl_core.integrations.vllm._blocks import BlockDeviceView, BlockHost, BlockRows, kv_dtype
 from sgl_core.integrations.vllm._chunk_rows import positive_int
-from sgl_core.integrations.vllm._tier import _BASE, _vllm, register_tier_with_vllm
+from sgl_core.integrations.vllm._tier import _BASE, _TIER_BASE, SglPageStoreTier, _vllm
 
 __all__ = ["SglOffloadingSpec", "SglOffloadingWorker", "register_with_vllm"]
 
@@ -27,7 +27,7 @@ def register_with_vllm() -> None:
     base = _vllm(_BASE)
     base.OffloadingSpec.register(SglOffloadingSpec)
     base.OffloadingWorker.register(SglOffloadingWorker)
-    register_tier_with_vllm()
+    _vllm(_TIER_BASE).SecondaryTierManager.register(SglPageStoreTier)
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,9 @@ class SglOffloadingWorker:
         return self.host.rows(gpu_spec.block_ids, cpu_spec.block_ids, sizes, starts)
 
     def _run(self, job_id: int, rows: BlockRows, store: bool) -> bool:
+        move = self.host.store if store else self.host.load
         start = time.perf_counter()
-        if store:
-            self.host.store(rows)
-        else:
-            self.host.load(rows)
+        move(rows)
         self._done.append(_Job(job_id, rows.num_bytes, time.perf_counter() - start))
         return True
 

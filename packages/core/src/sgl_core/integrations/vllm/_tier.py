@@ -24,7 +24,7 @@ from sgl_core.integrations.vllm._blocks import kv_dtype
 from sgl_core.integrations.vllm._chunk_rows import ChunkRows, chunk_format_fields, positive_int
 from sgl_core.l3 import FilePageStore, MooncakeConfig, MooncakePageStore, PageStore
 
-__all__ = ["SglPageStoreTier", "register_tier_with_vllm"]
+__all__ = ["SglPageStoreTier"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +35,6 @@ _HIT_SOURCE = "vllm.v1.metrics.cache_hit_source"
 
 def _vllm(module: str) -> Any:
     return importlib.import_module(module)
-
-
-def register_tier_with_vllm() -> None:
-    """Make :class:`SglPageStoreTier` a virtual subclass of vLLM's ``SecondaryTierManager``."""
-    _vllm(_TIER_BASE).SecondaryTierManager.register(SglPageStoreTier)
 
 
 def _make_store(
