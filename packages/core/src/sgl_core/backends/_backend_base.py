@@ -1,11 +1,5 @@
-"""Plumbing shared by backends whose pools are one device and one host class, and ``torch``.
-
-The portable ``torch`` backend (:class:`TorchBackend`) runs on any torch
-device: the embedded default on a machine without accelerators and the
-oracle the conformance suite compares other backends against. Its device
-pools are the per-layer layout; its host pools support every token-row
-layout with ``direct``, for MLA and for MHA.
-"""
+"""Plumbing shared by backends whose pools are one device and one host class, and ``torch``:
+the portable backend (:class:`TorchBackend`; docs/design.md sections 4 and 10)."""
 
 from __future__ import annotations
 
@@ -39,15 +33,8 @@ HostT = TypeVar("HostT", bound=MLAHostPoolBase)
 
 
 class PoolBackend(Generic[DeviceT, HostT]):
-    """A ``Backend`` built from a device-pool factory and a host-pool class.
-
-    Backend authors subclass it, set ``name`` and ``is_available``, and pass
-    their two pool classes; ``supported_pairs`` is the host class's. MHA
-    pools come from ``mha_device_pool_class`` / ``mha_host_pool_class``
-    (``supported_mha_pairs`` is the latter's ``supported_pairs``); without
-    them ``supported_mha_pairs`` is empty and both MHA factories raise
-    ``UnsupportedLayoutError``, so tools and the conformance suite skip MHA.
-    """
+    """A ``Backend`` built from a device-pool factory and a host-pool class, and optionally
+    the MHA pair of them (docs/design.md sections 4 and 5b, "For backend authors")."""
 
     name = "unnamed"
     #: io backends from fastest to slowest on this backend's device; ``default_io``
@@ -183,8 +170,7 @@ class PoolBackend(Generic[DeviceT, HostT]):
             host = self._mha_host_pool_class
             if host is None:
                 raise self._no_mha()
-            pool: MHAHostPool = host(as_mha_device_pool(device_pool), **options, tuning=self.tuning)
-            return pool
+            return host(as_mha_device_pool(device_pool), **options, tuning=self.tuning)
         return self._host_pool_class(as_device_pool(device_pool), **options, tuning=self.tuning)
 
 

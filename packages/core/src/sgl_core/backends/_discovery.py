@@ -1,11 +1,5 @@
-"""Backend discovery through the ``sgl.backends`` entry-point group.
-
-Resolution order of ``get_backend(name=None)``: the explicit ``name``; else
-the ``SGL_BACKEND`` environment variable; else the single installed device
-backend that reports itself available; else the portable ``torch`` backend.
-Entry points are imported only when resolution needs them, and each loaded
-backend is cached.
-"""
+"""Backend discovery through the ``sgl.backends`` entry-point group: resolution order,
+lazy loading and caching are docs/design.md section 4."""
 
 from __future__ import annotations
 
@@ -44,9 +38,8 @@ def _not_found(name: str) -> str:
     dist = KNOWN_BACKENDS.get(name)
     if dist is not None:
         return f"{message} (backend {name!r} comes with the {dist} distribution)"
-    missing = [n for n in KNOWN_BACKENDS if n not in installed]
-    known = ", ".join(f"{n} ({KNOWN_BACKENDS[n]})" for n in missing)
-    return f"{message}" + (f"; not installed: {known}" if known else "")
+    known = ", ".join(f"{n} ({d})" for n, d in KNOWN_BACKENDS.items() if n not in installed)
+    return message + (f"; not installed: {known}" if known else "")
 
 
 def _load(name: str) -> Backend:

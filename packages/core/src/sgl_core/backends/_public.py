@@ -1,11 +1,5 @@
-"""Public names report their public import path at run time (docs/design.md section 2).
-
-:func:`publish_names` is called once by each public module, after its
-imports. Only objects whose ``__module__`` is a private module of the same
-top-level package change, so a name two public modules export keeps the
-first (the most public one); a class's string annotations resolve first in
-its defining module, so ``typing.get_type_hints`` works from the public path.
-"""
+"""Public names report their public import path at run time (docs/design.md section 2,
+"Public paths": who calls :func:`publish_names`, which name wins, annotations)."""
 
 from __future__ import annotations
 
@@ -14,10 +8,6 @@ import types
 from collections.abc import Mapping
 
 __all__ = ["publish_names"]
-
-
-def _is_private(module: str) -> bool:
-    return any(part.startswith("_") for part in module.split("."))
 
 
 def _resolve_own_annotations(cls: type) -> None:
@@ -42,8 +32,8 @@ def publish_names(module_name: str, namespace: Mapping[str, object]) -> None:
         obj = namespace[name]
         if not isinstance(obj, (type, types.FunctionType)):
             continue
-        current = obj.__module__
-        if current.split(".", 1)[0] != package or not _is_private(current):
+        parts = obj.__module__.split(".")
+        if parts[0] != package or not any(part.startswith("_") for part in parts):
             continue
         if obj.__qualname__ != name:  # an alias: the public module lacks its own name
             continue

@@ -1,9 +1,7 @@
 """``sgl-bench hicache``: host-pool backup/load bandwidth vs the copy limit and baselines.
 
-The baselines are transfers written the plain way (``per_token``: per layer, an
-``index_select`` and an indexed write; ``per_page``: per layer, a Python loop of
-one slice copy per page, like the upstream engine's ``direct`` path). Both run on
-any pool pair through the host pool's ``layer_views``: per layer,
+The baselines (:func:`per_token`, :func:`per_page`) are transfers written the plain way; both
+run on any pool pair through the host pool's ``layer_views``: per layer,
 ``(device_rows, host_pages)`` per component.
 """
 
@@ -68,7 +66,7 @@ def per_token(t: Transfer, *, to_host: bool, layer: int | None = None) -> None:
 
 
 def per_page(t: Transfer, *, to_host: bool, layer: int | None = None) -> None:
-    """Per layer and page: one slice copy (the upstream ``direct`` loop)."""
+    """Per layer and page: one slice copy (a Python loop, like the upstream ``direct`` path)."""
     ps = t.host.page_size
     layers = range(len(t.layers)) if layer is None else [layer]
     for lay in layers:

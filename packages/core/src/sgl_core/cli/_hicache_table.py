@@ -121,18 +121,15 @@ _LEGEND = [
     "copy = per round, the faster of the contiguous copy at 1 and at N torch threads (the "
     "engine's count); sgl/copy = the ratio of the medians, best = of the best rounds, "
     "min-max = the lowest and highest ratio of one round (copy and sgl timed back to back)",
+    f"? after a ratio = its baseline ran below {MIN_BASELINE_GBPS} GB/s (Python overhead, "
+    "not bytes moved): the ratio is not meaningful",
 ]
 
 
 def legend(records: Sequence[Record], interpreted: set[str] | frozenset[str]) -> list[str]:
     """Lines printed under the table: what each column and mark means (wrapped at 100)."""
     impls = {r.impl for r in records}
-    lines = [text for impl, text in _COLUMNS.items() if impl in impls]
-    lines += _LEGEND
-    lines.append(
-        f"? after a ratio = its baseline ran below {MIN_BASELINE_GBPS} GB/s (Python overhead, "
-        "not bytes moved): the ratio is not meaningful"
-    )
+    lines = [text for impl, text in _COLUMNS.items() if impl in impls] + _LEGEND
     if "fixed" in impls:
         lines.append(
             "fixed = the same pools with the old fixed copy tuning (copy_threads 0: ATen's "

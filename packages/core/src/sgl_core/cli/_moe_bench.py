@@ -117,15 +117,13 @@ def bench_combine(
         reset()
         ops[impl]()
         errs[impl] = (_rel_err(out[impl], ref), tol)
-    nbytes = tokens * hidden * routed.element_size()
-    shape = f"T={tokens},H={hidden}"
     return _records(
         samples,
         errs,
-        nbytes,
+        tokens * hidden * routed.element_size(),
         device,
         op="combine",
-        shape=shape,
+        shape=f"T={tokens},H={hidden}",
         dtype=str(dtype).removeprefix("torch."),
     )
 

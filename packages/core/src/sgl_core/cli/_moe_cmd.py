@@ -49,20 +49,6 @@ def add_parser(sub: argparse._SubParsersAction[CliParser]) -> None:
     p.set_defaults(run=run)
 
 
-def _row(r: MoERecord) -> list[str]:
-    return [
-        r.op,
-        f"{r.impl}*" if r.interpreted else r.impl,
-        r.shape,
-        r.device,
-        f"{r.seconds * 1e3:.3f}",
-        f"{r.gbps:.2f}",
-        "-" if r.speedup is None else f"{r.speedup:.2f}x",
-        "-" if r.max_err is None else f"{r.max_err:.1e}",
-        {True: "yes", False: "NO", None: "-"}[r.verified],
-    ]
-
-
 def run(args: argparse.Namespace) -> int:
     device = check_args(args, ("tokens", "hidden", "repeats"))
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -87,7 +73,21 @@ def run(args: argparse.Namespace) -> int:
                 continue
             records += check_case(case, device, repeats)
     header = ["op", "impl", "shape", "device", "ms", "GB/s", "speedup", "rel err", "verified"]
-    print_table("sgl-bench moe (ms per call, median)", header, [_row(r) for r in records])
+    rows = [
+        [
+            r.op,
+            f"{r.impl}*" if r.interpreted else r.impl,
+            r.shape,
+            r.device,
+            f"{r.seconds * 1e3:.3f}",
+            f"{r.gbps:.2f}",
+            "-" if r.speedup is None else f"{r.speedup:.2f}x",
+            "-" if r.max_err is None else f"{r.max_err:.1e}",
+            {True: "yes", False: "NO", None: "-"}[r.verified],
+        ]
+        for r in records
+    ]
+    print_table("sgl-bench moe (ms per call, median)", header, rows)
     print(
         "rel err = max |result - reference| / max |reference|, the reference computed in "
         "float64 from the same inputs"

@@ -1,11 +1,6 @@
-"""MoE methods from device packages, offered to ``sgl-bench moe`` by entry point.
-
-sgl_core never imports a device package by name. A device package that wants
-its MoE method benchmarked registers a factory under the entry-point group
-``sgl.moe_bench_cases``; the bench loads the group, calls each factory and
-times ``method.apply(layer, ...)`` against the torch reference method on the
-case's dense ``reference`` weights, checking both against float64.
-"""
+"""MoE methods from device packages, offered to ``sgl-bench moe`` by the entry-point group
+``sgl.moe_bench_cases`` (docs/design.md section 4): sgl_core never imports a device package
+by name. The bench calls each registered factory and checks the case it returns."""
 
 from __future__ import annotations
 

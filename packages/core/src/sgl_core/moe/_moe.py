@@ -1,8 +1,7 @@
 """MoE combine of routed and shared experts, and the torch reference method.
 
-The combine decides by a capability attribute on the method
-(``fuses_routed_scale_and_shared_add``), never by ``isinstance`` against
-method classes: that is what lets this module import no device package.
+The combine reads a capability attribute, never ``isinstance`` against method classes, so
+this module imports no device package (docs/design.md sections 1 and 9).
 """
 
 from __future__ import annotations
@@ -197,10 +196,7 @@ def check_routing(
 
 
 class TorchMoEMethod:
-    """Reference unquantized MoE: gate_up -> SiLU-and-mul -> down -> weighted top-k sum.
-
-    It does not apply ``routed_scaling_factor``; the combine folds it.
-    """
+    """Reference unquantized MoE; the combine folds its scale (docs/design.md section 9)."""
 
     fuses_routed_scale_and_shared_add: ClassVar[bool] = True
 
