@@ -30,7 +30,7 @@ import torch
 
 from sgl_core.l3._file_store import FilePageStore
 from sgl_core.l3._keys import page_keys
-from sgl_core.l3._mooncake_lib import isolate_network
+from sgl_core.l3._mooncake_lib import isolate_network, master_binary
 from sgl_core.l3._mooncake_store import MooncakeConfig, MooncakePageStore
 from sgl_core.l3._protocol import PageStore
 
@@ -56,8 +56,6 @@ def mooncake_on_loopback(segment_bytes: int) -> Iterator[MooncakeConfig]:
     loopback; the *client's* listeners bind every interface, so callers
     isolate the process first (:func:`default_store_factories` does).
     """
-    from sgl_core.l3._mooncake_lib import master_binary
-
     port = _free_port()
     proc = subprocess.Popen(
         [
@@ -142,13 +140,14 @@ def default_store_factories(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _memcpy_round(src: list[tuple[int, int]], dst: list[tuple[int, int]]) -> tuple[float, float]:
-    scratch = [ctypes.create_string_buffer(size) for _, size in src]
+def _memcpy_round(src: list[int], dst: list[int], sizes: list[int]) -> tuple[float, float]:
+    """Seconds to copy objects ``src`` into fresh buffers, then those into ``dst``."""
+    scratch = [ctypes.create_string_buffer(size) for size in sizes]
     t0 = time.perf_counter()
-    for buf, (ptr, size) in zip(scratch, src, strict=True):
+    for buf, ptr, size in zip(scratch, src, sizes, strict=True):
         ctypes.memmove(buf, ptr, size)
     t1 = time.perf_counter()
-    for buf, (ptr, size) in zip(scratch, dst, strict=True):
+    for buf, ptr, size in zip(scratch, dst, sizes, strict=True):
         ctypes.memmove(ptr, buf, size)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1
@@ -193,12 +192,8 @@ def run_l3_bench(
     gen = torch.Generator().manual_seed(0)
     for p in range(pages):
         flat = host.get_data_page(p * page_size)
-        host.set_from_flat_data_page(
-            p * page_size,
-            torch.randint(-(2**15), 2**15, flat.shape, generator=gen, dtype=torch.int16).view(
-                flat.dtype
-            ),
-        )
+        noise = torch.randint(-(2**15), 2**15, flat.shape, generator=gen, dtype=torch.int16)
+        host.set_from_flat_data_page(p * page_size, noise.view(flat.dtype))
     src_ptrs, src_sizes = host.get_page_buffer_meta(src_idx)
     dst_ptrs, _ = host.get_page_buffer_meta(dst_idx)
     total = sum(src_sizes)
@@ -210,10 +205,7 @@ def run_l3_bench(
             store.register_host_pool(host)
         times: dict[tuple[str, str], list[float]] = {}
         for _ in range(repeats):
-            t_set, t_get = _memcpy_round(
-                list(zip(src_ptrs, src_sizes, strict=True)),
-                list(zip(dst_ptrs, src_sizes, strict=True)),
-            )
+            t_set, t_get = _memcpy_round(src_ptrs, dst_ptrs, src_sizes)
             times.setdefault(("memcpy", "set"), []).append(t_set)
             times.setdefault(("memcpy", "get"), []).append(t_get)
             for name, store in stores.items():

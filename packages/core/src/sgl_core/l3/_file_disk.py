@@ -20,15 +20,7 @@ from sgl_core.l3._protocol import (
     PageStoreRootInUseError,
 )
 
-__all__ = [
-    "PAGE_NAME",
-    "TMP_SUFFIX",
-    "check_root",
-    "fsync_dir",
-    "hold_root",
-    "tmp_state",
-    "write_all",
-]
+__all__ = ["PAGE_NAME", "TMP_SUFFIX", "check_root", "fsync_dir", "hold_root", "tmp_state"]
 
 PAGE_NAME = re.compile(r"[0-9a-f]{64}")
 TMP_SUFFIX = ".tmp"
@@ -94,14 +86,6 @@ def tmp_state(path: Path) -> int | None:
         return None
     finally:
         os.close(fd)
-
-
-def write_all(fd: int, views: list[memoryview]) -> None:
-    for whole in views:
-        view = whole
-        while view.nbytes:
-            done = os.write(fd, view)
-            view = view[done:]
 
 
 def fsync_dir(path: Path) -> None:

@@ -59,7 +59,16 @@ class FileIndex(StoreState):
         self._reserved = 0  # this store's writes in flight (temp files)
         self._foreign_tmp: dict[Path, int] = {}  # temp files of other live writers
         self._own_tmp: set[Path] = set()  # this store's temp files (counted in _reserved)
-        self._scan()
+        found: list[tuple[float, str, int]] = []
+        for entry in self._page_entries():
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                found.append((st.st_mtime, entry.name, st.st_size))
+        with self._lock:
+            for _, name, size in sorted(found):  # oldest first: least recently used
+                self._lru[name] = size
+                self._committed += size
+            self._reclaim_tmp()
 
     @property
     def root(self) -> Path:
@@ -92,18 +101,6 @@ class FileIndex(StoreState):
                     for entry in os.scandir(shard.path):
                         if PAGE_NAME.fullmatch(entry.name) and entry.name[:2] == shard.name:
                             yield entry
-
-    def _scan(self) -> None:
-        found: list[tuple[float, str, int]] = []
-        for entry in self._page_entries():
-            with contextlib.suppress(OSError):
-                st = entry.stat(follow_symlinks=False)
-                found.append((st.st_mtime, entry.name, st.st_size))
-        with self._lock:
-            for _, name, size in sorted(found):
-                self._lru[name] = size
-                self._committed += size
-            self._reclaim_tmp()
 
     def _reclaim_tmp(self) -> None:
         """Remove temp files whose writer is gone; count those of live writers (lock held)."""
@@ -153,8 +150,7 @@ class FileIndex(StoreState):
                 return  # removed meanwhile (evicted, cleared)
             self._lru[name] = size
             self._committed += size
-            if self._capacity is not None and self._on_disk() > self._capacity:
-                self._make_room(0, protect=name)
+            self._make_room(0, protect=name)  # evicts only when now over capacity
 
     def _make_room(self, need: int, protect: str) -> bool:
         """Evict LRU pages until ``need`` more bytes fit (lock held); False if impossible."""

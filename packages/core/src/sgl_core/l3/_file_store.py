@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from sgl_core.kv.protocols._kv_protocols import KVHostPool
-from sgl_core.l3._file_disk import fsync_dir, write_all
+from sgl_core.l3._file_disk import fsync_dir
 from sgl_core.l3._file_index import FileIndex
 from sgl_core.l3._format import PageFormat, page_format
 from sgl_core.l3._pages import Page, check_keys
@@ -104,7 +104,10 @@ class FilePageStore(FileIndex):
             try:
                 views = page.views()
                 header = PageHeader.new(fmt.digest, page.key, page.nbytes, page.crc32(views))
-                write_all(fd, [memoryview(header.pack()), *views])
+                for whole in [memoryview(header.pack()), *views]:
+                    view = whole
+                    while view.nbytes:  # os.write may write less than asked
+                        view = view[os.write(fd, view) :]
                 if self._fsync:
                     os.fsync(fd)
                 path.parent.mkdir(exist_ok=True)

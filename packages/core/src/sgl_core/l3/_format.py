@@ -57,8 +57,9 @@ def _canon(value: object, what: str) -> object:
     )
 
 
-def _field_text(value: object, what: str) -> str:
-    return json.dumps(_canon(value, what), sort_keys=True, separators=(",", ":"))
+def _json(value: object) -> str:
+    """Canonical JSON (sorted keys, no spaces): what field texts and the fingerprint use."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +123,7 @@ class PageFormat:
     @functools.cached_property
     def digest(self) -> bytes:
         """16 bytes of SHA-256 over :meth:`as_dict` in canonical JSON."""
-        text = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).digest()[:16]
+        return hashlib.sha256(_json(self.as_dict()).encode()).digest()[:16]
 
     @property
     def fingerprint(self) -> str:
@@ -139,13 +139,6 @@ class PageFormat:
         )
 
 
-def _layout_name(layout: object) -> str:
-    value = getattr(layout, "value", layout)
-    if not isinstance(value, str):
-        raise PageStoreArgumentError(f"host.layout must be a HostLayout or str, got {layout!r}")
-    return value
-
-
 def _positive_int(host: object, name: str) -> int:
     value = getattr(host, name)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -153,32 +146,8 @@ def _positive_int(host: object, name: str) -> int:
     return value
 
 
-def _component(buffer: object, name: str) -> tuple[str, int] | None:
-    """``(dtype, row width)`` of an optional component tensor; ``None`` when absent."""
-    if buffer is None:
-        return None
-    if not isinstance(buffer, torch.Tensor) or buffer.dim() == 0:
-        raise PageStoreArgumentError(f"host.{name} must be a tensor or None")
-    return str(buffer.dtype), int(buffer.shape[-1])
-
-
 _SHAPE_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
 _HOST_FIELDS = (*_SHAPE_FIELDS, "kv_cache_dim", "flat_page_dtype", "indexer_layer_ids")
-
-
-def _derived_fields(host: object) -> dict[str, object]:
-    fields: dict[str, object] = {}
-    shape = getattr(host, "shape", None)
-    for name in _HOST_FIELDS:
-        value = getattr(host, name, None)
-        if value is None and name in _SHAPE_FIELDS:  # row dims may live on the pool's shape
-            value = getattr(shape, name, None)
-        if value is not None:
-            fields[name] = value
-    for name in ("index_k_buffer", "index_k_scale_buffer"):
-        if hasattr(host, name):
-            fields[name] = _component(getattr(host, name), name)
-    return fields
 
 
 def page_format(host: KVHostPool) -> PageFormat:
@@ -198,7 +167,24 @@ def page_format(host: KVHostPool) -> PageFormat:
                 f"host.get_page_buffer_meta returned {len(ptrs)} pointers and {len(sizes)} sizes "
                 "for one page"
             )
-        fields = _derived_fields(host)
+        fields: dict[str, object] = {}
+        shape = getattr(host, "shape", None)
+        for name in _HOST_FIELDS:
+            value = getattr(host, name, None)
+            if value is None and name in _SHAPE_FIELDS:  # row dims may live on the pool's shape
+                value = getattr(shape, name, None)
+            if value is not None:
+                fields[name] = value
+        for name in ("index_k_buffer", "index_k_scale_buffer"):
+            if not hasattr(host, name):
+                continue
+            buffer = getattr(host, name)
+            if buffer is None:
+                fields[name] = None  # the pool has no such part
+            elif isinstance(buffer, torch.Tensor) and buffer.dim() > 0:
+                fields[name] = (str(buffer.dtype), int(buffer.shape[-1]))  # dtype, row width
+            else:
+                raise PageStoreArgumentError(f"host.{name} must be a tensor or None")
         hook = getattr(host, "page_format_fields", None)
         if hook is not None:
             extra = hook()
@@ -214,13 +200,18 @@ def page_format(host: KVHostPool) -> PageFormat:
                         f"page_format_fields() declares {name!r}, a field derived from the pool"
                     )
                 fields[name] = value
+        layout = getattr(host.layout, "value", host.layout)
+        if not isinstance(layout, str):
+            raise PageStoreArgumentError(
+                f"host.layout must be a HostLayout or str, got {host.layout!r}"
+            )
         return PageFormat(
-            layout=_layout_name(host.layout),
+            layout=layout,
             dtype=str(host.dtype),
             page_size=page_size,
             layer_num=layer_num,
             object_bytes=tuple(int(s) for s in sizes),
-            fields=tuple(sorted((name, _field_text(v, name)) for name, v in fields.items())),
+            fields=tuple(sorted((name, _json(_canon(v, name))) for name, v in fields.items())),
         )
     except (AttributeError, TypeError) as exc:
         raise PageStoreArgumentError(

@@ -160,9 +160,6 @@ class MooncakeClient(StoreState):
         self._tls.headers = new
         return addr, memoryview(new).cast("B")[:need]
 
-    def _count_error(self, code: int, n: int = 1) -> None:
-        self._error(error_name(code), n)
-
     def _call(self, what: str, keys: list[str], *args: Any) -> list[int] | None:
         """Run batch call ``what``: one int per key, else ``None`` plus a log line."""
         try:
@@ -183,7 +180,7 @@ class MooncakeClient(StoreState):
             return None
         bad = [c for c in codes if c < 0]
         for c in set(bad):
-            self._count_error(c, bad.count(c))
+            self._error(error_name(c), bad.count(c))
         if bad:
             logger.warning(
                 "MooncakePageStore: batch_is_exist failed for %d of %d objects (%s)",

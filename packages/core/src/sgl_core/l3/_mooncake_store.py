@@ -79,7 +79,7 @@ class MooncakePageStore(MooncakeClient):
                 if rc in (0, OBJECT_ALREADY_EXISTS):
                     ok[i] = True
                 else:
-                    self._count_error(rc)
+                    self._error(error_name(rc))
         return self._tally("set", pages, ok, [c != 1 for c in codes])
 
     def batch_get(
@@ -109,7 +109,7 @@ class MooncakePageStore(MooncakeClient):
                 raw = view[f * HEADER_SIZE : (f + 1) * HEADER_SIZE]
                 crc = page.crc32 if self._config.verify_checksum else None
                 if rc != HEADER_SIZE + page.nbytes:
-                    self._count_error(rc if rc < 0 else _SIZE_MISMATCH)
+                    self._error(error_name(rc if rc < 0 else _SIZE_MISMATCH))
                 elif problem := PageHeader.check(raw, fmt.digest, page.key, page.nbytes, crc):
                     logger.warning(
                         "MooncakePageStore: page %r is corrupt (%s); removing it", page.key, problem
@@ -146,7 +146,7 @@ class MooncakePageStore(MooncakeClient):
         rc = self._client.remove_all(True)
         if rc < 0:
             logger.warning("MooncakePageStore: remove_all -> %s (%d)", error_name(rc), rc)
-            self._count_error(rc)
+            self._error(error_name(rc))
 
     def stats(self) -> PageStoreStats:
         with self._lock:
