@@ -229,19 +229,15 @@ def gather_step(
     if threads == 0:
         return Step(gather_chunks, ((dst, src, (d_idx,), (s_idx,), (staging[:count],)),))
     total = count * (src[0].numel() * src.element_size() if src.dim() else 1)
+    shape = f"{_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"  # of the key
     take = _take_parts(dst, src, d_idx, s_idx, staging)
     if take is not None:
-        key = f"take cpu->cpu {_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"
-        return _resolve(threads, key, total, take, 1)
+        return _resolve(threads, f"take cpu->cpu {shape}", total, take, 1)
     step = index_chunk(src[0].numel() if src.dim() > 1 else 1)
-    cuts = [(a, min(a + step, count)) for a in range(0, count, step)]
-    d_parts = [d_idx[a:b] for a, b in cuts]
-    s_parts = [s_idx[a:b] for a, b in cuts]
-    buf_parts = [staging[a:b] for a, b in cuts]
-    key = f"gather cpu->cpu {_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"
+    d_parts, s_parts, buf_parts = (torch.split(t, step) for t in (d_idx, s_idx, staging[:count]))
 
     def build(t: int) -> Step:
         parts = _split((d_parts, s_parts, buf_parts), t)
         return Step(gather_chunks, tuple((dst, src, *p) for p in parts))
 
-    return _resolve(threads, key, total, build, 1)
+    return _resolve(threads, f"gather cpu->cpu {shape}", total, build, 1)
