@@ -22,7 +22,7 @@ from sgl_core.backend import (
     PerLayerMHADevicePool,
 )
 from sgl_core.testing import device_rows, fill_device_random, page_indices
-from sgl_core.transfer._transfer import MHAMoverFactory
+from sgl_core.transfer._transfer import MoverFactory
 
 _SEAM = Path(__file__).with_name("test_transfer_seam.py")
 _spec = importlib.util.spec_from_file_location("_mla_seam_probe", _SEAM)
@@ -79,7 +79,7 @@ def test_mha_supported_pairs_come_from_the_movers() -> None:
             }
 
     class Narrowed(MHATokenHostPool):
-        movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MHAMoverFactory]]] = {
+        movers: ClassVar[Mapping[HostLayout, Mapping[IOBackend, MoverFactory]]] = {
             HostLayout.PAGE_HEAD: {IOBackend.DIRECT: DirectMover}
         }
 

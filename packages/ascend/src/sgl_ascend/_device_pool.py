@@ -39,12 +39,6 @@ class KvSplitSpec(KVSpec):
     def flat_page_dtype(self) -> torch.dtype:
         return torch.uint8 if self.has("index_k_scale") else self.dtype
 
-    @property
-    def indexer_layers(self) -> tuple[int, ...]:
-        """Model layers that keep an indexer row, in slot order (empty: no indexer)."""
-        keys = self.component("index_k").layers if self.has("index_k") else None
-        return () if keys is None else keys
-
 
 def kv_split_spec(spec: KVSpec, kv: tuple[Component, ...]) -> KvSplitSpec:
     """``spec`` with its every-layer rows replaced by ``kv`` (indexer rows kept, no stacking)."""
@@ -150,11 +144,9 @@ class AscendDevicePool(abc.ABC):
         buffers = self.components[:count]
         return [self._rows(b, layer_id).index_select(0, loc).view(self.dtype) for b in buffers]
 
-    def _values(
-        self, name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype | None = None
-    ) -> torch.Tensor:
-        """Rows of ``shape`` and ``dtype`` (None: the pool's), never converted, as device bytes."""
-        rows = check_value_rows(t, name, shape, self.dtype if dtype is None else dtype)
+    def _values(self, name: str, t: object, shape: tuple[int, ...]) -> torch.Tensor:
+        """Rows of ``shape`` and the pool's dtype, never converted, as device bytes."""
+        rows = check_value_rows(t, name, shape, self.dtype)
         return byte_view(rows.to(self.device).contiguous())
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:

@@ -222,8 +222,9 @@ class AscendMLAHostPool(AscendHostPool[MLADevicePool, MLAShape], MLAHostPoolBase
 
     @property
     def indexer_layer_ids(self) -> tuple[int, ...]:
-        """Model layers with an indexer row (empty when the pool has no indexer)."""
-        return self.spec.indexer_layers
+        """Model layers with an indexer row, in slot order (empty when the pool has no indexer)."""
+        keys = self.spec.component("index_k").layers if self.spec.has("index_k") else None
+        return () if keys is None else keys
 
     @property
     def flat_page_dtype(self) -> torch.dtype:

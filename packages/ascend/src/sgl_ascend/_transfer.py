@@ -6,19 +6,15 @@ Every component is a pair of 5-D tensors with the page and row axes swapped::
     device (rows, device_pages, page_size, heads, dim)   layer-major (Ascend device pools)
 
 where ``rows`` are model layers (k, v) or indexer slots (index_k, scale), and
-``heads`` is 1 for MLA components and ``head_num`` for MHA K and V.
-A transfer is planned once as runs of pages consecutive on *both* sides
-(:func:`plan_pages`); each run of ``n`` pages is one strided copy per component
-(``host[h:h+n] <- device[:, d:d+n].transpose(0, 1)``, every row, or
-``device[row, d:d+n] <- host[h:h+n, row]``, one row), short runs one gather over
-the page axis (docs/design.md, section 6, ``kernel_ascend``). A CPU load with big
-pages copies each page by address (``memmove_step``): cheaper than a run copy's views.
+``heads`` is 1 for MLA components and ``head_num`` for MHA K and V. How a
+transfer is planned (:func:`plan_pages`) and copied: docs/design.md, section 6,
+``kernel_ascend``. A CPU load with big pages copies each page by address
+(``memmove_step``): cheaper than a run copy's views.
 
 Between devices (an NPU pool and a pinned host pool) the run copies are
-issued with ``non_blocking=True`` on a side stream ordered after the caller's
-current stream (``_npu.transfer_stream``), and the current stream waits for
-them: as with any async copy, synchronize that stream or record an event
-before the host reads backed-up bytes.
+non-blocking, on a side stream ordered after the caller's (``_npu.transfer_stream``):
+as with any async copy, synchronize that stream or record an event before the
+host reads backed-up bytes.
 
 Arguments are assumed validated (``sgl_core`` host-pool base does it): page
 aligned, in range, destination pages distinct.

@@ -13,7 +13,7 @@ import torch
 
 from sgl_core.transfer._transfer import Transfer
 from sgl_core.transfer.copy._engine import copy_runs, gather_rows, run_options
-from sgl_core.transfer.copy._pieces import IndexRuns, merge_runs
+from sgl_core.transfer.copy._pieces import IndexRuns
 from sgl_core.transfer.copy._steps import (
     SLICES_MAX_RUN_BYTES,
     Step,
@@ -22,9 +22,8 @@ from sgl_core.transfer.copy._steps import (
     numpy_rows,
     slices_step,
 )
-from sgl_core.transfer.copy._tuning import load_gather_limit
 
-__all__ = ["Plan", "backup_slices", "load_steps", "new_plan"]
+__all__ = ["Plan", "backup_slices", "load_steps"]
 
 
 @dataclasses.dataclass
@@ -54,17 +53,6 @@ class Plan:
     extent: tuple[int, int] = (0, 0)
 
 
-def new_plan(transfer: Transfer[Any], unit: int, paged: bool) -> Plan:
-    """Runs and gather indices of a validated transfer."""
-    h_cpu = transfer.host_indices[::unit].to("cpu")
-    d_cpu = transfer.device_indices[::unit].to("cpu")
-    return Plan(
-        runs=merge_runs(h_cpu, d_cpu, unit=unit),
-        host_idx=h_cpu // unit if paged else h_cpu,
-        device_idx=d_cpu // unit if paged else d_cpu,
-    )
-
-
 def _unit_runs(plan: Plan, unit: int) -> list[tuple[int, int, int]]:
     if plan.unit_runs is None:
         runs = [(a // unit, b // unit, n // unit) for a, b, n in plan.runs]
@@ -83,6 +71,8 @@ def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -
     and a typed import back would be an import cycle)."""
     tune = mover._tuning(transfer.device_pool)
     threads = tune.copy_threads
+    cpu_gather = tune.load_gather_below_run_bytes  # None: gather_below_run_bytes
+    cpu_gather = tune.gather_below_run_bytes if cpu_gather is None else cpu_gather
     steps: list[Step] = []
     addrs: tuple[list[int], list[int], list[int]] = ([], [], [])
     for c, part in enumerate(mover.parts):
@@ -96,7 +86,7 @@ def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -
             hosts, devs, sizes = mover._addresses(plan, c, r, layer)
             for acc, got in zip(addrs, (devs, hosts, sizes), strict=True):  # dst, src, sizes
                 acc.extend(got)
-        elif run_bytes < (load_gather_limit(tune) if on_cpu else tune.gather_below_run_bytes):
+        elif run_bytes < (cpu_gather if on_cpu else tune.gather_below_run_bytes):
             dev = mover._device_rows(mover._wide(layer))
             rows = mover._host_rows(c, r)
             # this thread's gather buffer of the part (threads may share a plan)

@@ -18,10 +18,11 @@ import torch
 
 from sgl_core.kv._layouts import layout_facts
 from sgl_core.kv.device._device_rows import stacked_layers
-from sgl_core.transfer._direct_load import Plan, backup_slices, load_steps, new_plan
+from sgl_core.transfer._direct_load import Plan, backup_slices, load_steps
 from sgl_core.transfer._transfer import HostPart, HostSide, PlanCache, Transfer
 from sgl_core.transfer.copy._copy import memmove_blocks, widen_rows
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows, run_options
+from sgl_core.transfer.copy._pieces import merge_runs
 from sgl_core.transfer.copy._steps import Step, finish
 from sgl_core.transfer.copy._tuning import CopyTuning, tuning_for
 
@@ -130,7 +131,13 @@ class DirectMover:
     # ------------------------------------------------------------- planning
     def plan(self, transfer: Transfer[Any]) -> Plan:
         """Runs and gather indices of a validated transfer."""
-        return new_plan(transfer, self.unit, self.paged)
+        h_cpu = transfer.host_indices[:: self.unit].to("cpu")
+        d_cpu = transfer.device_indices[:: self.unit].to("cpu")
+        return Plan(
+            runs=merge_runs(h_cpu, d_cpu, unit=self.unit),
+            host_idx=h_cpu // self.unit if self.paged else h_cpu,
+            device_idx=d_cpu // self.unit if self.paged else d_cpu,
+        )
 
     def _sizes(self, plan: Plan, c: int, count: int) -> tuple[int, int]:
         """Average bytes of one run of one row of part ``c``, and of one by-address block."""

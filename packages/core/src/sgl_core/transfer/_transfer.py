@@ -21,7 +21,6 @@ from sgl_core.transfer.copy._tuning import CopyTuning
 __all__ = [
     "HostPart",
     "HostSide",
-    "MHAMoverFactory",
     "Mover",
     "MoverFactory",
     "PlanCache",
@@ -107,8 +106,6 @@ class HostSide:
 
 #: Builds a pool's mover once the pool has its buffers, from its ``HostSide``.
 MoverFactory = Callable[[HostSide], Mover[Any]]
-#: The same name for MHA host pools (one factory type serves every kind).
-MHAMoverFactory = MoverFactory
 
 PlanT = TypeVar("PlanT")
 

@@ -1,12 +1,9 @@
-"""CPU copies with ``copy_threads = AUTO``: the thread count chosen by measurement.
+"""CPU copies with ``copy_threads = AUTO``: the thread count chosen by measurement
+(candidates and samples: docs/design.md, "Copy threads, calibrated").
 
-Candidates ``1``, ``n`` and ``0`` (``CopyTuning.copy_threads``), measured per
-key by the process's :class:`~sgl_core.transfer.copy._calibrate.Calibrator`
-on the call's own first blocks (about ``SAMPLE_BYTES`` a segment), the whole
-call reported back (docs/design.md, "Copy threads, calibrated"). The sample
-copies blocks of the call before the call itself, so the blocks must not
-overlap their own sources (true of every mover: the device pool and the host
-pool are separate buffers).
+The sample copies blocks of the call before the call itself, so the blocks must not
+overlap their own sources (true of every mover: the device pool and the host pool are
+separate buffers).
 """
 
 from __future__ import annotations

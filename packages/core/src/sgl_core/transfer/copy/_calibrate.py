@@ -1,11 +1,6 @@
-"""Choose a copy's strategy by measuring the candidates, once per kind of copy.
-
-A :class:`Calibrator` times the named candidates of a *key* (the operation,
-the two devices, the block size) on a sample of the real copy, on an injected
-clock (tests use a fake one); it keeps the winner for the process (and in a
-:class:`DiskCache` where ``SGLCORE_COPY_CALIBRATION`` names a file) and
-measures a key again when its real copies run far slower (docs/design.md,
-"Copy threads, calibrated": the CPU copy threads and the CUDA copy paths).
+"""Choose a copy's strategy by measuring the candidates, once per kind of copy: a
+:class:`Calibrator` and its :class:`DiskCache` (docs/design.md, "Copy threads,
+calibrated": the CPU copy threads and the CUDA copy paths).
 """
 
 from __future__ import annotations

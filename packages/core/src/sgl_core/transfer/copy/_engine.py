@@ -1,12 +1,6 @@
-"""The direct-copy engine: run copies and gathers shared by every direct mover.
-
-Every direct copy (``RowDirectMover``, ``sgl_cuda``'s ``*_direct`` functions,
-``sgl_ascend``'s kv-split mover) moves index runs between two tensors whose
-layouts differ. :class:`RunSide` says, for one side, which axis a run indexes
-and how it is cut into a block; :func:`copy_runs` cuts every block and issues
-them with one of ``_copy``'s batched copies; :func:`gather_rows` is the
-gather/scatter alternative for short runs. The caller picks between them (and
-the by-address ``memmove_blocks``) with its ``CopyTuning``.
+"""The direct-copy engine shared by every direct mover: :class:`RunSide`, :func:`copy_runs`
+and :func:`gather_rows` (docs/design.md, "One direct-copy engine"); each caller picks
+between them (and the by-address ``memmove_blocks``) with its ``CopyTuning``.
 
 ``copy_runs`` dispatches to the copy itself, so a per-layer load stays
 within three of our frames from the public method to the copy.

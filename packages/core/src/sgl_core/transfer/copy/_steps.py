@@ -1,12 +1,6 @@
 """Per-layer loads (and CPU run-copy backups) as bound copy steps: the primitive and its
-arguments, built once per layer (docs/design.md, "Loads as bound copy steps").
-
-Primitives, each a plain loop, the copy itself: :func:`memmove_each` (by-address
-blocks), :func:`copy_slices` (numpy run copies), :func:`take_rows` (numpy row
-gather/scatter, the whole call at once) and :func:`gather_chunks` (torch, in chunks
-below ATen's grain). A step's thread count is resolved when it is built: explicit
-``copy_threads``, one thread below ``AUTO_MIN_BYTES``, else measured by the
-calibrator on the whole step under its shape key.
+arguments, built once per layer. The primitives, and how a step's thread count is fixed
+when it is built: docs/design.md, "Loads as bound copy steps" and "Copy threads, calibrated".
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ import numpy as np
 import torch
 
 from sgl_core.transfer.copy import _copy
+from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import _memmove_all, _pool
 from sgl_core.transfer.copy._pieces import index_chunk, split_parts
@@ -78,11 +73,6 @@ def finish(futures: Sequence[Future[None]]) -> None:
         future.result()
 
 
-def _bucket(nbytes: int) -> str:
-    size = 1 << max(nbytes, 1).bit_length() - 1
-    return f"{size >> 10}KiB" if size >= 1024 else f"{size}B"
-
-
 def _resolve(
     threads: int, key: str, nbytes: int, build: Callable[[int], Step], aten_parts: int
 ) -> Step:
@@ -96,15 +86,14 @@ def _resolve(
     cal = default_calibrator()
     chosen = cal.current(key)
     if chosen is None:
-        many = _copy._workers + 1
-        counts = [1, *([many] if many > 1 else [])]
+        counts = thread_candidates(with_aten=False)
         cands = {str(t): functools.partial(lambda t: build(t).run(), t) for t in counts}
         chosen = cal.choose(key, cands, nbytes)
     return build(int(chosen))
 
 
-def _split(items: Sequence[Sequence[Any]], threads: int) -> tuple[tuple[Any, ...], ...]:
-    """Parallel lists cut into ``threads`` ranges, one argument tuple per range."""
+def _split(items: Sequence[Any], threads: int) -> tuple[tuple[Any, ...], ...]:
+    """Parallel lists (or arrays) cut into ``threads`` ranges, one argument tuple per range."""
     ranges = split_parts(len(items[0]), threads)
     return tuple(tuple(seq[a:b] for seq in items) for a, b in ranges) or (
         tuple(seq[:0] for seq in items),
@@ -218,9 +207,8 @@ def _take_parts(
     val, dst_np, d_np = out.reshape(count, *src.shape[1:]), numpy_rows(dst), d_idx.numpy()
 
     def build(t: int) -> Step:
-        cuts = split_parts(count, t) or [(0, 0)]
-        parts = tuple((dst_np, flat, d_np[a:b], s_rows[a:b], out[a:b], val[a:b]) for a, b in cuts)
-        return Step(take_rows, parts)
+        parts = _split((d_np, s_rows, out, val), t)
+        return Step(take_rows, tuple((dst_np, flat, *p) for p in parts))
 
     return build
 
@@ -241,25 +229,15 @@ def gather_step(
     if threads == 0:
         return Step(gather_chunks, ((dst, src, (d_idx,), (s_idx,), (staging[:count],)),))
     total = count * (src[0].numel() * src.element_size() if src.dim() else 1)
+    shape = f"{_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"  # of the key
     take = _take_parts(dst, src, d_idx, s_idx, staging)
     if take is not None:
-        key = f"take cpu->cpu {_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"
-        return _resolve(threads, key, total, take, 1)
+        return _resolve(threads, f"take cpu->cpu {shape}", total, take, 1)
     step = index_chunk(src[0].numel() if src.dim() > 1 else 1)
-    cuts = [(a, min(a + step, count)) for a in range(0, count, step)]
-    d_parts = [d_idx[a:b] for a, b in cuts]
-    s_parts = [s_idx[a:b] for a, b in cuts]
-    buf_parts = [staging[a:b] for a, b in cuts]
-    key = f"gather cpu->cpu {_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"
+    d_parts, s_parts, buf_parts = (torch.split(t, step) for t in (d_idx, s_idx, staging[:count]))
 
     def build(t: int) -> Step:
-        return Step(
-            gather_chunks,
-            tuple(
-                (dst, src, d_parts[a:b], s_parts[a:b], buf_parts[a:b])
-                for a, b in split_parts(len(cuts), t)
-            )
-            or ((dst, src, (), (), ()),),
-        )
+        parts = _split((d_parts, s_parts, buf_parts), t)
+        return Step(gather_chunks, tuple((dst, src, *p) for p in parts))
 
-    return _resolve(threads, key, total, build, 1)
+    return _resolve(threads, f"gather cpu->cpu {shape}", total, build, 1)

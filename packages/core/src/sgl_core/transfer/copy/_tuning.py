@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-__all__ = ["AUTO", "AUTO_MIN_BYTES", "CopyTuning", "NEVER", "load_gather_limit", "tuning_for"]
+__all__ = ["AUTO", "AUTO_MIN_BYTES", "CopyTuning", "NEVER", "tuning_for"]
 
 #: A size no copy reaches: a limit set to it turns its path off.
 NEVER = 1 << 62
@@ -86,12 +86,6 @@ _PRESETS: dict[str, CopyTuning] = {
         gather_below_page_run_bytes=256 << 10,
     ),
 }
-
-
-def load_gather_limit(tune: CopyTuning) -> int:
-    """``tune``'s gather limit for per-layer loads between CPU buffers."""
-    limit = tune.load_gather_below_run_bytes
-    return tune.gather_below_run_bytes if limit is None else limit
 
 
 def tuning_for(device: torch.device) -> CopyTuning:
