@@ -1,9 +1,5 @@
-"""The per-layer device pools of the torch backend (and, subclassed, cuda), both kinds.
-
-Their constructor is their kind's (``_device_kinds``); they keep their spec's
-components as per-layer tensors (``_device_rows``) and add the kind's engine
-accessors (MHA: SGLang's ``MHATokenToKVPool`` field names).
-"""
+"""The per-layer device pools of the torch backend (and, subclassed, cuda), both kinds
+(MHA: SGLang's ``MHATokenToKVPool`` field names; docs/design.md sections 5a, 5b)."""
 
 from __future__ import annotations
 
