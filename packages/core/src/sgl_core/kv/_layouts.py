@@ -14,13 +14,8 @@ layout                        buffer shape          a row's tokens    a page's p
 ``page_head``                 ``(P, H, ps, R, D)``  ``buf[..., r, :]`` ``buf[s // ps]``
 ============================  ====================  ================  =============
 
-A flat L3 page is each component's page part, in component order, each in
-its layout's own byte order. A page's memory objects are one per row in
-``layer_first`` (a page's rows lie ``size`` tokens apart) and one per
-component in the page-first layouts (a page's bytes are contiguous).
-``page_first_kv_split`` is ``page_first_direct`` over the Ascend pools'
-components (MLA's latent row split into its nope ``k`` and rope ``v`` parts);
-only ``sgl_ascend`` builds it.
+Flat pages, memory objects and ``page_first_kv_split`` (only ``sgl_ascend``
+builds it): docs/design.md section 5, "Layouts as data".
 """
 
 from __future__ import annotations

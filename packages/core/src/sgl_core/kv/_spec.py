@@ -1,13 +1,7 @@
 """The KV model: a pool's rows as a list of named components (docs/design.md section 5).
 
-:class:`KVSpec` holds a pool's per-token rows (MLA's ``kv``, MHA's ``k`` and
-``v``, the DSA indexer's ``index_k`` / ``index_k_scale``); the presets
-:func:`mla_spec` and :func:`mha_spec` build it from an engine's numbers. It
-is the one source of a pool's sizes, of a flat L3 page's part order and
-dtype, and of the fields that identify a page format beyond layout, dtype,
-page size and layer count. Pools and movers read the components, never the
-kind. ``MLAShape`` and ``MHAShape`` (what ``pool.shape`` reports) are the
-kinds' own numbers, checked by building their spec, whose byte sizes they report.
+Pools and movers read the components, never the kind. ``MLAShape`` and
+``MHAShape`` (``pool.shape``) are checked by building their spec.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The two kinds' device-pool geometry and the engine constructor every backend's pools share.
 
-Backend authors subclass ``MLAPoolGeometry`` / ``MHAPoolGeometry`` (geometry
-only) or ``MLADevicePoolBase`` / ``MHADevicePoolBase`` (the engine's
-constructor: ``device`` resolved by the backend's ``_pool_device``, geometry
-and indexer checked, then the backend's ``_allocate``).
+The constructor resolves ``device`` (the backend's ``_pool_device``), checks
+geometry and indexer, then calls the backend's ``_allocate``.
 """
 
 from __future__ import annotations

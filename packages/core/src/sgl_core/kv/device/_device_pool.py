@@ -1,9 +1,5 @@
-"""The per-layer device pools of the torch backend (and, subclassed, cuda), both kinds.
-
-Their constructor is their kind's (``_device_kinds``); they keep their spec's
-components as per-layer tensors (``_device_rows``) and add the kind's engine
-accessors (MHA: SGLang's ``MHATokenToKVPool`` field names).
-"""
+"""The per-layer device pools of the torch backend (and, subclassed, cuda), both kinds
+(MHA: SGLang's ``MHATokenToKVPool`` field names; docs/design.md sections 5a, 5b)."""
 
 from __future__ import annotations
 
@@ -22,14 +18,8 @@ __all__ = ["PerLayerMHADevicePool", "PerLayerMLADevicePool"]
 
 
 class PerLayerMLADevicePool(MLADevicePoolBase, PerLayerRows, IndexerRows):
-    """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor
-    (``layers_in_one_allocation``: see ``sgl_core.kv.device._device_rows``).
-
-    ``kv_cache_dim`` makes rows packed (``MLAShape``, ``KVRows``): written
-    and read with :meth:`set_kv_rows` / :meth:`get_kv_rows` only.
-    ``index_head_dim`` (with ``indexer_layer_ids``, ``with_index_k_scale``)
-    adds the sparse-attention indexer cache (``sgl_core.kv.device._indexer``).
-    """
+    """``kv_buffer[layer]`` is a ``(size + page_size, 1, kv_cache_dim)`` tensor; packed rows
+    and the indexer cache: docs/design.md section 5a, "DeepSeek-V3.2 rows"."""
 
     kv_buffer: list[torch.Tensor]
 
@@ -53,11 +43,8 @@ class PerLayerMLADevicePool(MLADevicePoolBase, PerLayerRows, IndexerRows):
         if self.shape.packed:
             raise self._split_rows_error("set_mla_kv_buffer")
         n = loc.numel()
-        for name, tensor, dim in (
-            ("cache_k_nope", cache_k_nope, self.kv_lora_rank),
-            ("cache_k_rope", cache_k_rope, self.qk_rope_head_dim),
-        ):
-            check_value_rows(tensor, name, (n, 1, dim), self.dtype)
+        check_value_rows(cache_k_nope, "cache_k_nope", (n, 1, self.kv_lora_rank), self.dtype)
+        check_value_rows(cache_k_rope, "cache_k_rope", (n, 1, self.qk_rope_head_dim), self.dtype)
         # fp8 caches move as bytes (no fp8 index kernels).
         parts = [byte_view(t.to(self.device)) for t in (cache_k_nope, cache_k_rope)]
         byte_view(self.kv_buffer[layer_id]).index_copy_(0, loc, torch.cat(parts, dim=-1))
@@ -115,12 +102,9 @@ class PerLayerMHADevicePool(MHADevicePoolBase, PerLayerRows):
         cache_v: torch.Tensor,
     ) -> None:
         loc = self._check_loc(layer_id, loc)
-        n = loc.numel()
-        for name, tensor, dim in (
-            ("cache_k", cache_k, self.head_dim),
-            ("cache_v", cache_v, self.v_head_dim),
-        ):
-            check_value_rows(tensor, name, (n, self.head_num, dim), self.dtype)
+        n, heads = loc.numel(), self.head_num
+        check_value_rows(cache_k, "cache_k", (n, heads, self.head_dim), self.dtype)
+        check_value_rows(cache_v, "cache_v", (n, heads, self.v_head_dim), self.dtype)
         # fp8 caches move as bytes (no fp8 index kernels).
         for layers, tensor in ((self.k_buffer, cache_k), (self.v_buffer, cache_v)):
             rows = byte_view(tensor.to(self.device).contiguous())

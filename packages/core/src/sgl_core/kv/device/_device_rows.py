@@ -1,14 +1,9 @@
-"""Per-layer device rows: one tensor per (component, layer) for every kind of KV pool.
+"""Per-layer device rows: one tensor per (component, layer) for every kind of KV pool
+(the per-layer device pools of docs/design.md sections 5a, 5b).
 
-The torch backend (and, subclassed, cuda) keeps each component of the spec
-(``sgl_core.kv._spec``) as a list of per-row tensors of ``(size + page_size,
-heads, dim)``, named ``<component>_buffer``: ``kv_buffer`` (MLA),
-``k_buffer`` / ``v_buffer`` (MHA, SGLang's field names), ``index_k_buffer`` /
-``index_k_scale_buffer`` (the DSA indexer, one per indexer layer). Slot 0
-(the first page) is the engine's padding page, valid to address but never
-handed out. With ``layers_in_one_allocation`` a component's rows are equally
-spaced views of one tensor, which lets the ``direct`` io backend move a run
-of pages for every layer in one strided copy.
+With ``layers_in_one_allocation`` a component's rows are equally spaced
+views of one tensor, which lets the ``direct`` io backend move a run of
+pages for every layer in one strided copy.
 """
 
 from __future__ import annotations

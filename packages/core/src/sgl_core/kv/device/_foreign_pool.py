@@ -143,11 +143,8 @@ class ForeignMLADevicePool(EngineView):
         n = check_index_tensor(loc, "loc").numel()
         # As our own pools: rows of exactly the pool's dtype and shape, never
         # converted; checked before any byte moves.
-        for name, tensor, dim in (
-            ("cache_k_nope", cache_k_nope, self.kv_lora_rank),
-            ("cache_k_rope", cache_k_rope, self.qk_rope_head_dim),
-        ):
-            check_value_rows(tensor, name, (n, 1, dim), self.dtype)
+        check_value_rows(cache_k_nope, "cache_k_nope", (n, 1, self.kv_lora_rank), self.dtype)
+        check_value_rows(cache_k_rope, "cache_k_rope", (n, 1, self.qk_rope_head_dim), self.dtype)
         if rows.shape[-1] != self.kv_lora_rank + self.qk_rope_head_dim:
             raise ShapeMismatchError(
                 f"rows of {rows.shape[-1]} elements are not kv_lora_rank + qk_rope_head_dim "
@@ -205,14 +202,11 @@ class ForeignMHADevicePool(EngineView):
         self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
     ) -> None:
         i = self._layer(layer_id)
-        n = check_index_tensor(loc, "loc").numel()
+        n, heads = check_index_tensor(loc, "loc").numel(), self.head_num
         # As our own pools: rows of exactly the pool's dtype and shape, never
         # converted; both checked before any byte moves.
-        for name, tensor, dim in (
-            ("cache_k", cache_k, self.head_dim),
-            ("cache_v", cache_v, self.v_head_dim),
-        ):
-            check_value_rows(tensor, name, (n, self.head_num, dim), self.dtype)
+        check_value_rows(cache_k, "cache_k", (n, heads, self.head_dim), self.dtype)
+        check_value_rows(cache_v, "cache_v", (n, heads, self.v_head_dim), self.dtype)
         # fp8 has no index kernels everywhere: written as bytes (same storage).
         byte_view(self.k_buffer[i])[loc] = byte_view(cache_k)
         byte_view(self.v_buffer[i])[loc] = byte_view(cache_v)

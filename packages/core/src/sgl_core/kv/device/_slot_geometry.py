@@ -1,10 +1,7 @@
-"""Token slots of a device pool, whatever its kind (MLA or MHA).
+"""Token slots of a device pool, whatever its kind (MLA or MHA; docs/design.md section 5a).
 
-A device pool addresses token slots ``[0, size + page_size)``: ``size`` whole
-pages plus the engine's padding page. ``MLAPoolGeometry`` and
-``MHAPoolGeometry`` add their kind's row shape on top of this. ``device``
-arguments are parsed and probed (and the pool's bytes checked to fit) before
-any allocation.
+``device`` arguments are parsed and probed (and the pool's bytes checked to
+fit) before any allocation.
 """
 
 from __future__ import annotations

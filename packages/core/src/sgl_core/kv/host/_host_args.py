@@ -1,9 +1,7 @@
 """Constructor arguments of a host pool: layout and io backend checks, sizing.
 
-A base of ``MLAHostPoolBase``: a layout or io backend the class has no mover
-for is ``UnsupportedLayoutError`` naming the supported pairs; the pool's size
-comes from ``host_size_gb`` or ``host_to_device_ratio``, in whole pages, and
-must fit in the host memory the kernel reports as available, less a headroom.
+A layout or io backend the class has no mover for is ``UnsupportedLayoutError``
+naming the supported pairs; sizing: docs/design.md section 5a, "Sizing and memory".
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The kind layers of the host-pool base: how an MLA or MHA device pool's spec is read.
-
-Everything else is ``HostPoolBase``'s; a kind adds the device-pool view, its
-shape (``pool.shape``) and the engine accessors naming the kind's numbers.
-"""
+"""The kind layers of the host-pool base: how an MLA or MHA device pool's spec is read
+(docs/design.md section 5, "One host pool, one mover per io")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """L3 page helpers of host pools that keep their components in token-row layouts.
 
-A page is, per component in spec order, its page part (``LayoutFacts.page``)
-in the layout's own byte order; a flat page is those parts' bytes one after
-another, of the spec's flat-page dtype (``torch.uint8`` when the components'
-dtypes differ). Its memory objects are one per row in ``layer_first`` and one
-per component in the page-first layouts (``sgl_core.kv._layouts``).
+Page parts: ``sgl_core.kv._layouts``; flat-page order and memory objects:
+docs/design.md sections 5 ("Layouts as data") and 5a ("Flat pages and page meta").
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Host-pool base shared by every backend and kind: sizing, accounting, validation, dispatch.
 
-:class:`HostPoolBase` reads the device pool's KV spec and from it sizes,
-accounts, validates and dispatches (argument checks: ``_host_args``; slots
-and L3 declarations: ``_host_slots``; kind layers: ``_host_kinds``). The
-public transfer methods validate *everything* first into a ``Transfer`` and
-then hand it to the ``movers`` entry of the io backend in one call, so a
+The public transfer methods validate *everything* first into a ``Transfer``
+and then hand it to the ``movers`` entry of the io backend in one call, so a
 mover may assume well-formed, in-range, duplicate-free arguments and never
 has to undo a partial copy.
 """
@@ -268,13 +265,12 @@ class HostPoolBase(HostSlots, HostArguments, abc.ABC, Generic[DevT, ShapeT]):
         check_index_device(host_indices, "host_indices", device_pool.device)
         check_index_device(device_indices, "device_indices", device_pool.device)
         check_index_bounds(host_indices, self._size, "host_indices")
-        check_index_bounds(
-            device_indices, device_pool.size + device_pool.page_size, "device_indices"
-        )
+        slots = device_pool.size + device_pool.page_size
+        check_index_bounds(device_indices, slots, "device_indices")
         if destination == "host_indices":
             check_unique(host_indices, destination, self._size)
         else:
-            check_unique(device_indices, destination, device_pool.size + device_pool.page_size)
+            check_unique(device_indices, destination, slots)
         if self._is_page_granular(io):
             check_page_runs(host_indices, self._page_size, "host_indices")
             check_page_runs(device_indices, self._page_size, "device_indices")

@@ -1,14 +1,8 @@
-"""The host mirror of a per-layer pool's indexer cache (token-row host layouts).
+"""The host mirror of a per-layer pool's indexer cache (token-row host layouts;
+docs/design.md section 5a, "DeepSeek-V3.2 rows").
 
-With an indexer (``sgl_core.kv.device._indexer``), a ``TokenRowHostPool`` keeps, next
-to ``kv_buffer``, one buffer per indexer component in the pool's own layout
-(``sgl_core.kv._layouts``, ``S = len(indexer_layer_ids)`` rows per token):
-``index_k_buffer`` of ``index_head_dim`` and ``index_k_scale_buffer`` of one
-float32. The indexer moves with the KV: :class:`IndexerMover` wraps the io backend's KV
-mover and moves the indexer components with the core direct engine
-(``DirectMover`` over those parts), so there is one copy engine. A
-backup moves every indexer row; a per-layer load moves only that layer's
-indexer slot (none for a layer without one).
+The indexer moves with the KV: :class:`IndexerMover` wraps the io backend's
+KV mover, so there is one copy engine.
 """
 
 from __future__ import annotations

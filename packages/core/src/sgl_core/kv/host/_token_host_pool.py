@@ -1,13 +1,8 @@
-"""The token-row host pool: one buffer per KV component, in a layout of ``sgl_core.kv._layouts``.
+"""The token-row host pool: one buffer per KV component, in a layout of ``sgl_core.kv._layouts``
+(docs/design.md section 5, "One host pool, one mover per io").
 
-:class:`TokenHostPool` keeps one host buffer of ``rows x size`` token rows per
-component of the device pool's spec, named ``<component>_buffer``; components
-the spec ``stacked`` (MHA's K and V, equal head dims) share one ``(2, ...)``
-``kv_buffer``, SGLang's byte order exactly. Its ``direct`` io backend runs with
-any device pool that lists per-layer tensors of each component; device
-backends subclass it to add movers. :class:`TokenRowHostPool` (MLA, with the
-DSA indexer) and :class:`MHATokenHostPool` (MHA/GQA, also ``page_head``)
-differ only in their kind layer and layouts.
+Its ``direct`` io backend runs with any device pool that lists per-layer
+tensors of each component; device backends subclass it to add movers.
 """
 
 from __future__ import annotations
