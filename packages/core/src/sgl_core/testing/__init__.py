@@ -1,9 +1,7 @@
 """Conformance suite and helpers for sgl backends (needs pytest and hypothesis).
 
 Install with ``pip install './packages/core[testing]'`` (from the repository);
-see :class:`BackendConformanceSuite`. Its checks run every KV kind of
-``KINDS`` (a backend adds its own as ``KindCase`` rows); the byte helpers
-take a device pool of any kind.
+see :class:`BackendConformanceSuite` and docs/design.md, section 4.
 """
 
 from __future__ import annotations

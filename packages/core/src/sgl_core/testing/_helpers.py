@@ -151,11 +151,15 @@ def same_bytes(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 def refused(
-    error: type[Exception], device_pool: DevicePool, call: Callable[..., object], *args: object
+    error: type[Exception],
+    device_pool: DevicePool,
+    call: Callable[..., object],
+    *args: object,
+    match: str | None = None,
 ) -> None:
-    """``call(*args)`` raises ``error`` and ``device_pool`` keeps every byte."""
+    """``call(*args)`` raises ``error`` (matching ``match``); ``device_pool`` keeps every byte."""
     before = device_bytes(device_pool)
-    with pytest.raises(error):
+    with pytest.raises(error, match=match):
         call(*args)
     assert same_bytes(before, device_bytes(device_pool)), (
         f"a refused call ({error.__name__}) changed the pool"

@@ -63,11 +63,6 @@ class KindCase:
         return "mha" if self.mha else "mla"
 
     @property
-    def packed(self) -> bool:
-        """Rows of ``kv_cache_dim`` packed elements: only the raw-row accessors apply."""
-        return self.kv_cache_dim is not None
-
-    @property
     def geometry(self) -> tuple[str, ...]:
         """The per-token sizes a host pool of this kind reports back (beyond layers, dtype)."""
         return ("head_num", "head_dim", "v_head_dim") if self.mha else ()

@@ -1,8 +1,7 @@
 """Hooks and helpers every conformance check shares (a base of ``BackendConformanceSuite``).
 
-A check that takes ``kind`` runs once per row of ``kinds``; with ``pair`` too,
-once per pair the backend declares for that kind; ``pair`` alone: every MLA
-pair. The parameters are computed at collection from ``backend_name``'s backend.
+Its ``kind`` x ``pair`` parameters (docs/design.md, section 4) are computed at
+collection from ``backend_name``'s backend.
 """
 
 from __future__ import annotations
@@ -66,8 +65,8 @@ class SuiteBase:
             return
         backend = get_backend(self.backend_name)
         kinds = [k for k in self.kinds if k.pairs(backend)]
-        if "kind" not in names:
-            pairs = self.pairs(backend)
+        if "kind" not in names:  # every MLA pair
+            pairs = list(sorted_pairs(backend.supported_pairs))
             metafunc.parametrize("pair", pairs, ids=[_pair_id(p) for p in pairs])
         elif "pair" not in names:
             metafunc.parametrize("kind", kinds, ids=[k.name for k in kinds])
@@ -116,16 +115,10 @@ class SuiteBase:
         with random bits when ``seed`` is given.
         """
         args = self.device_pool_args(**options)
-        size = self.device_pages * 16
-        dev = backend.create_device_pool(size=size, page_size=16, **args)
+        dev = backend.create_device_pool(size=self.device_pages * 16, page_size=16, **args)
         if seed is not None:
             fill_device_random(dev, seed)
         return dev
-
-    @staticmethod
-    def pairs(backend: Backend) -> list[Pair]:
-        """Every MLA pair of the backend (the kind-parametrized checks get theirs as ``pair``)."""
-        return list(sorted_pairs(backend.supported_pairs))
 
     def make_pool(
         self,
@@ -175,31 +168,41 @@ class SuiteBase:
         page_size: int,
         dev_pages: list[int],
         host_pages: list[int],
+        *,
+        unit: int | None = None,
+        layers: list[int] | None = None,
         **options: Any,
     ) -> None:
         """Backup pages, reload them per layer into a second pool, compare bytes.
 
-        Host pages and device slots outside the transfer must keep their bytes.
+        The pages are of ``unit`` tokens (default ``page_size``; 1: single
+        tokens); ``layers`` are the layers loaded (default every one). Host
+        pages, device slots and layers outside the transfer must keep their bytes.
         """
         layout, io = pair
         src, host = self.build(backend, kind, layout, page_size, seed=1, **options)
         dst = self.make_pool(backend, kind, page_size=page_size, **options)
         fill_device_random(dst, 2)
-        d_idx = page_indices(dev_pages, page_size)
-        h_idx = page_indices(host_pages, page_size)
+        d_idx = page_indices(dev_pages, page_size if unit is None else unit)
+        h_idx = page_indices(host_pages, page_size if unit is None else unit)
         what = f"{kind.name} {layout.value}/{io.value} page_size={page_size}"
         before_host = host_bytes(host)
         host.backup_from_device_all_layer(src, h_idx, d_idx, io)
         after_host = host_bytes(host)
+        touched = set((h_idx // page_size).tolist())
         for page in range(host.size // page_size):
-            if page not in host_pages:
+            if page not in touched:
                 assert torch.equal(before_host[page], after_host[page]), f"{what}: host {page}"
         untouched = torch.ones(slot_count(dst), dtype=torch.bool)
         untouched[d_idx] = False
         dst_before = device_bytes(dst)
-        for layer in range(self.layer_num):
+        loaded = list(range(self.layer_num)) if layers is None else layers
+        for layer in loaded:
             host.load_to_device_per_layer(dst, h_idx, d_idx, layer, io)
         for layer, now in enumerate(device_bytes(dst)):
+            if layer not in loaded:
+                assert torch.equal(now, dst_before[layer]), f"{what}: layer {layer} touched"
+                continue
             expected = device_rows(src, layer, d_idx)
             assert torch.equal(expected, device_rows(dst, layer, d_idx)), f"{what}: layer {layer}"
             assert torch.equal(now[untouched], dst_before[layer][untouched]), f"{what}: slot"

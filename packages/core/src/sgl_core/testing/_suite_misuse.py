@@ -1,8 +1,6 @@
 """Conformance checks of misuse and concurrency: bad calls, stale indices, two threads.
 
-Every bad call must raise a typed :mod:`sgl_core.errors` exception and leave
-both pools' bytes unchanged; plans may be reused only for identical index
-values; a backup thread and a load thread may share one pool.
+What they check: docs/design.md, section 4.
 """
 
 from __future__ import annotations
@@ -33,24 +31,6 @@ Case = tuple[str, type[Exception], Callable[[], None]]
 
 class MisuseChecks(PoolChecks):
     """Checks of rejected calls, re-validation and concurrent transfers."""
-
-    def mismatched_pools(
-        self, backend: Backend, kind: KindCase, dev: DevicePool
-    ) -> dict[str, DevicePool]:
-        """Device pools a host pool built for ``dev`` must refuse (``PoolMismatchError``).
-
-        Pools of the same kind with one field changed, and a pool of the other
-        family (MLA for MHA and back) where the backend builds both.
-        """
-        ps = dev.page_size
-        pools = {
-            name: self.make_pool(backend, kind, page_size=ps, **options)
-            for name, options in kind.mismatches(dev).items()
-        }
-        other = next(k for k in self.kinds + KINDS if k.mha != kind.mha)
-        if other.pairs(backend):
-            pools[f"an {other.family.upper()} pool"] = self.make_pool(backend, other, page_size=ps)
-        return pools
 
     def bad_calls(
         self, backend: Backend, kind: KindCase, dev: DevicePool, host: HostPool, io: IOBackend
@@ -87,7 +67,17 @@ class MisuseChecks(PoolChecks):
             ("meta device", ValueError, lambda: load(dev, good_h, good_d.to("meta"), 0, io)),
             ("float indices", TypeError, lambda: load(dev, good_h.double(), good_d, 0, io)),
         ]
-        for name, pool in self.mismatched_pools(backend, kind, dev).items():
+        # Device pools the host pool must refuse (PoolMismatchError): of the same
+        # kind with one field changed, and of the other family (MLA for MHA and
+        # back) where the backend builds both.
+        pools = {
+            name: self.make_pool(backend, kind, page_size=ps, **options)
+            for name, options in kind.mismatches(dev).items()
+        }
+        other = next(k for k in self.kinds + KINDS if k.mha != kind.mha)
+        if other.pairs(backend):
+            pools[f"an {other.family.upper()} pool"] = self.make_pool(backend, other, page_size=ps)
+        for name, pool in pools.items():
             cases.append((f"{name}, backup", ValueError, partial(backup, pool, good_h, good_d, io)))
             cases.append((f"{name}, load", ValueError, partial(load, pool, good_h, good_d, 0, io)))
         unsupported = [b for b in IOBackend if b not in kind.pairs(backend)[host.layout]]
