@@ -199,7 +199,6 @@ AREAS: dict[str, Area] = {
             "sgl_core.kv.device._indexer.x_check_indexer__*",
             "sgl_core.kv.device._indexer.x_indexer_of__*",
             "sgl_core.kv.device._indexer.xǁIndexerRowsǁindexer_slot__*",
-            "sgl_core.kv.device._indexer.xǁIndexerRowsǁ_check_rows__*",
             "sgl_core.kv.host._indexer_host.x_check_device_indexer__*",
             "sgl_core.kv.host._indexer_host.xǁIndexerMoverǁload__*",
         ),
