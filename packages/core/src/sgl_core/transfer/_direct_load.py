@@ -7,11 +7,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from sgl_core.transfer._transfer import Transfer
+from sgl_core.transfer.copy._auto_copy import _bucket
+from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._engine import copy_runs, gather_rows, run_options
 from sgl_core.transfer.copy._pieces import IndexRuns
 from sgl_core.transfer.copy._steps import (
@@ -22,8 +25,9 @@ from sgl_core.transfer.copy._steps import (
     numpy_rows,
     slices_step,
 )
+from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
-__all__ = ["Plan", "backup_slices", "load_steps"]
+__all__ = ["Plan", "backup_slices", "load_steps", "slices_win"]
 
 
 @dataclasses.dataclass
@@ -141,3 +145,23 @@ def backup_slices(
     runs = [(b, a, n) for a, b, n in _unit_runs(plan, ps)]
     src, dst = numpy_rows(dev.transpose(0, 1)), numpy_rows(host)
     return slices_step(dst, src, runs, (plan.extent[1], plan.extent[0]), threads, "backup")
+
+
+def slices_win(
+    slices: Step, runs: Callable[[], None], threads: int, run_bytes: int, nbytes: int
+) -> bool:
+    """Whether a stacked CPU backup of ``nbytes`` runs as ``slices`` (numpy run copies)
+    or as ``runs`` (the torch run copies); both write the same bytes.
+
+    Which one is faster depends on the machine's load (slices never start an OpenMP
+    team; torch's run copies win on a quiet machine at some sizes), so with
+    ``copy_threads`` AUTO a call of ``AUTO_MIN_BYTES`` or more is decided by the
+    calibrator, once per shape (the slices must beat the run copies by the calibrator's
+    margin); explicit thread counts and small calls keep the slices.
+    """
+    if threads != AUTO or nbytes < AUTO_MIN_BYTES:
+        return True
+    key = f"stacked cpu->cpu {_bucket(run_bytes)} runs, {_bucket(nbytes)} per backup"
+    cal = default_calibrator()
+    chosen = cal.current(key) or cal.choose(key, {"runs": runs, "slices": slices.run}, nbytes)
+    return chosen == "slices"

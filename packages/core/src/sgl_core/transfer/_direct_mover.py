@@ -10,6 +10,7 @@ load, only when the layer has a row of it.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 
 from sgl_core.kv._layouts import layout_facts
 from sgl_core.kv.device._device_rows import stacked_layers
-from sgl_core.transfer._direct_load import Plan, backup_slices, load_steps
+from sgl_core.transfer._direct_load import Plan, backup_slices, load_steps, slices_win
 from sgl_core.transfer._transfer import HostPart, HostSide, PlanCache, Transfer
 from sgl_core.transfer.copy._copy import memmove_blocks, widen_rows
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows, run_options
@@ -76,10 +77,17 @@ class DirectMover:
             stacked = stacked_layers(layers) if len(layers) > 1 else None
             if stacked is not None and run_bytes >= tune.stacked_min_run_bytes:
                 step = backup_slices(self, plan, c, stacked, tune.copy_threads, run_bytes)
-                if step is not None:
+                sides = self._all_row_sides(c, self._wide(stacked))
+                nbytes = self.rows[c] * transfer.count * len(layers)
+                torch_runs = functools.partial(
+                    copy_runs, plan.runs, [sides], into_first=True, **run_options(tune)
+                )
+                if step is not None and slices_win(
+                    step, torch_runs, tune.copy_threads, run_bytes, nbytes
+                ):
                     steps.append(step)
                 else:
-                    runs.append(self._all_row_sides(c, self._wide(stacked)))
+                    runs.append(sides)
             elif block_bytes >= tune.by_address_min_block_bytes and self._addressable(c, layers):
                 for r, layer in enumerate(layers):  # host, device, sizes
                     for acc, got in zip(addrs, self._addresses(plan, c, r, layer), strict=True):

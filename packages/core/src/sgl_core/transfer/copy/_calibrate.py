@@ -168,7 +168,9 @@ class Calibrator:
     strikes: int = 3
     min_interval_s: float = 5.0
     cache: DiskCache | None = None
-    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
+    # reentrant: a candidate may itself be an AUTO copy that asks this calibrator (a stacked
+    # backup's path choice times the torch run copies, which choose their thread count)
+    _lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, init=False)
     _choices: dict[str, CopyChoice] = dataclasses.field(default_factory=dict, init=False)
     # key -> why it is measured again
     _stale: dict[str, str] = dataclasses.field(default_factory=dict, init=False)
