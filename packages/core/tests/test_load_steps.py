@@ -228,19 +228,15 @@ def test_stacked_cpu_backups_are_numpy_run_copies(
         assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))
 
 
-@pytest.mark.parametrize(("slices_cost", "path"), [(1.0, "copy_slices"), (5.0, "copy_runs")])
-def test_a_stacked_backup_path_is_measured_once_per_shape(
-    monkeypatch: pytest.MonkeyPatch, slices_cost: float, path: str
-) -> None:
-    """With AUTO threads a big stacked CPU backup times numpy slices against torch run
-    copies once (the calibrator, reentrant: the run copies pick their own thread count
-    inside the measurement), then takes the faster; an explicit thread count does not measure."""
+def _spy_stacked_paths(
+    monkeypatch: pytest.MonkeyPatch, costs: dict[str, float]
+) -> tuple[list[float], list[str]]:
+    """A fake clock that ``copy_slices`` and ``copy_runs`` advance by ``costs`` (mutable),
+    the calibrator on it, and the list of paths that ran."""
     from sgl_core.transfer import _direct_mover
     from sgl_core.transfer.copy import _steps
 
-    now = [0.0]
-    seen: list[str] = []
-    costs = {"copy_slices": slices_cost, "copy_runs": 2.0}
+    now, seen = [0.0], []
     for module, name in ((_steps, "copy_slices"), (_direct_mover, "copy_runs")):
         real = getattr(module, name)
 
@@ -251,28 +247,62 @@ def test_a_stacked_backup_path_is_measured_once_per_shape(
 
         monkeypatch.setattr(module, name, spy)
     monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=lambda: now[0], budget_s=1e9))
+    return now, seen
 
-    def backup_twice(tuning: CopyTuning) -> list[str]:
-        backend = sgl_core.TorchBackend(tuning=tuning)
-        kw = dict(size=1024, page_size=16, dtype=torch.bfloat16, kv_lora_rank=512)
-        dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=4, **kw)  # type: ignore[arg-type]
-        back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=4, **kw)  # type: ignore[arg-type]
-        fill_device_random(dev, 9)
-        host = backend.create_host_pool(dev, layout="page_first")
-        pages = torch.randperm(32, generator=torch.Generator().manual_seed(3)).tolist()
-        h_idx, d_idx = page_indices(pages, 16), page_indices(list(range(1, 33)), 16)
-        host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")  # 2.25 MiB
+
+def _stacked_backups(tuning: CopyTuning, seen: list[str], calls: int) -> list[str]:
+    """The path of each of ``calls`` backups (2.25 MiB per part) after a first one,
+    each checked bit-exact through the loads."""
+    backend = sgl_core.TorchBackend(tuning=tuning)
+    kw = dict(size=1024, page_size=16, dtype=torch.bfloat16, kv_lora_rank=512)
+    dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=4, **kw)  # type: ignore[arg-type]
+    back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=4, **kw)  # type: ignore[arg-type]
+    fill_device_random(dev, 9)
+    host = backend.create_host_pool(dev, layout="page_first")
+    pages = torch.randperm(32, generator=torch.Generator().manual_seed(3)).tolist()
+    h_idx, d_idx = page_indices(pages, 16), page_indices(list(range(1, 33)), 16)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    paths = []
+    for _ in range(calls):
         seen.clear()
         host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
-        for layer in range(4):
-            host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
-            assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))
-        return seen[:1]
+        paths.append(seen[0])
+    for layer in range(4):
+        host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
+        assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))
+    return paths
 
-    assert backup_twice(CopyTuning(stacked_min_run_bytes=0)) == [path]
+
+_KEY = "stacked cpu->cpu 16KiB runs, 2048KiB per backup"
+
+
+@pytest.mark.parametrize(("slices_cost", "path"), [(1.0, "copy_slices"), (5.0, "copy_runs")])
+def test_a_stacked_backup_path_is_measured_once_per_shape(
+    monkeypatch: pytest.MonkeyPatch, slices_cost: float, path: str
+) -> None:
+    """With AUTO threads a big stacked CPU backup times numpy slices against torch run
+    copies once (the calibrator, reentrant: the run copies pick their own thread count
+    inside the measurement), then takes the faster; an explicit thread count does not measure."""
+    _, seen = _spy_stacked_paths(monkeypatch, {"copy_slices": slices_cost, "copy_runs": 2.0})
+    assert _stacked_backups(CopyTuning(stacked_min_run_bytes=0), seen, 2) == [path, path]
     keys = [c for c in copy_calibration() if c.key.startswith("stacked ")]
-    assert [(c.key, c.choice) for c in keys] == [
-        ("stacked cpu->cpu 16KiB runs, 2048KiB per backup", path.removeprefix("copy_"))
-    ]
+    assert [(c.key, c.choice) for c in keys] == [(_KEY, path.removeprefix("copy_"))]
     explicit = CopyTuning(stacked_min_run_bytes=0, copy_threads=1)
-    assert backup_twice(explicit) == ["copy_slices"]  # explicit threads: the slices, unmeasured
+    assert _stacked_backups(explicit, seen, 1) == ["copy_slices"]  # explicit: unmeasured
+
+
+def test_a_stacked_backup_path_is_measured_again_when_its_copies_slow_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each backup reports its chosen path's time: run copies that turn 10x slower (an
+    OpenMP team waiting for a busy core) make the key stale, and the next call measures
+    again and takes the slices."""
+    costs = {"copy_slices": 5.0, "copy_runs": 2.0}
+    now, seen = _spy_stacked_paths(monkeypatch, costs)
+    tuning = CopyTuning(stacked_min_run_bytes=0)
+    assert _stacked_backups(tuning, seen, 1) == ["copy_runs"]
+    costs["copy_runs"] = 20.0
+    now[0] += 60.0  # past the calibrator's min_interval_s
+    assert _stacked_backups(tuning, seen, 5)[-1] == "copy_slices"
+    (choice,) = [c for c in copy_calibration() if c.key == _KEY]
+    assert choice.choice == "slices" and choice.source == "re-measured"

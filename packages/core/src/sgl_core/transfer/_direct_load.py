@@ -27,7 +27,7 @@ from sgl_core.transfer.copy._steps import (
 )
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
-__all__ = ["Plan", "backup_slices", "load_steps", "slices_win"]
+__all__ = ["Plan", "backup_slices", "backup_path", "load_steps"]
 
 
 @dataclasses.dataclass
@@ -147,21 +147,29 @@ def backup_slices(
     return slices_step(dst, src, runs, (plan.extent[1], plan.extent[0]), threads, "backup")
 
 
-def slices_win(
+def backup_path(
     slices: Step, runs: Callable[[], None], threads: int, run_bytes: int, nbytes: int
-) -> bool:
-    """Whether a stacked CPU backup of ``nbytes`` runs as ``slices`` (numpy run copies)
-    or as ``runs`` (the torch run copies); both write the same bytes.
+) -> Callable[[], None]:
+    """How a stacked CPU backup part of ``nbytes`` runs: ``slices`` (numpy run copies)
+    or ``runs`` (the torch run copies); both write the same bytes.
 
     Which one is faster depends on the machine's load (slices never start an OpenMP
     team; torch's run copies win on a quiet machine at some sizes), so with
-    ``copy_threads`` AUTO a call of ``AUTO_MIN_BYTES`` or more is decided by the
-    calibrator, once per shape (the slices must beat the run copies by the calibrator's
-    margin); explicit thread counts and small calls keep the slices.
+    ``copy_threads`` AUTO a part of ``AUTO_MIN_BYTES`` or more is decided by the
+    calibrator, once per shape (the slices must beat the run copies by its margin), and
+    each call reports its time, so a drop (load arriving) measures the shape again.
+    Explicit thread counts and small parts keep the slices.
     """
     if threads != AUTO or nbytes < AUTO_MIN_BYTES:
-        return True
+        return slices.run
     key = f"stacked cpu->cpu {_bucket(run_bytes)} runs, {_bucket(nbytes)} per backup"
     cal = default_calibrator()
     chosen = cal.current(key) or cal.choose(key, {"runs": runs, "slices": slices.run}, nbytes)
-    return chosen == "slices"
+    copy = slices.run if chosen == "slices" else runs
+
+    def observed() -> None:
+        start = cal.timer()
+        copy()
+        cal.observe(key, nbytes, cal.timer() - start)
+
+    return observed

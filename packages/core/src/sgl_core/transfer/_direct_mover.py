@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from sgl_core.kv._layouts import layout_facts
 from sgl_core.kv.device._device_rows import stacked_layers
-from sgl_core.transfer._direct_load import Plan, backup_slices, load_steps, slices_win
+from sgl_core.transfer._direct_load import Plan, backup_path, backup_slices, load_steps
 from sgl_core.transfer._transfer import HostPart, HostSide, PlanCache, Transfer
 from sgl_core.transfer.copy._copy import memmove_blocks, widen_rows
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows, run_options
@@ -70,7 +70,7 @@ class DirectMover:
         addrs: tuple[list[int], list[int], list[int]] = ([], [], [])
         g_dst: list[torch.Tensor] = []
         g_src: list[torch.Tensor] = []
-        steps: list[Step] = []
+        copies: list[Callable[[], None]] = []  # per stacked part: its chosen path
         for c in range(len(self.parts)):
             layers = self._device(transfer.device_pool, c)
             run_bytes, block_bytes = self._sizes(plan, c, transfer.count)
@@ -82,10 +82,10 @@ class DirectMover:
                 torch_runs = functools.partial(
                     copy_runs, plan.runs, [sides], into_first=True, **run_options(tune)
                 )
-                if step is not None and slices_win(
-                    step, torch_runs, tune.copy_threads, run_bytes, nbytes
-                ):
-                    steps.append(step)
+                if step is not None:
+                    copies.append(
+                        backup_path(step, torch_runs, tune.copy_threads, run_bytes, nbytes)
+                    )
                 else:
                     runs.append(sides)
             elif block_bytes >= tune.by_address_min_block_bytes and self._addressable(c, layers):
@@ -103,8 +103,8 @@ class DirectMover:
             gather_rows(g_dst, g_src, plan.host_idx, plan.device_idx, threads=tune.copy_threads)
         if runs:
             copy_runs(plan.runs, runs, into_first=True, **run_options(tune))
-        for step in steps:
-            step.run()
+        for copy in copies:
+            copy()
 
     def load(self, transfer: Transfer[Any], layer_id: int) -> None:
         for step in self.bound_steps(transfer, layer_id):  # the primitive, called from here
