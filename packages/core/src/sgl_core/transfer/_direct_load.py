@@ -27,7 +27,7 @@ from sgl_core.transfer.copy._steps import (
 )
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
-__all__ = ["Plan", "backup_slices", "backup_path", "load_steps"]
+__all__ = ["Plan", "backup_path", "backup_slices", "load_steps"]
 
 
 @dataclasses.dataclass
