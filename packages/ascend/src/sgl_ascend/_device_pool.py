@@ -21,6 +21,7 @@ from sgl_core.backend import (
     byte_view,
     check_layer_id,
     check_value_rows,
+    cpu_zeros,
 )
 from sgl_core.errors import PoolSizeError
 
@@ -95,7 +96,7 @@ class AscendDevicePool(abc.ABC):
 
     def _zeros(self, c: Component, shape: tuple[int, ...]) -> torch.Tensor:
         try:
-            return torch.zeros(shape, dtype=c.dtype, device=self._device)
+            return cpu_zeros(shape, c.dtype, self._device)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise PoolSizeError(f"device pool does not fit on {self._device}: {exc}") from None
 

@@ -13,7 +13,7 @@ from sgl_core.backends._discovery import ENTRY_POINT_GROUP
 from sgl_core.backends._public import publish_names
 from sgl_core.kv._enums import HostLayout, IOBackend
 from sgl_core.kv._layouts import LayoutFacts, layout_facts
-from sgl_core.kv._memory import page_aligned_zeros
+from sgl_core.kv._memory import cpu_zeros, page_aligned_zeros
 from sgl_core.kv._spec import Component, KVKind, KVSpec, MHAShape, MLAShape, mha_spec, mla_spec
 from sgl_core.kv._validation import (
     check_backed,
@@ -146,6 +146,7 @@ __all__ = [
     "check_value_tensor",
     "copy_calibration",
     "copy_runs",
+    "cpu_zeros",
     "default_calibrator",
     "finish",
     "gather_rows",

@@ -17,6 +17,7 @@ import torch
 
 from sgl_core.cli._hicache_plan import Case, HicacheConfig, create_device_pool
 from sgl_core.cli._report import Progress, Record, median, time_interleaved
+from sgl_core.kv._memory import cpu_zeros, page_aligned_zeros
 from sgl_core.kv.protocols._kv_protocols import MLADevicePool, MLAHostPool
 from sgl_core.kv.protocols._protocols import LayerViews
 from sgl_core.transfer.copy._tuning import tuning_for
@@ -130,10 +131,11 @@ class _Bench:
             for comps in self.backup_t.layers
             for rows, _ in comps
         )
-        # the copy limit: one touched contiguous buffer of the same bytes on each side
+        # the copy limit: one touched contiguous buffer of the same bytes on each side,
+        # allocated as the pools are (huge pages asked for on the CPU: the ratio is the path's)
         pin = bool(getattr(self.host, "pin_memory", False))
-        self.copy_host = torch.ones(self.nbytes, dtype=torch.uint8, pin_memory=pin)
-        self.copy_dev = torch.ones(self.nbytes, dtype=torch.uint8, device=device)
+        self.copy_host = page_aligned_zeros((self.nbytes,), torch.uint8, pin_memory=pin)
+        self.copy_dev = cpu_zeros((self.nbytes,), torch.uint8, device)
 
     # ------------------------------------------------------------------ ops
     def sgl_backup(self, host: Any = None) -> None:

@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 
 from sgl_core.errors import PoolSizeError
+from sgl_core.kv._memory import cpu_zeros
 from sgl_core.kv._spec import KVSpec
 from sgl_core.kv._validation import check_value_rows
 from sgl_core.kv.device._slot_geometry import SlotGeometry
@@ -39,12 +40,10 @@ class PerLayerRows(SlotGeometry):
                 shape = (slots, c.heads, c.dim)
                 n = c.rows(self.spec.layer_num)
                 if self.layers_in_one_allocation:
-                    stacked = torch.zeros((n, *shape), dtype=c.dtype, device=self._device)
+                    stacked = cpu_zeros((n, *shape), c.dtype, self._device)
                     rows = list(stacked.unbind(0))
                 else:
-                    rows = [
-                        torch.zeros(shape, dtype=c.dtype, device=self._device) for _ in range(n)
-                    ]
+                    rows = [cpu_zeros(shape, c.dtype, self._device) for _ in range(n)]
                 setattr(self, c.device_name, rows)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise PoolSizeError(f"device pool does not fit on {self._device}: {exc}") from None

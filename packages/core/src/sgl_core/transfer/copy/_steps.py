@@ -5,11 +5,13 @@ when it is built: docs/design.md, "Loads as bound copy steps" and "Copy threads,
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +42,7 @@ memmove_each = _memmove_all
 _INTERNAL = "internal error: validated runs out of range in the copy step"
 #: CPU backup runs (all rows) below this go as numpy slices (measured: 1.1 MB yes, 4.5 MB no)
 SLICES_MAX_RUN_BYTES = 2 << 20
+_scratch: np.ndarray[Any, Any] | None = None  # evict_caches's buffer, made at first use
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # bit copies: any item type
 
 
@@ -88,8 +91,30 @@ def _resolve(
     if chosen is None:
         counts = thread_candidates(with_aten=False)
         cands = {str(t): functools.partial(lambda t: build(t).run(), t) for t in counts}
-        chosen = cal.choose(key, cands, nbytes)
+        # a sample smaller than the caches would repeat cache-hot bytes (a per-layer load)
+        cold = evict_caches if nbytes < _scratch_bytes() else None
+        chosen = cal.choose(key, cands, nbytes, cold)
     return build(int(chosen))
+
+
+def _scratch_bytes(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """Twice the biggest CPU cache sysfs lists (32 MiB where none is bigger), at most 256 MiB."""
+    biggest = 32 << 20
+    for size in caches.glob("index*/size"):
+        with contextlib.suppress(OSError, ValueError):
+            text = size.read_text(encoding="ascii").strip()
+            shift = {"K": 10, "M": 20}.get(text[-1:], 0)
+            biggest = max(biggest, int(text.rstrip("KM")) << shift)
+    return min(2 * biggest, 256 << 20)
+
+
+def evict_caches() -> None:
+    """Write a scratch buffer of ``_scratch_bytes()`` (numpy: no OpenMP team), so the CPU
+    caches hold none of the bytes a copy step moves (kept for the process)."""
+    global _scratch
+    if _scratch is None:
+        _scratch = np.zeros(_scratch_bytes(), dtype=np.uint8)
+    _scratch += 1
 
 
 def _split(items: Sequence[Any], threads: int) -> tuple[tuple[Any, ...], ...]:
@@ -150,8 +175,13 @@ def slices_step(
         raise RuntimeError(_INTERNAL)
     row = dst[0].nbytes if dst.shape[0] else 0
     total = row * sum(n for _, _, n in runs)
-    per_run = _bucket(total // max(len(runs), 1))
-    key = f"slices cpu->cpu {per_run} runs, {_bucket(total)} per {what}"
+    run = total // max(len(runs), 1)
+    # one contiguous piece of a run: the run where its rows are adjacent, else one row
+    # (page_first's 16-token runs of 1152-byte rows 70 KiB apart want other thread
+    # counts than page_first_direct's runs of one 18 KiB page)
+    piece = min(run if a.strides[0] == row else row for a in (src, dst)) if total else 0
+    shape = f"{_bucket(run)} runs of {_bucket(piece)} pieces"
+    key = f"slices cpu->cpu {shape}, {_bucket(total)} per {what}"
 
     def build(t: int) -> Step:
         return Step(copy_slices, tuple((dst, src, runs[a:b]) for a, b in split_parts(len(runs), t)))
