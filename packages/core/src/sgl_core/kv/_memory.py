@@ -102,7 +102,7 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
     ``HUGE_PAGE_MIN_BYTES``, not Linux, or a refusal: False).
 
     A pool's loads and backups touch pieces scattered over gigabytes; with 4 KiB pages
-    nearly every piece costs a TLB miss (BENCHMARKS.md, "Huge host pages"). Advice
+    nearly every piece costs a TLB miss (BENCHMARKS.md, "Huge pages and cold calibration"). Advice
     only: the bytes are the same whatever the kernel does, and a kernel in THP mode
     ``never`` keeps 4 KiB pages. It must come before the first touch (the zeroing),
     or pages already mapped stay small until ``khugepaged`` merges them.
