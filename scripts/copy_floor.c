@@ -1,6 +1,6 @@
 /* Hardware ceiling of the hicache CPU load/backup patterns: the copies sgl-bench
  * times, written as plain C loops (no Python, no framework), against a contiguous
- * memcpy of the same bytes. Build: cc -O2 -mavx2 -pthread floor.c -o floor */
+ * memcpy of the same bytes. Build: cc -O2 -mavx2 -pthread scripts/copy_floor.c -o floor */
 #define _GNU_SOURCE
 #include <immintrin.h>
 #include <pthread.h>
