@@ -77,6 +77,8 @@ int main(int argc, char **argv) {
     size_t ps = argc > 1 ? strtoul(argv[1], 0, 10) : 64;
     const char *layout = argc > 2 ? argv[2] : "layer_first";
     int rounds = argc > 3 ? atoi(argv[3]) : 5;
+    /* the timing table holds 64 rounds; a page must divide the 4096 tokens of a call */
+    if (rounds < 1 || rounds > 64 || ps == 0 || N % ps) { fprintf(stderr, "rounds 1..64, page dividing %zu\n", N); return 2; }
     size_t dev_tok = 2 * N, host_tok = 4 * N, np = N / ps;
     size_t bytes = N * L * ROW;
     char *dev = big(dev_tok * L * ROW), *host = big(host_tok * L * ROW);
