@@ -49,7 +49,8 @@ class CopyChoice:
 # another format, was written on another host or holds a malformed entry is ignored whole
 # and overwritten at the next measurement; an unwritable path only loses the cache.
 ENV_VAR = "SGLCORE_COPY_CALIBRATION"
-FORMAT = "sgl-core copy calibration v1"
+# v2: the copy steps also offer the streaming copy (a v1 file never measured it)
+FORMAT = "sgl-core copy calibration v2"
 
 
 def _cpu_model() -> str:

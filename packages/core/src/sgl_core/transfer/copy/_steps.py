@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -22,6 +23,7 @@ from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import _memmove_all, _pool
 from sgl_core.transfer.copy._pieces import index_chunk, split_parts
+from sgl_core.transfer.copy._stream import ops_table, stream_copy, stream_each
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
 __all__ = [
@@ -77,24 +79,38 @@ def finish(futures: Sequence[Future[None]]) -> None:
 
 
 def _resolve(
-    threads: int, key: str, nbytes: int, build: Callable[[int], Step], aten_parts: int
+    threads: int,
+    key: str,
+    nbytes: int,
+    build: Callable[[int], Step],
+    aten_parts: int,
+    stream: Callable[[int], Step] | None = None,
 ) -> Step:
-    """The step with ``threads`` resolved: explicit, 1 for small calls, else measured."""
+    """The step with ``threads`` resolved: explicit, 1 for small calls, else measured.
+    ``stream``: the same step by thread count with the streaming copy (``_stream``),
+    offered as candidates ``stream1``, ``stream<n>`` after the memmove counts where the
+    streaming copy is available."""
     if threads == 0:  # no team in these primitives: the old split of big calls
         return build(aten_parts)
     if threads != AUTO:
         return build(threads)
     if nbytes < AUTO_MIN_BYTES:
         return build(1)
+    counts = thread_candidates(with_aten=False)
+    builds = {str(t): functools.partial(build, t) for t in counts}
+    if stream is not None and stream_copy() is not None:
+        builds.update({f"stream{t}": functools.partial(stream, t) for t in counts})
     cal = default_calibrator()
     chosen = cal.current(key)
-    if chosen is None:
-        counts = thread_candidates(with_aten=False)
-        cands = {str(t): functools.partial(lambda t: build(t).run(), t) for t in counts}
-        # a sample smaller than the caches would repeat cache-hot bytes (a per-layer load)
-        cold = evict_caches if nbytes < _scratch_bytes() else None
-        chosen = cal.choose(key, cands, nbytes, cold)
-    return build(int(chosen))
+    if chosen in builds:
+        return builds[chosen]()
+    # unknown, stale, or a candidate this process does not offer: measure the built steps
+    # (building one, e.g. the streaming copy's address table, is not what a load repeats)
+    steps = {name: b() for name, b in builds.items()}
+    # a sample smaller than the caches would repeat cache-hot bytes (a per-layer load)
+    cold = evict_caches if nbytes < _scratch_bytes() else None
+    chosen = cal.choose(key, {name: st.run for name, st in steps.items()}, nbytes, cold)
+    return steps[chosen]
 
 
 def _scratch_bytes(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
@@ -137,7 +153,23 @@ def memmove_step(
     def build(t: int) -> Step:
         return Step(memmove_each, _split((dst, src, sizes), t))
 
-    return _resolve(threads, key, total, build, parts)
+    def stream(t: int) -> Step:
+        ops = ops_table(dst, src, sizes)
+        ranges = split_parts(len(sizes), t) or [(0, 0)]
+        return Step(stream_each, tuple((ops[a:b],) for a, b in ranges))
+
+    # loads only: a load's steps are kept per (plan, layer), so the streaming copy's
+    # address table is built once; a backup builds its steps per call
+    offer = what == "load" and bool(sizes) and not _spans_overlap(dst, src, sizes)
+    return _resolve(threads, key, total, build, parts, stream if offer else None)
+
+
+def _spans_overlap(dst: list[int], src: list[int], sizes: list[int]) -> bool:
+    """Whether the destination blocks' span meets the source blocks' span (one buffer on
+    both sides: memmove allows overlap, the streaming copy does not)."""
+    d_end = max(a + n for a, n in zip(dst, sizes, strict=True))
+    s_end = max(a + n for a, n in zip(src, sizes, strict=True))
+    return min(dst) < s_end and min(src) < d_end
 
 
 def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
@@ -184,9 +216,70 @@ def slices_step(
     key = f"slices cpu->cpu {shape}, {_bucket(total)} per {what}"
 
     def build(t: int) -> Step:
-        return Step(copy_slices, tuple((dst, src, runs[a:b]) for a, b in split_parts(len(runs), t)))
+        ranges = split_parts(len(runs), t) or [(0, 0)]  # a step has at least one part
+        return Step(copy_slices, tuple((dst, src, runs[a:b]) for a, b in ranges))
 
-    return _resolve(threads, key, total, build, 1)
+    def stream(t: int) -> Step:
+        ops = slice_ops(dst, src, runs)
+        ranges = split_parts(ops.shape[0], t) or [(0, 0)]
+        return Step(stream_each, tuple((ops[a:b],) for a, b in ranges))
+
+    offer = what == "load" and _byte_copyable(dst, src)
+    return _resolve(threads, key, total, build, 1, stream if offer else None)
+
+
+#: Pieces shorter than this never reach the streaming stores (``rep movsb`` only)
+STREAM_MIN_PIECE_BYTES = 64
+
+
+def _byte_copyable(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> bool:
+    """Whether the streaming copy may do ``copy_slices(dst, src, ...)``: the same items
+    (numpy slices would convert others), no memory in common (numpy copies overlapping
+    slices as if through a buffer, the streaming copy does not) and pieces of at least
+    ``STREAM_MIN_PIECE_BYTES`` on both sides."""
+    if dst.dtype != src.dtype or dst.shape[1:] != src.shape[1:]:
+        return False
+    if np.may_share_memory(dst, src):
+        return False
+    return math.gcd(_unit_blocks(dst)[0], _unit_blocks(src)[0]) >= STREAM_MIN_PIECE_BYTES
+
+
+def _unit_blocks(a: np.ndarray[Any, Any]) -> tuple[int, np.ndarray[Any, Any]]:
+    """One unit ``a[0]`` as contiguous blocks: their size in bytes and their byte offsets
+    from the unit's start, in C order (the order of the unit's items)."""
+    shape, strides = a.shape[1:], a.strides[1:]
+    block, k = a.itemsize, len(shape)
+    while k and (shape[k - 1] == 1 or strides[k - 1] == block):
+        block, k = block * shape[k - 1], k - 1
+    offsets = np.zeros(1, dtype=np.int64)
+    for n, stride in zip(shape[:k], strides[:k], strict=True):
+        offsets = (offsets[:, None] + np.arange(n, dtype=np.int64) * stride).ravel()
+    return block, offsets
+
+
+def slice_ops(
+    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], runs: Sequence[tuple[int, int, int]]
+) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """``copy_slices(dst, src, runs)`` as the streaming copy's (dst, src, len) table: each
+    unit of a run cut into the pieces that are contiguous on both sides (the greatest
+    common divisor of the two sides' blocks), in item order. Unchecked: the runs must lie
+    inside both arrays (``slices_step`` checks their extent)."""
+    (d_block, d_offs), (s_block, s_offs) = _unit_blocks(dst), _unit_blocks(src)
+    piece = math.gcd(d_block, s_block)
+    cut = []
+    for block, offs in ((d_block, d_offs), (s_block, s_offs)):
+        cut.append((offs[:, None] + np.arange(block // piece, dtype=np.int64) * piece).ravel())
+    starts = np.array([(b, a) for a, b, _ in runs], dtype=np.int64).reshape(-1, 2)
+    counts = np.array([n for _, _, n in runs], dtype=np.int64)
+    firsts = np.repeat(counts.cumsum() - counts, counts)  # each unit's run's first unit
+    within = np.arange(int(counts.sum()), dtype=np.int64) - firsts
+    table = np.empty((within.size * cut[0].size, 3), dtype=np.uint64)
+    for col, (arr, offs) in enumerate(zip((dst, src), cut, strict=True)):
+        units = np.repeat(starts[:, col], counts) + within
+        addr = arr.ctypes.data + units[:, None] * arr.strides[0] + offs[None, :]
+        table[:, col] = addr.ravel().astype(np.uint64)
+    table[:, 2] = piece
+    return table
 
 
 def gather_chunks(

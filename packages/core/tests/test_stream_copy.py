@@ -1,0 +1,394 @@
+"""The streaming (non-temporal store) copy: bit-exact over sizes and alignments, W^X, its
+fallbacks, and how the copy steps offer it (a calibrated candidate, after memmove)."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import sgl_core
+from sgl_core.backend import CopyTuning, copy_calibration
+from sgl_core.testing import device_rows, fill_device_random, page_indices
+from sgl_core.transfer.copy import _calibrate, _copy, _steps, _stream
+from sgl_core.transfer.copy._calibrate import Calibrator
+from sgl_core.transfer.copy._steps import copy_slices, memmove_step, slice_ops, slices_step
+
+needs_stream = pytest.mark.skipif(
+    _stream.stream_copy() is None, reason=f"streaming copy: {_stream.stream_copy_status()}"
+)
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the next ``stream_copy()`` load again (and put the process's load back after)."""
+    monkeypatch.setattr(_stream, "_loaded", None)
+
+
+Array = np.ndarray[Any, Any]
+
+
+def _pieces(
+    rng: np.random.Generator, dst: Array, src: Array
+) -> tuple[list[tuple[int, int, int]], Array]:
+    """(dst, src, len) pieces over every size class and destination alignment, each with a
+    gap, and what ``dst`` must hold after them."""
+    want, ops, at = dst.copy(), [], 0
+    for n in (0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000, 1152, 4096, 18432 + 7):
+        for skew in (0, 1, 8, 16, 33):
+            at += skew
+            s = int(rng.integers(0, 4000))
+            ops.append((dst.ctypes.data + at, src.ctypes.data + s, n))
+            want[at : at + n] = src[s : s + n]
+            at += n + 5
+    return ops, want
+
+
+@needs_stream
+def test_stream_copy_is_bit_exact_over_sizes_and_alignments() -> None:
+    """Aligned and unaligned destinations and sources, lengths below, at and past 64 bytes
+    and not a multiple of it: every piece lands exactly, no byte in the gaps moves."""
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 256, 1 << 18, dtype=np.uint8)
+    dst = rng.integers(0, 256, 1 << 19, dtype=np.uint8)
+    ops, want = _pieces(rng, dst, src)
+    _stream.stream_each(_stream.ops_table(*zip(*ops, strict=True)))
+    assert np.array_equal(dst, want)
+    _stream.stream_each(_stream.ops_table([], [], []))  # nothing to copy: a no-op
+    assert np.array_equal(dst, want)
+
+
+@needs_stream
+def test_the_code_is_loaded_once_per_process(fresh: None) -> None:
+    first = _stream.stream_copy()
+    assert first is not None and _stream.stream_copy() is first
+    assert _stream.stream_copy_status() == "available"
+
+
+def test_a_unit_is_cut_into_its_contiguous_blocks() -> None:
+    """Dimensions of one item (any stride) merge into the block; a gap starts new blocks."""
+    base = np.zeros((8, 3, 4, 6), dtype=np.uint16)
+    odd = np.lib.stride_tricks.as_strided(base, (8, 4, 1, 6), (144, 12, 1000, 2))
+    assert [(b, o.tolist()) for b, o in map(_steps._unit_blocks, (base, odd))] == [
+        (144, [0]), (48, [0]),
+    ]  # fmt: skip
+    block, offsets = _steps._unit_blocks(base[:, :, 1:3])
+    assert (block, offsets.tolist()) == (24, [0, 48, 96])
+
+
+@needs_stream
+def test_the_code_page_is_never_writable_and_executable() -> None:
+    """The gather's page reads r-x in /proc/self/maps (written while rw-, then switched)."""
+    fn = _stream.stream_copy()
+    raw: Any = fn  # a ctypes function pointer (typed as the callable it is)
+    addr = ctypes.cast(raw, ctypes.c_void_p).value
+    assert addr is not None
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            assert line.split()[1].startswith("r-x")
+            return
+    pytest.fail("the gather's page is not mapped")
+
+
+@pytest.mark.skipif(shutil.which("as") is None or shutil.which("objcopy") is None, reason="no as")
+def test_the_machine_code_is_what_the_assembly_source_assembles_to(tmp_path: Path) -> None:
+    if subprocess.run(["as", "--version"], check=True, capture_output=True).stdout.find(b"x86") < 0:
+        pytest.skip("as does not target x86-64")
+    src, obj, raw = tmp_path / "g.s", tmp_path / "g.o", tmp_path / "g.bin"
+    src.write_text(_stream.ASM, encoding="ascii")
+    subprocess.run(["as", "-o", str(obj), str(src)], check=True)
+    subprocess.run(["objcopy", "-O", "binary", "-j", ".text", str(obj), str(raw)], check=True)
+    assert raw.read_bytes() == _stream.CODE
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        np.zeros((2, 3), dtype=np.int64),
+        np.zeros((2, 4), dtype=np.uint64),
+        np.zeros(6, dtype=np.uint64),
+        np.zeros((3, 2), dtype=np.uint64).T,
+    ],
+    ids=["int64", "four columns", "flat", "not C-ordered"],
+)
+def test_a_table_the_gather_cannot_read_is_refused(table: np.ndarray[Any, Any]) -> None:
+    with pytest.raises(ValueError, match="C-ordered"):
+        _stream.stream_each(table)
+
+
+@pytest.mark.parametrize("value", ["0", "off", "OFF", " no ", "false"])
+def test_the_environment_turns_the_streaming_copy_off(
+    monkeypatch: pytest.MonkeyPatch, fresh: None, value: str
+) -> None:
+    monkeypatch.setenv(_stream.ENV_VAR, value)
+    assert _stream.stream_copy() is None
+    assert _stream.stream_copy_status().startswith("off")
+    with pytest.raises(RuntimeError, match="not loaded: off"):
+        _stream.stream_each(_stream.ops_table([], [], []))
+
+
+@pytest.mark.parametrize(("plat", "machine"), [("darwin", "x86_64"), ("linux", "aarch64")])
+def test_only_x86_64_linux_loads_the_code(
+    monkeypatch: pytest.MonkeyPatch, fresh: None, plat: str, machine: str
+) -> None:
+    monkeypatch.delenv(_stream.ENV_VAR, raising=False)
+    monkeypatch.setattr(sys, "platform", plat)
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(_stream, "_map_code", lambda libc: pytest.fail("mapped"))
+    assert _stream.stream_copy() is None
+    assert "x86-64 Linux only" in _stream.stream_copy_status()
+
+
+class _Fn:
+    def __init__(self, result: Any) -> None:
+        self.result, self.calls = result, list[tuple[Any, ...]]()
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls.append(args)
+        return self.result
+
+
+class _FakeLibc:
+    """mmap into a ctypes buffer (or failing), mprotect answering ``protect``."""
+
+    def __init__(self, mapped: bool | None, protect: int) -> None:
+        self.buf = ctypes.create_string_buffer(4096)
+        failed = None if mapped is None else ctypes.c_void_p(-1).value  # NULL, MAP_FAILED
+        self.mmap = _Fn(ctypes.addressof(self.buf) if mapped else failed)
+        self.mprotect = _Fn(protect)
+
+
+@pytest.mark.parametrize(
+    ("mapped", "protect", "why"),
+    [
+        (None, 0, "mmap of a read\\+write page failed"),
+        (False, 0, "mmap of a read\\+write page failed"),
+        (True, -1, "mprotect .* refused"),
+    ],
+)
+def test_a_refused_mapping_leaves_the_copy_unavailable(
+    mapped: bool | None, protect: int, why: str
+) -> None:
+    libc = _FakeLibc(mapped, protect)
+    got = _stream._map_code(libc)
+    assert isinstance(got, str)
+    assert re.search(why, got)
+    if mapped:  # the code was written before the switch, which asked for read+execute only
+        assert libc.buf.raw[: len(_stream.CODE)] == _stream.CODE
+        assert libc.mprotect.calls == [(ctypes.addressof(libc.buf), 4096, 0x5)]
+    assert libc.mmap.calls[0][2] == 0x3  # read+write, never executable while written
+
+
+def test_a_refused_mapping_is_reported_and_the_steps_offer_memmove_only(
+    monkeypatch: pytest.MonkeyPatch, fresh: None
+) -> None:
+    monkeypatch.delenv(_stream.ENV_VAR, raising=False)
+    monkeypatch.setattr(_stream, "_map_code", lambda libc: "mprotect to read+execute refused")
+    assert _stream.stream_copy() is None
+    assert _stream.stream_copy_status() == "unavailable: mprotect to read+execute refused"
+    names = _measured_candidates(monkeypatch)
+    assert names == ["1", "2"]
+
+
+def _measured_candidates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The candidates a big AUTO memmove step is measured with (fake clock: 1 s each)."""
+    now = [0.0]
+
+    def tick() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    monkeypatch.setattr(_copy, "_workers", 1)
+    monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=tick, budget_s=1e9))
+    src = torch.randint(0, 255, (4 << 20,), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    blocks = [(dst.data_ptr() + i * (64 << 10), src.data_ptr() + i * (64 << 10)) for i in range(64)]
+    d, s = zip(*blocks, strict=True)
+    memmove_step(list(d), list(s), [64 << 10] * 64, -1).run()
+    assert torch.equal(dst, src)
+    (choice,) = copy_calibration()
+    return list(choice.seconds)
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch, costs: dict[str, float]) -> list[float]:
+    """A fake clock that ``memmove_each``/``copy_slices``/``stream_each`` advance by
+    ``costs`` (per call), as the process's calibrator."""
+    now = [0.0]
+    for name in costs:
+        real = getattr(_steps, name)
+
+        def spy(*args: Any, _real: Any = real, _name: str = name) -> None:
+            now[0] += costs[_name]
+            _real(*args)
+
+        monkeypatch.setattr(_steps, name, spy)
+    monkeypatch.setattr(_copy, "_workers", 1)
+    monkeypatch.setattr(_steps, "AUTO_MIN_BYTES", 0)  # measure small steps too
+    monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=lambda: now[0], budget_s=1e9))
+    return now
+
+
+@needs_stream
+@pytest.mark.parametrize(
+    ("stream_cost", "chosen"),
+    [(1.0, "1"), (0.81, "1"), (0.1, "stream1")],
+    ids=["as fast", "within the margin", "faster"],
+)
+def test_a_memmove_load_takes_the_streaming_copy_only_when_it_is_clearly_faster(
+    monkeypatch: pytest.MonkeyPatch, stream_cost: float, chosen: str
+) -> None:
+    """Candidates in order ``1``, ``2``, ``stream1``, ``stream2``: the streaming copy must
+    beat memmove by more than the margin (it is the unusual path), and then a layer_first
+    CPU load through the pools takes it, bit-exact; explicit threads never measure it."""
+    _spy(monkeypatch, {"memmove_each": 1.0, "stream_each": stream_cost})
+    backend = sgl_core.TorchBackend(tuning=CopyTuning(by_address_min_block_bytes=0))
+    kw = dict(size=2048, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512)
+    dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
+    back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
+    fill_device_random(dev, 4)
+    host = backend.create_host_pool(dev, layout="layer_first")
+    h_idx = page_indices([3, 1, 7, 0, 5, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29], 64)
+    d_idx = page_indices(list(range(2, 18)), 64)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    for layer in range(2):
+        host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
+        assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))
+    (load,) = [c for c in copy_calibration() if c.key.endswith("per load")]
+    assert list(load.seconds) == ["1", "2", "stream1", "stream2"]
+    assert load.choice == chosen
+    step = memmove_step([0], [0], [2 << 20], 1)  # explicit: memmove, not measured
+    assert step.fn is _steps.memmove_each
+
+
+@needs_stream
+def test_a_choice_this_process_does_not_offer_is_measured_again(
+    monkeypatch: pytest.MonkeyPatch, fresh: None
+) -> None:
+    """A disk-cached ``stream1`` where the streaming copy is off: measured again among
+    the memmove counts (never a failed lookup, never the streaming copy)."""
+    names = _measured_candidates(monkeypatch)
+    assert names == ["1", "2", "stream1", "stream2"]
+    cal = _calibrate.default_calibrator()
+    key = copy_calibration()[0].key
+    cal._choices[key] = dataclasses.replace(cal._choices[key], choice="stream1")  # as if from disk
+    monkeypatch.setenv(_stream.ENV_VAR, "0")
+    monkeypatch.setattr(_stream, "_loaded", None)
+    src = torch.randint(0, 255, (4 << 20,), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    d = [dst.data_ptr() + i * (64 << 10) for i in range(64)]
+    s = [src.data_ptr() + i * (64 << 10) for i in range(64)]
+    step = memmove_step(d, s, [64 << 10] * 64, -1)
+    assert step.fn is _steps.memmove_each
+    step.run()
+    assert torch.equal(dst, src)
+    assert list(copy_calibration()[0].seconds) == ["1", "2"]
+
+
+def _layouts() -> list[tuple[str, np.ndarray[Any, Any]]]:
+    rng = np.random.default_rng(11)
+    host = rng.integers(0, 1 << 62, (40, 5, 16, 20), dtype=np.uint64)  # pages, layers, tokens, row
+    token_major = host.transpose(0, 2, 1, 3)  # pages, tokens, layers, row
+    return [
+        ("page contiguous", host[:, 2]),
+        ("rows apart", token_major[:, :, 3]),
+        ("every other token", host[:, 1, ::2]),
+        ("partial rows", host[:, 4, :, 2:12]),
+    ]
+
+
+@needs_stream
+@pytest.mark.parametrize(("name", "src"), _layouts(), ids=[n for n, _ in _layouts()])
+def test_slice_ops_moves_what_copy_slices_moves(
+    monkeypatch: pytest.MonkeyPatch, name: str, src: np.ndarray[Any, Any]
+) -> None:
+    """Units that are one block, rows apart, strided rows and partial rows, to a destination
+    of the same and of another layout: the streaming table moves exactly the run copies'
+    bytes (other rows untouched); through ``slices_step`` when it is chosen too."""
+    runs = [(3, 0, 2), (10, 5, 1), (39, 29, 1), (0, 20, 4), (20, 9, 3)]
+    for dst_shape in ("contiguous", "strided"):
+        base = np.full((30, 2, *src.shape[1:]), 7, dtype=src.dtype)
+        dst = base[:, 0] if dst_shape == "strided" else np.ascontiguousarray(base[:, 0])
+        want = dst.copy()
+        copy_slices(want, src, runs)
+        _stream.stream_each(slice_ops(dst, src, runs))
+        assert np.array_equal(dst, want) and (base[:, 1] == 7).all()
+        dst[:] = 7
+        _spy(monkeypatch, {"copy_slices": 1.0, "stream_each": 0.1})
+        step = slices_step(dst, src, runs, (40, 30), -1)
+        assert step.fn is vars(_steps)["stream_each"]  # the spy: chosen, not memmove
+        step.run()
+        assert np.array_equal(dst, want)
+        monkeypatch.undo()
+
+
+def test_slices_that_convert_items_never_take_the_streaming_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """numpy slice assignment converts items between dtypes: no byte copy is offered."""
+    src = np.arange(64 * 1024, dtype=np.int32).reshape(64, 1024)
+    dst = np.zeros((64, 1024), dtype=np.int64)
+    _spy(monkeypatch, {"copy_slices": 1.0, "stream_each": 0.01})
+    slices_step(dst, src, [(0, 0, 64)], (64, 64), -1).run()
+    assert np.array_equal(dst, src)
+    (choice,) = copy_calibration()
+    assert "stream1" not in choice.seconds
+
+
+@needs_stream
+def test_a_measured_step_with_nothing_to_copy_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    dst, src = np.zeros((4, 8), dtype=np.uint8), np.ones((4, 8), dtype=np.uint8)
+    _spy(monkeypatch, {"copy_slices": 1.0, "stream_each": 0.1})
+    slices_step(dst, src, [], (0, 0), -1).run()
+    memmove_step([], [], [], -1).run()
+    assert not dst.any()
+
+
+@needs_stream
+@pytest.mark.parametrize("what", ["load", "backup"])
+def test_only_loads_are_offered_the_streaming_copy(
+    monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """A backup builds its steps per call (a streaming table each time): memmove and slice
+    backups are measured without it, loads with it."""
+    _spy(monkeypatch, {"copy_slices": 1.0, "memmove_each": 1.0, "stream_each": 0.1})
+    src, dst = np.ones((64, 1024), dtype=np.uint8), np.zeros((64, 1024), dtype=np.uint8)
+    slices_step(dst, src, [(0, 0, 64)], (64, 64), -1, what).run()
+    d = [dst.ctypes.data + i * 1024 for i in range(64)]
+    s = [src.ctypes.data + i * 1024 for i in range(64)]
+    memmove_step(d, s, [1024] * 64, -1, what).run()
+    assert (dst == 1).all()
+    offered = {"stream1" in c.seconds for c in copy_calibration()}
+    assert len(copy_calibration()) == 2 and offered == {what == "load"}
+
+
+@needs_stream
+def test_copies_the_streaming_stores_would_get_wrong_or_slow_are_not_offered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sides in one buffer (memmove and numpy slices allow overlap, streaming stores do
+    not) and pieces under 64 bytes (``rep movsb`` only): measured without it."""
+    _spy(monkeypatch, {"copy_slices": 1.0, "memmove_each": 1.0, "stream_each": 0.1})
+    buf = np.arange(64 * 64, dtype=np.uint64).reshape(64, 64)  # 512-byte units
+    want = buf.copy()
+    want[40:48] = want[0:8]
+    slices_step(buf, buf, [(0, 40, 8)], (8, 48), -1).run()  # one buffer (disjoint runs)
+    assert np.array_equal(buf, want)
+    raw = buf.ctypes.data  # one block shifted 8 bytes onto itself: measured by repeating
+    memmove_step([raw + 8], [raw], [8 * 64 * 40], -1)  # it (not idempotent: no byte check)
+    small = np.zeros((64, 64, 8), dtype=np.uint8), np.ones((64, 64, 16), dtype=np.uint8)
+    slices_step(small[0], small[1][:, :, :8], [(0, 0, 64)], (64, 64), -1).run()  # 8-byte pieces
+    assert (small[0] == 1).all()
+    assert len(copy_calibration()) == 3
+    assert not any("stream1" in c.seconds for c in copy_calibration())
+    assert not _steps._spans_overlap([raw + 4096], [raw], [4096])  # adjacent: no overlap
