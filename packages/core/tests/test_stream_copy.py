@@ -391,4 +391,23 @@ def test_copies_the_streaming_stores_would_get_wrong_or_slow_are_not_offered(
     assert (small[0] == 1).all()
     assert len(copy_calibration()) == 3
     assert not any("stream1" in c.seconds for c in copy_calibration())
-    assert not _steps._spans_overlap([raw + 4096], [raw], [4096])  # adjacent: no overlap
+
+
+@pytest.mark.parametrize(
+    ("dst", "src", "sizes", "meet"),
+    [
+        ([4096], [0], [4096], False),  # adjacent
+        ([4095], [0], [4096], True),  # one byte in common
+        ([0], [4095], [4096], True),  # the other way round
+        ([0, 10_000], [5000, 20_000], [1000, 1000], False),  # interleaved buffers
+        ([0, 10_000], [5000, 10_500], [1000, 1000], True),  # the second pair meets
+        ([100, 0], [150, 9000], [100, 5000], True),  # unsorted; inside a long block
+        ([0, 0], [300, 5000], [5000, 10], True),  # a short block after a long one
+        ([500], [500], [0], False),  # an empty block moves nothing
+        ([], [], [], False),
+    ],
+)
+def test_blocks_overlap_exactly(
+    dst: list[int], src: list[int], sizes: list[int], meet: bool
+) -> None:
+    assert _steps._blocks_overlap(dst, src, sizes) is meet

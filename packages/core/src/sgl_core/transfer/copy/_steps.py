@@ -160,16 +160,22 @@ def memmove_step(
 
     # loads only: a load's steps are kept per (plan, layer), so the streaming copy's
     # address table is built once; a backup builds its steps per call
-    offer = what == "load" and bool(sizes) and not _spans_overlap(dst, src, sizes)
+    offer = what == "load" and not _blocks_overlap(dst, src, sizes)
     return _resolve(threads, key, total, build, parts, stream if offer else None)
 
 
-def _spans_overlap(dst: list[int], src: list[int], sizes: list[int]) -> bool:
-    """Whether the destination blocks' span meets the source blocks' span (one buffer on
-    both sides: memmove allows overlap, the streaming copy does not)."""
-    d_end = max(a + n for a, n in zip(dst, sizes, strict=True))
-    s_end = max(a + n for a, n in zip(src, sizes, strict=True))
-    return min(dst) < s_end and min(src) < d_end
+def _blocks_overlap(dst: list[int], src: list[int], sizes: list[int]) -> bool:
+    """Whether any destination block shares a byte with any source block (memmove allows
+    overlap, the streaming copy does not). Exact, not by spans: a load's blocks lie in
+    several buffers (components, layers) whose address ranges interleave."""
+    n = np.asarray(sizes, dtype=np.int64)
+    d0, s0 = np.asarray(dst, dtype=np.int64), np.asarray(src, dtype=np.int64)
+    order = np.argsort(d0, kind="stable")
+    starts, ends = d0[order], np.maximum.accumulate((d0 + n)[order])
+    # per source block: the destination blocks starting before it ends; any of them that
+    # ends after it starts meets it (the running maximum of their ends says whether)
+    last = np.searchsorted(starts, s0 + n, side="left") - 1
+    return bool(((last >= 0) & (ends[np.maximum(last, 0)] > s0) & (n > 0)).any())
 
 
 def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
