@@ -109,6 +109,33 @@ AREAS: dict[str, Area] = {
             ),
         ),
     ),
+    "stream": Area(
+        modules=("sgl_core/transfer/copy/_stream.py", "sgl_core/transfer/copy/_steps.py"),
+        tests=(
+            CORE + "test_stream_copy.py",
+            CORE + "test_load_steps.py",
+            CORE + "test_cold_calibration.py",
+            CORE + "test_copy_threads.py",
+        ),
+        functions=(
+            *(
+                f"sgl_core.transfer.copy._stream.x_{name}__*"
+                for name in ("_map_code", "_load", "stream_copy", "ops_table", "stream_each")
+            ),
+            *(
+                f"sgl_core.transfer.copy._steps.x_{name}__*"
+                for name in (
+                    "_resolve",
+                    "_blocks_overlap",
+                    "_byte_copyable",
+                    "_unit_blocks",
+                    "slice_ops",
+                    "memmove_step",
+                    "slices_step",
+                )
+            ),
+        ),
+    ),
     "l3": Area(
         modules=tuple(
             f"sgl_core/l3/{name}.py"

@@ -123,7 +123,7 @@ def test_the_machine_code_is_what_the_assembly_source_assembles_to(tmp_path: Pat
     ids=["int64", "four columns", "flat", "not C-ordered"],
 )
 def test_a_table_the_gather_cannot_read_is_refused(table: np.ndarray[Any, Any]) -> None:
-    with pytest.raises(ValueError, match="C-ordered"):
+    with pytest.raises(ValueError, match=re.escape(f"table, got {table.dtype} {table.shape}")):
         _stream.stream_each(table)
 
 
@@ -136,6 +136,18 @@ def test_the_environment_turns_the_streaming_copy_off(
     assert _stream.stream_copy_status().startswith("off")
     with pytest.raises(RuntimeError, match="not loaded: off"):
         _stream.stream_each(_stream.ops_table([], [], []))
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "AMD64", "amd64"])
+def test_x86_64_linux_maps_the_code_under_either_machine_name(
+    monkeypatch: pytest.MonkeyPatch, fresh: None, machine: str
+) -> None:
+    monkeypatch.delenv(_stream.ENV_VAR, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(_stream, "_map_code", lambda libc: "refused here")
+    assert _stream.stream_copy() is None
+    assert _stream.stream_copy_status() == "unavailable: refused here"  # it tried to map
 
 
 @pytest.mark.parametrize(("plat", "machine"), [("darwin", "x86_64"), ("linux", "aarch64")])
@@ -267,8 +279,8 @@ def test_a_memmove_load_takes_the_streaming_copy_only_when_it_is_clearly_faster(
     (load,) = [c for c in copy_calibration() if c.key.endswith("per load")]
     assert list(load.seconds) == ["1", "2", "stream1", "stream2"]
     assert load.choice == chosen
-    step = memmove_step([0], [0], [2 << 20], 1)  # explicit: memmove, not measured
-    assert step.fn is _steps.memmove_each
+    step = memmove_step([0, 0], [0, 0], [2 << 20] * 2, 1)  # explicit: memmove, unmeasured,
+    assert step.fn is _steps.memmove_each and len(step.parts) == 1  # on this thread only
 
 
 @needs_stream
@@ -327,6 +339,7 @@ def test_slice_ops_moves_what_copy_slices_moves(
         _spy(monkeypatch, {"copy_slices": 1.0, "stream_each": 0.1})
         step = slices_step(dst, src, runs, (40, 30), -1)
         assert step.fn is vars(_steps)["stream_each"]  # the spy: chosen, not memmove
+        dst[:] = 7  # measuring ran every candidate: only the chosen step's bytes count
         step.run()
         assert np.array_equal(dst, want)
         monkeypatch.undo()
@@ -352,6 +365,7 @@ def test_a_measured_step_with_nothing_to_copy_runs(monkeypatch: pytest.MonkeyPat
     slices_step(dst, src, [], (0, 0), -1).run()
     memmove_step([], [], [], -1).run()
     assert not dst.any()
+    assert len(copy_calibration()) == 2  # measured: nothing to copy is not "under the limit" 0
 
 
 @needs_stream
@@ -404,6 +418,9 @@ def test_copies_the_streaming_stores_would_get_wrong_or_slow_are_not_offered(
         ([100, 0], [150, 9000], [100, 5000], True),  # unsorted; inside a long block
         ([0, 0], [300, 5000], [5000, 10], True),  # a short block after a long one
         ([500], [500], [0], False),  # an empty block moves nothing
+        ([0], [4096], [4096], False),  # adjacent, the source after
+        ([0], [0], [1], True),  # one byte
+        ([0, 2000], [5000, 500], [1000, 0], False),  # an empty source inside a destination
         ([], [], [], False),
     ],
 )
@@ -411,3 +428,35 @@ def test_blocks_overlap_exactly(
     dst: list[int], src: list[int], sizes: list[int], meet: bool
 ) -> None:
     assert _steps._blocks_overlap(dst, src, sizes) is meet
+
+
+@needs_stream
+def test_the_piece_limit_counts_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of exactly 64 bytes are offered; a destination of 32-byte blocks under a
+    contiguous source is not (the piece is the smaller side's)."""
+    _spy(monkeypatch, {"copy_slices": 1.0, "stream_each": 0.1})
+    wide = np.zeros((64, 8, 2, 8), dtype=np.uint64)  # units of 8 x 128 bytes
+    src = np.ones((64, 8, 8), dtype=np.uint64)
+    slices_step(wide[:, :, 0], src, [(0, 0, 64)], (64, 64), -1).run()  # 64-byte pieces
+    half = np.zeros((64, 8, 2, 4), dtype=np.uint64)
+    src4 = np.ones((64, 8, 4), dtype=np.uint64)
+    slices_step(half[:, :, 0], src4, [(0, 0, 64)], (64, 64), -1).run()  # 32-byte pieces
+    assert (wide[:, :, 0] == 1).all() and (wide[:, :, 1] == 0).all()
+    assert (half[:, :, 0] == 1).all() and (half[:, :, 1] == 0).all()
+    offered = sorted(("stream1" in c.seconds, c.nbytes) for c in copy_calibration())
+    assert offered == [(False, 64 * 8 * 32), (True, 64 * 8 * 64)]
+
+
+@needs_stream
+def test_slice_ops_cuts_at_the_destinations_blocks_too() -> None:
+    """A contiguous source into a destination whose rows lie apart: the pieces are the
+    destination's rows (the smaller blocks), not the source's whole units."""
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, 1 << 62, (20, 16, 10), dtype=np.uint64)
+    base = np.zeros((12, 16, 3, 10), dtype=np.uint64)
+    dst = base[:, :, 1]
+    runs = [(4, 0, 3), (19, 7, 1), (0, 9, 2)]
+    want = dst.copy()
+    copy_slices(want, src, runs)
+    _stream.stream_each(slice_ops(dst, src, runs))
+    assert np.array_equal(dst, want) and not base[:, :, 0].any() and not base[:, :, 2].any()
