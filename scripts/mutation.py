@@ -120,16 +120,22 @@ AREAS: dict[str, Area] = {
         functions=(
             *(
                 f"sgl_core.transfer.copy._stream.x_{name}__*"
-                for name in ("_map_code", "_load", "stream_copy", "ops_table", "stream_each")
+                for name in (
+                    "_map_code",
+                    "_load",
+                    "stream_copy",
+                    "ops_table",
+                    "stream_each",
+                    "_blocks_overlap",
+                    "_byte_copyable",
+                    "_unit_blocks",
+                    "slice_ops",
+                )
             ),
             *(
                 f"sgl_core.transfer.copy._steps.x_{name}__*"
                 for name in (
                     "_resolve",
-                    "_blocks_overlap",
-                    "_byte_copyable",
-                    "_unit_blocks",
-                    "slice_ops",
                     "memmove_step",
                     "slices_step",
                 )

@@ -18,7 +18,7 @@ called through ctypes (which drops the GIL). ``--check-asm`` re-assembles ``ASM`
 GNU ``as`` and compares the bytes. Every run checks the gather's result bit-exact against
 memmove's. x86-64 Linux only.
 
-    python scripts/nt_gather_probe.py 64 layer_first 6
+    PYTHONPATH=packages/core/src python scripts/nt_gather_probe.py 64 layer_first 6
 """
 
 from __future__ import annotations
@@ -38,50 +38,9 @@ from pathlib import Path
 
 import torch
 
-ASM = """\
-    .intel_syntax noprefix
-    .globl gather
-gather:
-    mov r11, rdi
-    mov rdx, rsi
-    test rdx, rdx
-    jz 9f
-1:
-    mov rdi, [r11]
-    mov rsi, [r11+8]
-    mov rcx, [r11+16]
-    add r11, 24
-    test dil, 15
-    jnz 3f
-    cmp rcx, 64
-    jb 3f
-2:
-    movdqu xmm0, [rsi]
-    movdqu xmm1, [rsi+16]
-    movdqu xmm2, [rsi+32]
-    movdqu xmm3, [rsi+48]
-    movntdq [rdi], xmm0
-    movntdq [rdi+16], xmm1
-    movntdq [rdi+32], xmm2
-    movntdq [rdi+48], xmm3
-    add rsi, 64
-    add rdi, 64
-    sub rcx, 64
-    cmp rcx, 64
-    jae 2b
-3:
-    rep movsb
-    dec rdx
-    jnz 1b
-9:
-    sfence
-    ret
-"""
-CODE = bytes.fromhex(
-    "4989fb4889f24885d2745a498b3b498b7308498b4b104983c31840f6c70f753e4883f9407238"
-    "f30f6f06f30f6f4e10f30f6f5620f30f6f5e30660fe707660fe74f10660fe75720660fe75f30"
-    "4883c6404883c7404883e9404883f94073c8f3a448ffca75a60faef8c3"
-)
+# the shipped streaming copy's code (packages/core/.../copy/_stream.py): one source
+from sgl_core.transfer.copy._stream import ASM, CODE
+
 LAYERS, ROW, TOKENS = 61, 1152, 4096
 _PROT_RW, _PROT_RX, _MAP_PRIVATE_ANON = 3, 5, 0x22
 Gather = Callable[[int, int], None]

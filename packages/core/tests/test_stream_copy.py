@@ -22,7 +22,8 @@ from sgl_core.backend import CopyTuning, copy_calibration
 from sgl_core.testing import device_rows, fill_device_random, page_indices
 from sgl_core.transfer.copy import _calibrate, _copy, _steps, _stream
 from sgl_core.transfer.copy._calibrate import Calibrator
-from sgl_core.transfer.copy._steps import copy_slices, memmove_step, slice_ops, slices_step
+from sgl_core.transfer.copy._steps import copy_slices, memmove_step, slices_step
+from sgl_core.transfer.copy._stream import slice_ops
 
 needs_stream = pytest.mark.skipif(
     _stream.stream_copy() is None, reason=f"streaming copy: {_stream.stream_copy_status()}"
@@ -79,10 +80,10 @@ def test_a_unit_is_cut_into_its_contiguous_blocks() -> None:
     """Dimensions of one item (any stride) merge into the block; a gap starts new blocks."""
     base = np.zeros((8, 3, 4, 6), dtype=np.uint16)
     odd = np.lib.stride_tricks.as_strided(base, (8, 4, 1, 6), (144, 12, 1000, 2))
-    assert [(b, o.tolist()) for b, o in map(_steps._unit_blocks, (base, odd))] == [
+    assert [(b, o.tolist()) for b, o in map(_stream._unit_blocks, (base, odd))] == [
         (144, [0]), (48, [0]),
     ]  # fmt: skip
-    block, offsets = _steps._unit_blocks(base[:, :, 1:3])
+    block, offsets = _stream._unit_blocks(base[:, :, 1:3])
     assert (block, offsets.tolist()) == (24, [0, 48, 96])
 
 
@@ -427,7 +428,7 @@ def test_copies_the_streaming_stores_would_get_wrong_or_slow_are_not_offered(
 def test_blocks_overlap_exactly(
     dst: list[int], src: list[int], sizes: list[int], meet: bool
 ) -> None:
-    assert _steps._blocks_overlap(dst, src, sizes) is meet
+    assert _stream._blocks_overlap(dst, src, sizes) is meet
 
 
 @needs_stream

@@ -11,9 +11,12 @@ block exactly once, in order.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from collections.abc import Iterator, Sequence
+from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -21,6 +24,7 @@ __all__ = [
     "IndexRuns",
     "index_chunk",
     "merge_runs",
+    "numpy_rows",
     "split_parts",
     "split_pieces",
     "wide_dtype",
@@ -135,3 +139,19 @@ def merge_runs(src: torch.Tensor, dst: torch.Tensor, unit: int = 1) -> IndexRuns
     return IndexRuns(
         src_cpu[starts].tolist(), dst_cpu[starts].tolist(), ((ends - starts) * unit).tolist()
     )
+
+
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # bit copies: any item type
+
+
+def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A numpy view of a CPU tensor of integer items (the widened rows): same memory, by
+    address (``Tensor.numpy()`` would make the storage unresizable for good, and the pool
+    validates a resized storage instead); the view keeps ``t`` alive."""
+    item = t.element_size()
+    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1
+    raw = (ctypes.c_char * (span * item if t.numel() else 0)).from_address(t.data_ptr())
+    raw.keep = t  # type: ignore[attr-defined]
+    flat = np.frombuffer(memoryview(raw).cast("B"), dtype=_BITS.get(item, np.dtype(f"V{item}")))
+    strides = tuple(st * item for st in t.stride())
+    return np.lib.stride_tricks.as_strided(flat, t.shape, strides, writeable=True)

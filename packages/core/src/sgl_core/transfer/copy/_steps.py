@@ -6,10 +6,8 @@ when it is built: docs/design.md, "Loads as bound copy steps" and "Copy threads,
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import functools
-import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -22,8 +20,15 @@ from sgl_core.transfer.copy import _copy
 from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import _memmove_all, _pool
-from sgl_core.transfer.copy._pieces import index_chunk, split_parts
-from sgl_core.transfer.copy._stream import ops_table, stream_copy, stream_each
+from sgl_core.transfer.copy._pieces import index_chunk, numpy_rows, split_parts
+from sgl_core.transfer.copy._stream import (
+    _blocks_overlap,
+    _byte_copyable,
+    ops_table,
+    slice_ops,
+    stream_copy,
+    stream_each,
+)
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
 __all__ = [
@@ -45,7 +50,6 @@ _INTERNAL = "internal error: validated runs out of range in the copy step"
 #: CPU backup runs (all rows) below this go as numpy slices (measured: 1.1 MB yes, 4.5 MB no)
 SLICES_MAX_RUN_BYTES = 2 << 20
 _scratch: np.ndarray[Any, Any] | None = None  # evict_caches's buffer, made at first use
-_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # bit copies: any item type
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -141,6 +145,11 @@ def _split(items: Sequence[Any], threads: int) -> tuple[tuple[Any, ...], ...]:
     )
 
 
+def _stream_step(ops: np.ndarray[Any, Any], threads: int) -> Step:
+    ranges = split_parts(ops.shape[0], threads) or [(0, 0)]  # a step has at least one part
+    return Step(stream_each, tuple((ops[a:b],) for a, b in ranges))
+
+
 def memmove_step(
     dst: list[int], src: list[int], sizes: list[int], threads: int, what: str = "load"
 ) -> Step:
@@ -154,41 +163,12 @@ def memmove_step(
         return Step(memmove_each, _split((dst, src, sizes), t))
 
     def stream(t: int) -> Step:
-        ops = ops_table(dst, src, sizes)
-        ranges = split_parts(len(sizes), t) or [(0, 0)]
-        return Step(stream_each, tuple((ops[a:b],) for a, b in ranges))
+        return _stream_step(ops_table(dst, src, sizes), t)
 
     # loads only: a load's steps are kept per (plan, layer), so the streaming copy's
     # address table is built once; a backup builds its steps per call
     offer = what == "load" and not _blocks_overlap(dst, src, sizes)
     return _resolve(threads, key, total, build, parts, stream if offer else None)
-
-
-def _blocks_overlap(dst: list[int], src: list[int], sizes: list[int]) -> bool:
-    """Whether any destination block shares a byte with any source block (memmove allows
-    overlap, the streaming copy does not). Exact, not by spans: a load's blocks lie in
-    several buffers (components, layers) whose address ranges interleave."""
-    n = np.asarray(sizes, dtype=np.int64)
-    d0, s0 = np.asarray(dst, dtype=np.int64), np.asarray(src, dtype=np.int64)
-    order = np.argsort(d0, kind="stable")
-    starts, ends = d0[order], np.maximum.accumulate((d0 + n)[order])
-    # per source block: the destination blocks starting before it ends; any of them that
-    # ends after it starts meets it (the running maximum of their ends says whether)
-    last = np.searchsorted(starts, s0 + n, side="left") - 1
-    return bool(((last >= 0) & (ends[np.maximum(last, 0)] > s0) & (n > 0)).any())
-
-
-def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A numpy view of a CPU tensor of integer items (the widened rows): same memory, by
-    address (``Tensor.numpy()`` would make the storage unresizable for good, and the pool
-    validates a resized storage instead); the view keeps ``t`` alive."""
-    item = t.element_size()
-    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1
-    raw = (ctypes.c_char * (span * item if t.numel() else 0)).from_address(t.data_ptr())
-    raw.keep = t  # type: ignore[attr-defined]
-    flat = np.frombuffer(memoryview(raw).cast("B"), dtype=_BITS.get(item, np.dtype(f"V{item}")))
-    strides = tuple(st * item for st in t.stride())
-    return np.lib.stride_tricks.as_strided(flat, t.shape, strides, writeable=True)
 
 
 def copy_slices(
@@ -226,66 +206,10 @@ def slices_step(
         return Step(copy_slices, tuple((dst, src, runs[a:b]) for a, b in ranges))
 
     def stream(t: int) -> Step:
-        ops = slice_ops(dst, src, runs)
-        ranges = split_parts(ops.shape[0], t) or [(0, 0)]
-        return Step(stream_each, tuple((ops[a:b],) for a, b in ranges))
+        return _stream_step(slice_ops(dst, src, runs), t)
 
     offer = what == "load" and _byte_copyable(dst, src)
     return _resolve(threads, key, total, build, 1, stream if offer else None)
-
-
-#: Pieces shorter than this never reach the streaming stores (``rep movsb`` only)
-STREAM_MIN_PIECE_BYTES = 64
-
-
-def _byte_copyable(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> bool:
-    """Whether the streaming copy may do ``copy_slices(dst, src, ...)``: the same items
-    (numpy slices would convert others), no memory in common (numpy copies overlapping
-    slices as if through a buffer, the streaming copy does not) and pieces of at least
-    ``STREAM_MIN_PIECE_BYTES`` on both sides."""
-    if dst.dtype != src.dtype or dst.shape[1:] != src.shape[1:]:
-        return False
-    if np.may_share_memory(dst, src):
-        return False
-    return math.gcd(_unit_blocks(dst)[0], _unit_blocks(src)[0]) >= STREAM_MIN_PIECE_BYTES
-
-
-def _unit_blocks(a: np.ndarray[Any, Any]) -> tuple[int, np.ndarray[Any, Any]]:
-    """One unit ``a[0]`` as contiguous blocks: their size in bytes and their byte offsets
-    from the unit's start, in C order (the order of the unit's items)."""
-    shape, strides = a.shape[1:], a.strides[1:]
-    block, k = a.itemsize, len(shape)
-    while k and (shape[k - 1] == 1 or strides[k - 1] == block):
-        block, k = block * shape[k - 1], k - 1
-    offsets = np.zeros(1, dtype=np.int64)
-    for n, stride in zip(shape[:k], strides[:k], strict=True):
-        offsets = (offsets[:, None] + np.arange(n, dtype=np.int64) * stride).ravel()
-    return block, offsets
-
-
-def slice_ops(
-    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], runs: Sequence[tuple[int, int, int]]
-) -> np.ndarray[Any, np.dtype[np.uint64]]:
-    """``copy_slices(dst, src, runs)`` as the streaming copy's (dst, src, len) table: each
-    unit of a run cut into the pieces that are contiguous on both sides (the greatest
-    common divisor of the two sides' blocks), in item order. Unchecked: the runs must lie
-    inside both arrays (``slices_step`` checks their extent)."""
-    (d_block, d_offs), (s_block, s_offs) = _unit_blocks(dst), _unit_blocks(src)
-    piece = math.gcd(d_block, s_block)
-    cut = []
-    for block, offs in ((d_block, d_offs), (s_block, s_offs)):
-        cut.append((offs[:, None] + np.arange(block // piece, dtype=np.int64) * piece).ravel())
-    starts = np.array([(b, a) for a, b, _ in runs], dtype=np.int64).reshape(-1, 2)
-    counts = np.array([n for _, _, n in runs], dtype=np.int64)
-    firsts = np.repeat(counts.cumsum() - counts, counts)  # each unit's run's first unit
-    within = np.arange(int(counts.sum()), dtype=np.int64) - firsts
-    table = np.empty((within.size * cut[0].size, 3), dtype=np.uint64)
-    for col, (arr, offs) in enumerate(zip((dst, src), cut, strict=True)):
-        units = np.repeat(starts[:, col], counts) + within
-        addr = arr.ctypes.data + units[:, None] * arr.strides[0] + offs[None, :]
-        table[:, col] = addr.ravel().astype(np.uint64)
-    table[:, 2] = piece
-    return table
 
 
 def gather_chunks(

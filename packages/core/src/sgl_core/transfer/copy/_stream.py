@@ -25,16 +25,27 @@ steps offer only memmove) off x86-64 Linux, where the mapping or ``PROT_EXEC`` i
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import platform
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ASM", "CODE", "ENV_VAR", "stream_copy", "stream_copy_status", "stream_each"]
+__all__ = [
+    "ASM",
+    "CODE",
+    "ENV_VAR",
+    "STREAM_MIN_PIECE_BYTES",
+    "ops_table",
+    "slice_ops",
+    "stream_copy",
+    "stream_copy_status",
+    "stream_each",
+]
 
 #: ``0``/``off``/``false``/``no``: never offer the streaming copy (anything else: offer it)
 ENV_VAR = "SGLCORE_STREAM_COPY"
@@ -159,3 +170,71 @@ def stream_each(ops: np.ndarray[Any, np.dtype[np.uint64]]) -> None:
     if fn is None:
         raise RuntimeError(f"the streaming copy is not loaded: {stream_copy_status()}")
     fn(ops.ctypes.data, ops.shape[0])  # n = 0 returns at once
+
+
+def _blocks_overlap(dst: list[int], src: list[int], sizes: list[int]) -> bool:
+    """Whether any destination block shares a byte with any source block (memmove allows
+    overlap, the streaming copy does not). Exact, not by spans: a load's blocks lie in
+    several buffers (components, layers) whose address ranges interleave."""
+    n = np.asarray(sizes, dtype=np.int64)
+    d0, s0 = np.asarray(dst, dtype=np.int64), np.asarray(src, dtype=np.int64)
+    order = np.argsort(d0, kind="stable")
+    starts, ends = d0[order], np.maximum.accumulate((d0 + n)[order])
+    # per source block: the destination blocks starting before it ends; any of them that
+    # ends after it starts meets it (the running maximum of their ends says whether)
+    last = np.searchsorted(starts, s0 + n, side="left") - 1
+    return bool(((last >= 0) & (ends[np.maximum(last, 0)] > s0) & (n > 0)).any())
+
+
+#: Pieces shorter than this never reach the streaming stores (``rep movsb`` only)
+STREAM_MIN_PIECE_BYTES = 64
+
+
+def _byte_copyable(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> bool:
+    """Whether the streaming copy may do ``copy_slices(dst, src, ...)``: the same items
+    (numpy slices would convert others), no memory in common (numpy copies overlapping
+    slices as if through a buffer, the streaming copy does not) and pieces of at least
+    ``STREAM_MIN_PIECE_BYTES`` on both sides."""
+    if dst.dtype != src.dtype or dst.shape[1:] != src.shape[1:]:
+        return False
+    if np.may_share_memory(dst, src):
+        return False
+    return math.gcd(_unit_blocks(dst)[0], _unit_blocks(src)[0]) >= STREAM_MIN_PIECE_BYTES
+
+
+def _unit_blocks(a: np.ndarray[Any, Any]) -> tuple[int, np.ndarray[Any, Any]]:
+    """One unit ``a[0]`` as contiguous blocks: their size in bytes and their byte offsets
+    from the unit's start, in C order (the order of the unit's items)."""
+    shape, strides = a.shape[1:], a.strides[1:]
+    block, k = a.itemsize, len(shape)
+    while k and (shape[k - 1] == 1 or strides[k - 1] == block):
+        block, k = block * shape[k - 1], k - 1
+    offsets = np.zeros(1, dtype=np.int64)
+    for n, stride in zip(shape[:k], strides[:k], strict=True):
+        offsets = (offsets[:, None] + np.arange(n, dtype=np.int64) * stride).ravel()
+    return block, offsets
+
+
+def slice_ops(
+    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], runs: Sequence[tuple[int, int, int]]
+) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """``copy_slices(dst, src, runs)`` as the streaming copy's (dst, src, len) table: each
+    unit of a run cut into the pieces that are contiguous on both sides (the greatest
+    common divisor of the two sides' blocks), in item order. Unchecked: the runs must lie
+    inside both arrays (``slices_step`` checks their extent)."""
+    (d_block, d_offs), (s_block, s_offs) = _unit_blocks(dst), _unit_blocks(src)
+    piece = math.gcd(d_block, s_block)
+    cut = []
+    for block, offs in ((d_block, d_offs), (s_block, s_offs)):
+        cut.append((offs[:, None] + np.arange(block // piece, dtype=np.int64) * piece).ravel())
+    starts = np.array([(b, a) for a, b, _ in runs], dtype=np.int64).reshape(-1, 2)
+    counts = np.array([n for _, _, n in runs], dtype=np.int64)
+    firsts = np.repeat(counts.cumsum() - counts, counts)  # each unit's run's first unit
+    within = np.arange(int(counts.sum()), dtype=np.int64) - firsts
+    table = np.empty((within.size * cut[0].size, 3), dtype=np.uint64)
+    for col, (arr, offs) in enumerate(zip((dst, src), cut, strict=True)):
+        units = np.repeat(starts[:, col], counts) + within
+        addr = arr.ctypes.data + units[:, None] * arr.strides[0] + offs[None, :]
+        table[:, col] = addr.ravel().astype(np.uint64)
+    table[:, 2] = piece
+    return table
