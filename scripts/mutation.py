@@ -142,6 +142,21 @@ AREAS: dict[str, Area] = {
             ),
         ),
     ),
+    # the busy-core check: a calibrated ATen team runs only with a free core per thread
+    "busy": Area(
+        modules=(
+            "sgl_core/transfer/copy/_busy.py",
+            "sgl_core/transfer/copy/_calibrate.py",
+            "sgl_core/transfer/copy/_auto_copy.py",
+        ),
+        tests=(CORE + "test_busy_cores.py", CORE + "test_calibrate.py"),
+        functions=(
+            "sgl_core.transfer.copy._busy.x_*",
+            "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskip__*",
+            "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskipped__*",
+            "sgl_core.transfer.copy._auto_copy.x__run__*",
+        ),
+    ),
     "l3": Area(
         modules=tuple(
             f"sgl_core/l3/{name}.py"

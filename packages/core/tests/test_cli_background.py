@@ -140,3 +140,30 @@ def test_the_reference_copy_is_the_faster_thread_count(monkeypatch: pytest.Monke
     sgl = next(r for r in records if r.impl == "sgl")
     assert sgl.extra["ratio_rounds"] == [2.0, 1.0]  # min(4, 2) / 1 and min(1, 3) / 1
     assert sgl.ratio == 1.5 and sgl.extra["best_ratio"] == 1.0
+
+
+def test_each_phase_prints_the_calls_whose_team_was_skipped(
+    spawned: Spawned,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the calibrator's running totals, asked before and after each phase
+    totals = iter([{}, {"copy k": ("1", 2)}, {"copy k": ("1", 2)}, {"copy k": ("2", 5)}])
+
+    class Counts:
+        def skipped(self) -> dict[str, tuple[str, int]]:
+            return next(totals)
+
+    monkeypatch.setattr(_hicache_cmd, "default_calibrator", Counts)
+    out = tmp_path / "h.json"
+    assert main(["hicache", *TINY, "--background-load", "1", "--json", str(out)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "had no free core" in ln]
+    assert lines == [
+        "  copy calibration: copy k: ATen's team had no free core on 2 call(s), which ran 1",
+        "  copy calibration: copy k: ATen's team had no free core on 3 call(s), which ran 2",
+    ]
+    assert json.loads(out.read_text())["copy_team_skipped"] == {
+        "quiet": {"copy k": {"ran": "1", "calls": 2}},
+        "loaded": {"copy k": {"ran": "2", "calls": 3}},
+    }

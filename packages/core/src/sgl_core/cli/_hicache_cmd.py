@@ -26,7 +26,7 @@ from sgl_core.cli._hicache import run_case
 from sgl_core.cli._hicache_plan import MODELS, plan_run
 from sgl_core.cli._report import Progress, Record, print_table, write_outputs
 from sgl_core.kv._enums import HostLayout
-from sgl_core.transfer.copy._calibrate import copy_calibration
+from sgl_core.transfer.copy._calibrate import copy_calibration, default_calibrator
 
 __all__ = ["BUSY_CODE", "add_parser", "busy_processes", "run"]
 
@@ -195,7 +195,9 @@ def run(args: argparse.Namespace) -> int:
     busy = args.background_load
     phases = [("quiet", 0)] + ([(f"loaded ({busy} busy process(es))", busy)] if busy else [])
     records: list[Record] = []
+    skipped: dict[str, dict[str, dict[str, object]]] = {}  # phase -> key -> ran, calls
     for phase, count in phases:
+        before = default_calibrator().skipped()
         phase_load = _load()
         name = phase.split()[0]
         progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), f"hicache {name}")
@@ -221,6 +223,16 @@ def run(args: argparse.Namespace) -> int:
         calibration = [f"  copy calibration: {c.key}: {c.source}, {c.reason}" for c in fitted]
         if not calibration:
             calibration = ["  copy calibration: nothing measured (no CPU copy of 1 MiB or more)"]
+        calls = {
+            key: (ran, n - before.get(key, (ran, 0))[1])
+            for key, (ran, n) in default_calibrator().skipped().items()
+        }
+        skipped[name] = {k: {"ran": r, "calls": n} for k, (r, n) in calls.items() if n}
+        calibration += [
+            f"  copy calibration: {key}: ATen's team had no free core on {v['calls']} "
+            f"call(s), which ran {v['ran']}"
+            for key, v in skipped[name].items()
+        ]
         print("\n".join([*calibration, *table.target_lines(got, plan.interpreted)]))
     print("\n".join([*table.batch_lines(records), *table.legend(records, plan.interpreted)]))
     exact = all(r.bit_exact is not False for r in records)
@@ -245,4 +257,5 @@ def run(args: argparse.Namespace) -> int:
         quick=plan.quick,
         background_load=busy,
         copy_calibration=[dataclasses.asdict(c) for c in fitted],
+        copy_team_skipped=skipped,
     )

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from sgl_core.transfer.copy import _copy
+from sgl_core.transfer.copy import _busy, _copy
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import copy_blocks, memmove_blocks
 from sgl_core.transfer.copy._pieces import index_chunk
@@ -62,7 +62,8 @@ def _run(
     bytes of each item of the call's first items, and ``run(threads, a, b)``,
     which copies items ``[a, b)``. Successive timed runs take successive
     disjoint segments (``_spans``), so a candidate is not timed on data the
-    previous one left in cache.
+    previous one left in cache. A choice of ATen's team (``0``) runs only while
+    the machine has a free core for each of its threads (``_busy.team_fits``).
     """
     cal = default_calibrator()
     chosen = cal.current(key)
@@ -79,6 +80,11 @@ def _run(
         }
         nbytes = sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
         chosen = cal.choose(key, cands, nbytes)
+    if chosen == "0" and not _busy.team_fits():
+        # ATen's team would wait for a busy core: the fastest team-free candidate of the
+        # same measurement, this call only (its time is not the choice's, so not observed)
+        full(int(cal.skip(key, "0") or 1))
+        return
     start = cal.timer()
     full(int(chosen))
     cal.observe(key, total, cal.timer() - start)

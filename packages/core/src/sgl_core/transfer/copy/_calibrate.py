@@ -70,6 +70,8 @@ class Calibrator:
     _stale: dict[str, str] = dataclasses.field(default_factory=dict, init=False)
     # key -> (best GB/s of a real copy since measured, strikes in a row)
     _seen: dict[str, tuple[float, int]] = dataclasses.field(default_factory=dict, init=False)
+    # key -> (the candidate run instead of the choice, calls that ran it): ``skip``
+    _skipped: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict, init=False)
     _loaded: bool = dataclasses.field(default=False, init=False)
 
     def choices(self) -> list[CopyChoice]:
@@ -83,6 +85,7 @@ class Calibrator:
             self._choices.clear()
             self._stale.clear()
             self._seen.clear()
+            self._skipped.clear()
 
     def current(self, key: str) -> str | None:
         """The choice for ``key`` if one is known and not stale (nothing is measured)."""
@@ -145,6 +148,30 @@ class Calibrator:
                 f"{best:.3g} GB/s, {strikes} times"
             )
             return True
+
+    def skip(self, key: str, without: str) -> str | None:
+        """The candidate to run for one call of ``key`` when its choice ``without`` can't
+        run well now: the one ``choose`` would have picked from the same measurement
+        without it. None when ``key`` has no such measurement (unknown, or measured
+        with ``without`` alone). Counted per key (``skipped``); not a new choice: the
+        next call asks again, and the call's time is not reported with ``observe``.
+        """
+        with self._lock:
+            known = self._choices.get(key)
+            rest = {} if known is None else known.seconds.copy()
+            rest.pop(without, None)
+            if not rest:
+                return None
+            instead = _decide(rest, list(rest), self.margin)[0]
+            calls = self._skipped.get(key, (instead, 0))[1] + 1
+            self._skipped[key] = (instead, calls)
+            return instead
+
+    def skipped(self) -> dict[str, tuple[str, int]]:
+        """Per key whose choice was skipped: the candidate run instead (the last one)
+        and how many calls ran another candidate than the choice."""
+        with self._lock:
+            return dict(sorted(self._skipped.items()))
 
     def _measure(
         self,

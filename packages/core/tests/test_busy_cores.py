@@ -1,0 +1,384 @@
+"""The busy-core check (issue #27): a copy calibrated to ATen's OpenMP team (``0``)
+runs the fastest team-free candidate of the same measurement while the machine has
+no free core for every thread of the team.
+
+No timed assertions: the machine's load is scripted (``/proc/loadavg`` files, a
+patched ``team_fits``); real copies are checked for their bytes and for which
+thread count ran.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sgl_core.transfer.copy import _auto_copy, _busy, _calibrate
+from sgl_core.transfer.copy._auto_copy import _bucket
+from sgl_core.transfer.copy._busy import (
+    CoreWatch,
+    fits,
+    machine_busy_s,
+    others_fit,
+    runnable,
+    team_fits,
+)
+from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice
+from sgl_core.transfer.copy._copy import copy_blocks
+from sgl_core.transfer.copy._engine import gather_rows
+
+
+# ------------------------------------------------------------ the load file
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("0.38 0.10 0.03 3/123 4567\n", 3),
+        ("1.00 1.00 1.00 17/900 1", 17),
+        ("", None),
+        ("0.38 0.10 0.03", None),  # too few fields
+        ("0.38 0.10 0.03 7 123", None),  # no "running/total"
+        ("0.38 0.10 0.03 x/123 4567", None),
+        ("0.38 0.10 0.03 /123 4567", None),
+        ("0.38 0.10 0.03 -2/123 4567", None),
+    ],
+)
+def test_runnable_reads_the_fourth_field(tmp_path: Path, text: str, want: int | None) -> None:
+    path = tmp_path / "loadavg"
+    path.write_text(text, encoding="ascii")
+    assert runnable(path) == want
+
+
+def test_an_unreadable_load_file_is_unknown(tmp_path: Path) -> None:
+    assert runnable(tmp_path / "missing") is None
+    odd = tmp_path / "loadavg"
+    odd.write_bytes(b"0.1 0.1 0.1 \xff2/3 4")
+    assert runnable(odd) is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs")
+def test_this_machine_counts_at_least_the_caller() -> None:
+    got = runnable()
+    assert got is not None and got >= 1
+
+
+@pytest.mark.parametrize(
+    ("running", "team", "cpus", "want"),
+    [
+        (1, 2, 2, True),  # quiet: the caller's core and one idle core
+        (2, 2, 2, False),  # one busy process: the team's second thread waits
+        (3, 2, 4, True),
+        (4, 2, 4, False),
+        (5, 4, 8, True),
+        (6, 4, 8, False),
+        (9, 1, 2, True),  # one thread is no team
+        (None, 8, 2, True),  # unknown: keep the measured choice
+    ],
+)
+def test_fits(running: int | None, team: int, cpus: int, want: bool) -> None:
+    assert fits(running, team, cpus) is want
+
+
+def test_team_fits_asks_torch_and_the_cpu_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[int, int]] = []
+
+    class Watch:
+        def team_fits(self, team: int, cpus: int) -> bool:
+            asked.append((team, cpus))
+            return team == 3
+
+    monkeypatch.setattr(_busy, "_watch", Watch())
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert team_fits()
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one CPU
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert not team_fits()
+    assert asked == [(3, 4), (2, 1)]
+
+
+def test_a_forked_child_starts_a_watch_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = CoreWatch()
+    monkeypatch.setattr(_busy, "_watch", parent)
+    _busy._after_fork_in_child()
+    assert isinstance(_busy._watch, CoreWatch) and _busy._watch is not parent
+
+
+# ------------------------------------------------------------- /proc/stat
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        # user nice system idle iowait irq softirq steal guest guest_nice
+        ("cpu  100 20 30 400 50 6 7 8 9 10\ncpu0 1 2 3 4 5 6 7 8 9 10\n", 1.71),
+        ("cpu 100 20 30 400 50 6 7 8\n", 1.71),  # older kernels: no guest fields
+        ("cpu0 100 20 30 400 50 6 7 8\n", None),  # not the all-CPU line
+        ("cpu 100 20 30 400 50 6 7\n", None),  # too few fields
+        ("cpu 100 20 x 400 50 6 7 8\n", None),
+        ("", None),
+    ],
+)
+def test_machine_busy_counts_busy_states(tmp_path: Path, text: str, want: float | None) -> None:
+    path = tmp_path / "stat"
+    path.write_text(text, encoding="ascii")
+    got = machine_busy_s(path, hz=100)
+    assert got == (None if want is None else pytest.approx(want))
+
+
+def test_an_unreadable_stat_file_is_unknown(tmp_path: Path) -> None:
+    assert machine_busy_s(tmp_path / "missing", hz=100) is None
+    odd = tmp_path / "stat"
+    odd.write_bytes(b"cpu 1 2 3 4 5 6 7 \xff8\n")
+    assert machine_busy_s(odd, hz=100) is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs")
+def test_this_machine_has_been_busy() -> None:
+    got = machine_busy_s()
+    assert got is not None and got > 0
+
+
+@pytest.mark.parametrize(
+    ("others", "team", "cpus", "want"),
+    [
+        (0.0, 2, 2, True),
+        (0.3, 2, 2, True),  # the slack: tick accounting is noisy
+        (0.31, 2, 2, False),
+        (1.0, 2, 2, False),  # one busy process on a 2-core machine
+        (2.3, 4, 8, True),
+        (4.31, 4, 8, False),
+        (8.0, 1, 2, True),  # one thread is no team
+    ],
+)
+def test_others_fit(others: float, team: int, cpus: int, want: bool) -> None:
+    assert others_fit(others, team, cpus) is want
+
+
+# --------------------------------------------------------------- CoreWatch
+class Machine:
+    """A scripted machine: its clock, busy seconds, this process's CPU seconds, runnable."""
+
+    def __init__(self) -> None:
+        self.now, self.busy_s, self.own_s = 100.0, 50.0, 5.0
+        self.running: int | None = 1
+        self.reads = 0
+        self.stat = True
+
+    def busy(self) -> float | None:
+        self.reads += 1
+        return self.busy_s if self.stat else None
+
+    def watch(self) -> CoreWatch:
+        return CoreWatch(
+            clock=lambda: self.now,
+            busy=self.busy,
+            own=lambda: self.own_s,
+            running=lambda: self.running,
+            window=0.2,
+            long=1.0,
+        )
+
+    def advance(self, wall: float, others: float, own: float = 0.0) -> None:
+        """``wall`` seconds in which other processes use ``others`` cores, we ``own``."""
+        self.now += wall
+        self.busy_s += (others + own) * wall
+        self.own_s += own * wall
+
+
+def test_the_first_check_counts_runnable_tasks() -> None:
+    m = Machine()
+    m.running = 2  # the caller and one busy process
+    assert not m.watch().team_fits(2, 2)
+    m.running = 1
+    assert m.watch().team_fits(2, 2)
+    assert m.watch().team_fits(1, 2) and m.reads == 2  # a team of one asks nothing
+
+
+def test_later_checks_judge_other_processes_cpu_time() -> None:
+    m = Machine()
+    w = m.watch()
+    assert w.team_fits(2, 2)
+    m.advance(0.25, others=0.1, own=1.9)  # our team's threads, busy or spinning: not counted
+    assert w.team_fits(2, 2)
+    m.advance(0.25, others=1.0, own=1.0)  # a busy process arrived
+    assert not w.team_fits(2, 2)
+    m.advance(0.25, others=0.25, own=1.0)
+    assert w.team_fits(2, 2)
+
+
+def test_a_check_within_the_window_repeats_the_verdict() -> None:
+    m = Machine()
+    w = m.watch()
+    assert w.team_fits(2, 2)
+    m.advance(0.25, others=1.0)
+    assert not w.team_fits(2, 2)
+    reads = m.reads
+    m.advance(0.1, others=0.0)
+    m.running = 1
+    assert not w.team_fits(2, 2) and m.reads == reads  # nothing read
+    m.advance(0.15, others=0.0)  # 0.25 s since the sample: judged again
+    assert w.team_fits(2, 2) and m.reads == reads + 1
+
+
+def test_after_a_long_gap_the_runnable_count_judges() -> None:
+    m = Machine()
+    w = m.watch()
+    assert w.team_fits(2, 2)
+    m.running = 2
+    m.advance(1.5, others=0.0)  # the window says idle, but it is long: the count judges
+    assert not w.team_fits(2, 2)
+    m.running = 1
+    m.advance(0.25, others=0.0)
+    assert w.team_fits(2, 2)
+
+
+def test_without_cpu_accounting_every_check_counts_runnable_tasks() -> None:
+    m = Machine()
+    m.stat = False
+    w = m.watch()
+    assert w.team_fits(2, 2)
+    m.running = 2
+    m.advance(0.25, others=1.0)
+    assert not w.team_fits(2, 2)
+    m.running = None  # nothing known at all: the measured choice runs
+    m.advance(0.25, others=1.0)
+    assert w.team_fits(2, 2)
+
+
+def test_a_sample_that_goes_backwards_is_dropped() -> None:
+    m = Machine()
+    w = m.watch()
+    assert w.team_fits(2, 2)
+    m.advance(0.25, others=0.0)
+    m.own_s = 0.0  # a forked child's CPU time
+    m.running = 2
+    assert w.team_fits(2, 2)  # no verdict from it: the last one stands
+    m.advance(0.25, others=0.0)
+    assert not w.team_fits(2, 2)  # no sample to compare with: the count judges
+    m.advance(0.25, others=0.0)
+    m.busy_s -= 10.0  # the machine's counter went backwards
+    m.running = 1
+    assert not w.team_fits(2, 2)
+    m.advance(0.25, others=0.0)
+    assert w.team_fits(2, 2)
+
+
+# -------------------------------------------------------- Calibrator.skip
+def _measured(cal: Calibrator, key: str, seconds: dict[str, float]) -> None:
+    cal._choices[key] = CopyChoice(key, min(seconds, key=seconds.__getitem__), seconds, 1, "x", "")
+
+
+def test_skip_picks_from_the_same_measurement_and_counts() -> None:
+    cal = Calibrator(margin=0.25)
+    _measured(cal, "k", {"1": 3.0, "2": 2.0, "0": 1.0})
+    assert cal.skip("k", "0") == "2"  # "1" is not within 25% of "2"
+    assert cal.skip("k", "0") == "2"
+    _measured(cal, "j", {"1": 2.4, "2": 2.0, "0": 1.0})
+    assert cal.skip("j", "0") == "1"  # within the margin: the earlier candidate
+    assert cal.skipped() == {"j": ("1", 1), "k": ("2", 2)}
+    assert cal.current("k") == "0"  # the choice itself stays
+    cal.forget()
+    assert cal.skipped() == {}
+
+
+def test_skip_without_another_measured_candidate_is_none() -> None:
+    cal = Calibrator()
+    assert cal.skip("unknown", "0") is None
+    _measured(cal, "k", {"0": 1.0})
+    assert cal.skip("k", "0") is None
+    assert cal.skipped() == {}
+
+
+# ------------------------------------------------ the AUTO copies, scripted
+@pytest.fixture
+def cal(monkeypatch: pytest.MonkeyPatch) -> Calibrator:
+    fresh = Calibrator(budget_s=1e9)
+    monkeypatch.setattr(_calibrate, "_default", fresh)
+    return fresh
+
+
+def _spy_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    ran: list[int] = []
+
+    def spy(dst: list[torch.Tensor], src: list[torch.Tensor], *, threads: int = 0) -> None:
+        ran.append(threads)
+        copy_blocks(dst, src, threads=threads)
+
+    monkeypatch.setattr(_auto_copy, "copy_blocks", spy)
+    return ran
+
+
+def _blocks() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    src = [torch.randint(0, 1 << 30, (4, 70000), generator=g, dtype=torch.int32) for _ in range(2)]
+    return [torch.zeros_like(s) for s in src], src
+
+
+@pytest.mark.parametrize("free", [True, False])
+def test_a_team_choice_runs_only_with_free_cores(
+    monkeypatch: pytest.MonkeyPatch, cal: Calibrator, free: bool
+) -> None:
+    dst, src = _blocks()
+    key = f"copy cpu->cpu {_bucket(dst[0].numel() * 4)} contiguous"
+    _measured(cal, key, {"1": 3.0, "2": 2.0, "0": 1.0})
+    observed: list[str] = []
+    real_observe = cal.observe
+
+    def observe(key: str, nbytes: int, seconds: float) -> bool:
+        observed.append(key)
+        return real_observe(key, nbytes, seconds)
+
+    monkeypatch.setattr(cal, "observe", observe)
+    monkeypatch.setattr(_busy, "team_fits", lambda: free)
+    ran = _spy_blocks(monkeypatch)
+    copy_blocks(dst, src, threads=-1)
+    assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
+    assert ran == ([0] if free else [2])
+    assert observed == ([key] if free else [])  # another candidate's time is not the choice's
+    assert cal.skipped() == ({} if free else {key: ("2", 1)})
+
+
+def test_a_skip_without_a_measured_alternative_takes_one_thread(
+    monkeypatch: pytest.MonkeyPatch, cal: Calibrator
+) -> None:
+    dst, src = _blocks()
+    key = f"copy cpu->cpu {_bucket(dst[0].numel() * 4)} contiguous"
+    _measured(cal, key, {"0": 1.0})
+    monkeypatch.setattr(_busy, "team_fits", lambda: False)
+    ran = _spy_blocks(monkeypatch)
+    copy_blocks(dst, src, threads=-1)
+    assert ran == [1] and all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
+
+
+def test_a_non_team_choice_never_asks(monkeypatch: pytest.MonkeyPatch, cal: Calibrator) -> None:
+    dst, src = _blocks()
+    key = f"copy cpu->cpu {_bucket(dst[0].numel() * 4)} contiguous"
+    _measured(cal, key, {"1": 1.0, "2": 2.0, "0": 3.0})
+
+    def boom() -> bool:
+        raise AssertionError("asked")
+
+    monkeypatch.setattr(_busy, "team_fits", boom)
+    ran = _spy_blocks(monkeypatch)
+    copy_blocks(dst, src, threads=-1)
+    assert ran == [1]
+
+
+@pytest.mark.parametrize("free", [True, False])
+def test_a_gather_calibrated_to_the_team_keeps_its_bytes(
+    monkeypatch: pytest.MonkeyPatch, cal: Calibrator, free: bool
+) -> None:
+    g = torch.Generator().manual_seed(5)
+    src = [torch.randint(0, 1 << 62, (900, 1, 144), generator=g) for _ in range(2)]
+    s_idx, d_idx = torch.randperm(900, generator=g)[:800], torch.randperm(1000, generator=g)[:800]
+    want = [torch.zeros(1000, 1, 144, dtype=torch.int64) for _ in src]
+    for w, s in zip(want, src, strict=True):
+        w.index_copy_(0, d_idx, s.index_select(0, s_idx))
+    key = f"gather cpu->cpu {_bucket(144 * 8)} rows"
+    _measured(cal, key, {"1": 3.0, "2": 2.0, "0": 1.0})
+    monkeypatch.setattr(_busy, "team_fits", lambda: free)
+    got = [torch.zeros(1000, 1, 144, dtype=torch.int64) for _ in src]
+    gather_rows(got, src, d_idx, s_idx, threads=-1)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert cal.skipped() == ({} if free else {key: ("2", 1)})
