@@ -23,6 +23,7 @@ from sgl_core.transfer.copy._busy import (
     fits,
     machine_busy_s,
     others_fit,
+    own_running,
     runnable,
     team_fits,
 )
@@ -75,10 +76,52 @@ def test_this_machine_counts_at_least_the_caller() -> None:
         (6, 4, 8, False),
         (9, 1, 2, True),  # one thread is no team
         (None, 8, 2, True),  # unknown: keep the measured choice
+        (0, 2, 2, True),
     ],
 )
 def test_fits(running: int | None, team: int, cpus: int, want: bool) -> None:
     assert fits(running, team, cpus) is want
+    assert fits(running, team, cpus, 1) is want and fits(running, team, cpus, 0) is want
+
+
+@pytest.mark.parametrize(
+    ("running", "own", "want"),
+    [
+        (2, 2, True),  # our team's second thread still spins: no other task
+        (3, 2, False),  # ... and one busy process
+        (4, 3, False),
+        (3, 3, True),
+    ],
+)
+def test_fits_leaves_out_our_own_threads(running: int, own: int, want: bool) -> None:
+    assert fits(running, 2, 2, own) is want
+
+
+def _task(root: Path, tid: int, stat: str | None) -> None:
+    folder = root / str(tid)
+    folder.mkdir()
+    if stat is not None:
+        (folder / "stat").write_text(stat, encoding="ascii")
+
+
+def test_own_running_counts_runnable_threads(tmp_path: Path) -> None:
+    _task(tmp_path, 10, "10 (python) R 1 2 3")
+    _task(tmp_path, 11, "11 (a) R (b)) S 1 2 3")  # a name with ") R (": the state after it
+    _task(tmp_path, 12, "12 (pt_main) R 1 2")
+    _task(tmp_path, 13, "13 (w) D 1 2")
+    _task(tmp_path, 14, None)  # a thread that ended
+    _task(tmp_path, 15, "15 (odd)")
+    assert own_running(tmp_path) == 2
+    assert own_running(tmp_path / "missing") is None
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert own_running(empty) is None  # not even the caller: unknown
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs")
+def test_this_process_runs_at_least_the_caller() -> None:
+    got = own_running()
+    assert got is not None and got >= 1
 
 
 def test_team_fits_asks_torch_and_the_cpu_count(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -162,6 +205,7 @@ class Machine:
     def __init__(self) -> None:
         self.now, self.busy_s, self.own_s = 100.0, 50.0, 5.0
         self.running: int | None = 1
+        self.mine: int | None = 1
         self.reads = 0
         self.stat = True
 
@@ -175,6 +219,7 @@ class Machine:
             busy=self.busy,
             own=lambda: self.own_s,
             running=lambda: self.running,
+            mine=lambda: self.mine,
             window=0.2,
             long=1.0,
         )
@@ -192,7 +237,11 @@ def test_the_first_check_counts_runnable_tasks() -> None:
     assert not m.watch().team_fits(2, 2)
     m.running = 1
     assert m.watch().team_fits(2, 2)
-    assert m.watch().team_fits(1, 2) and m.reads == 2  # a team of one asks nothing
+    m.running, m.mine = 2, 2  # ours: the caller and our team's spinning thread
+    assert m.watch().team_fits(2, 2)
+    m.mine = None
+    assert not m.watch().team_fits(2, 2)
+    assert m.watch().team_fits(1, 2) and m.reads == 4  # a team of one asks nothing
 
 
 def test_later_checks_judge_other_processes_cpu_time() -> None:

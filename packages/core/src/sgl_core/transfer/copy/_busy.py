@@ -12,12 +12,14 @@ team-free candidate of the same measurement instead (``Calibrator.skip``).
 
 What counts is the CPU time *other* processes used over the last window
 (the machine's busy time from ``/proc/stat`` less this process's own CPU
-time): the instantaneous count of runnable tasks would also count the team's
-own threads, which spin for a while after each parallel region.
+time); where no window is known, the tasks runnable now less this process's
+own. The team's own threads spin for a while after each parallel region, so
+a count that included them would see a quiet machine as busy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -31,9 +33,11 @@ __all__ = [
     "CoreWatch",
     "LOADAVG",
     "STAT",
+    "TASKS",
     "fits",
     "machine_busy_s",
     "others_fit",
+    "own_running",
     "runnable",
     "team_fits",
 ]
@@ -42,6 +46,8 @@ __all__ = [
 LOADAVG = Path("/proc/loadavg")
 #: The kernel's CPU accounting: its first line sums every CPU's time by state.
 STAT = Path("/proc/stat")
+#: This process's threads, a folder each with the thread's ``stat``.
+TASKS = Path("/proc/self/task")
 #: Cores of other processes' use a team still fits beside: more than the idle cores the
 #: team needs, by this slack (the window's tick accounting is noisy, BENCHMARKS.md).
 SLACK_CORES = 0.3
@@ -76,13 +82,34 @@ def machine_busy_s(path: Path = STAT, hz: int | None = None) -> float | None:
     return ticks / (hz or os.sysconf("SC_CLK_TCK"))
 
 
-def fits(running: int | None, team: int, cpus: int) -> bool:
-    """Whether a team of ``team`` threads started by one of ``running`` runnable tasks
-    gets a core per thread: the caller's own core plus ``team - 1`` idle ones.
+def own_running(tasks: Path = TASKS) -> int | None:
+    """This process's threads runnable at this instant (state ``R`` in each thread's
+    ``stat``), the caller included; None where unknown. It reads a file per thread,
+    so only the rare checks without a window ask it."""
+    count = 0
+    try:
+        with os.scandir(tasks) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):  # a thread that just ended
+                    stat = Path(entry.path, "stat").read_text(encoding="ascii", errors="replace")
+                    fields = stat.rpartition(")")[2].split()
+                    count += bool(fields) and fields[0] == "R"
+    except OSError:
+        return None
+    return count or None
+
+
+def fits(running: int | None, team: int, cpus: int, own: int | None = None) -> bool:
+    """Whether a team of ``team`` threads gets a core per thread, started by one of
+    ``own`` runnable threads of this process (None: the caller alone) among ``running``
+    runnable tasks of the machine: the others keep their cores, the team takes its
+    caller's and ``team - 1`` more.
 
     A team of one is no team (nothing waits); an unknown count keeps the measured
-    choice (the behaviour without this check)."""
-    return team <= 1 or running is None or running - 1 + team <= cpus
+    choice (the behaviour without this check). Our own other runnable threads (the
+    team's threads spin for a while after each parallel region) leave their cores."""
+    mine = max(own or 1, 1)
+    return team <= 1 or running is None or max(running - mine, 0) + team <= cpus
 
 
 def others_fit(others: float, team: int, cpus: int) -> bool:
@@ -104,9 +131,9 @@ class CoreWatch:
 
     A check at least ``window`` seconds after the last sample judges by the cores
     other processes used between the two (``others_fit``); a sooner one repeats
-    the last verdict. With no sample, or one older than ``long`` seconds (no team
-    copy ran since, so no team thread of ours still spins), the instantaneous count
-    of runnable tasks judges (``fits``). A sample that goes backwards (a forked
+    the last verdict. With no sample, or one older than ``long`` seconds, the
+    instantaneous count of runnable tasks judges, less this process's own
+    (``fits``, ``own_running``). A sample that goes backwards (a forked
     child's CPU time starts at zero) is dropped.
     """
 
@@ -114,6 +141,7 @@ class CoreWatch:
     busy: Callable[[], float | None] = machine_busy_s
     own: Callable[[], float] = time.process_time
     running: Callable[[], int | None] = runnable
+    mine: Callable[[], int | None] = own_running
     window: float = 0.2
     long: float = 1.0
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
@@ -131,7 +159,7 @@ class CoreWatch:
             busy = self.busy()
             sample = None if busy is None else _Sample(now, busy, self.own())
             if last is None or sample is None or now - last.wall > self.long:
-                self._verdict = fits(self.running(), team, cpus)
+                self._verdict = fits(self.running(), team, cpus, self.mine())
             elif sample.busy >= last.busy and sample.own >= last.own:
                 others = (sample.busy - last.busy - (sample.own - last.own)) / (now - last.wall)
                 self._verdict = others_fit(others, team, cpus)
