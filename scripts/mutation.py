@@ -152,6 +152,7 @@ AREAS: dict[str, Area] = {
         tests=(CORE + "test_busy_cores.py", CORE + "test_calibrate.py"),
         functions=(
             "sgl_core.transfer.copy._busy.x_*",
+            "sgl_core.transfer.copy._busy.xǁCoreWatchǁ*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskip__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskipped__*",
             "sgl_core.transfer.copy._auto_copy.x__run__*",

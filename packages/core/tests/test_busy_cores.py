@@ -9,6 +9,7 @@ thread count ran.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ from sgl_core.transfer.copy._busy import (
     team_fits,
 )
 from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice
-from sgl_core.transfer.copy._copy import copy_blocks
+from sgl_core.transfer.copy._copy import copy_blocks, memmove_blocks
 from sgl_core.transfer.copy._engine import gather_rows
 
 
@@ -44,11 +45,14 @@ from sgl_core.transfer.copy._engine import gather_rows
         ("0.38 0.10 0.03 x/123 4567", None),
         ("0.38 0.10 0.03 /123 4567", None),
         ("0.38 0.10 0.03 -2/123 4567", None),
+        ("0.38 0.10 0.03 3/123", 3),  # the fifth field (last pid) is not needed
+        ("0.38 0.10 0.03 2/3/4 5", 2),  # the count before the first slash
+        ("0.38 0.10 0.03 \u0663/123 4567", None),  # a digit, but not ASCII
     ],
 )
 def test_runnable_reads_the_fourth_field(tmp_path: Path, text: str, want: int | None) -> None:
     path = tmp_path / "loadavg"
-    path.write_text(text, encoding="ascii")
+    path.write_text(text, encoding="utf-8")
     assert runnable(path) == want
 
 
@@ -111,7 +115,9 @@ def test_own_running_counts_runnable_threads(tmp_path: Path) -> None:
     _task(tmp_path, 13, "13 (w) D 1 2")
     _task(tmp_path, 14, None)  # a thread that ended
     _task(tmp_path, 15, "15 (odd)")
-    assert own_running(tmp_path) == 2
+    _task(tmp_path, 16, None)
+    (tmp_path / "16" / "stat").write_bytes(b"16 (bad\xffname) R 1 2")  # any bytes in a name
+    assert own_running(tmp_path) == 3
     assert own_running(tmp_path / "missing") is None
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -159,12 +165,15 @@ def test_a_forked_child_starts_a_watch_of_its_own(monkeypatch: pytest.MonkeyPatc
         ("cpu0 100 20 30 400 50 6 7 8\n", None),  # not the all-CPU line
         ("cpu 100 20 30 400 50 6 7\n", None),  # too few fields
         ("cpu 100 20 x 400 50 6 7 8\n", None),
+        ("cpu x 20 30 400 50 6 7 8\n", None),
+        ("cpu 100 20 30 400 50 6 7 8 guest?\n", 1.71),  # fields past steal are not read
+        ("cpu \u0661 20 30 400 50 6 7 8\n", None),  # a digit, but not ASCII
         ("", None),
     ],
 )
 def test_machine_busy_counts_busy_states(tmp_path: Path, text: str, want: float | None) -> None:
     path = tmp_path / "stat"
-    path.write_text(text, encoding="ascii")
+    path.write_text(text, encoding="utf-8")
     got = machine_busy_s(path, hz=100)
     assert got == (None if want is None else pytest.approx(want))
 
@@ -431,3 +440,79 @@ def test_a_gather_calibrated_to_the_team_keeps_its_bytes(
     gather_rows(got, src, d_idx, s_idx, threads=-1)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert cal.skipped() == ({} if free else {key: ("2", 1)})
+
+
+# ------------------------------------------- _run: measuring and reporting
+def test_a_block_copy_measures_atens_team_and_memmove_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ticks = iter(range(10**6))
+    cal = Calibrator(timer=lambda: float(next(ticks)), budget_s=1e9)
+    monkeypatch.setattr(_calibrate, "_default", cal)
+    dst, src = _blocks()
+    copy_blocks(dst, src, threads=-1)
+    d = torch.zeros(1 << 21, dtype=torch.uint8)
+    s = torch.randint(0, 255, (1 << 21,), dtype=torch.uint8)
+    half = 1 << 20
+    memmove_blocks(
+        [d.data_ptr(), d.data_ptr() + half],
+        [s.data_ptr(), s.data_ptr() + half],
+        [half, half],
+        threads=-1,
+    )
+    assert torch.equal(d, s)
+    by_op = {c.key.split()[0]: c for c in cal.choices()}
+    assert "0" in by_op["copy"].seconds and "0" not in by_op["memmove"].seconds
+
+
+def test_the_sample_is_the_mean_bytes_of_its_segments(
+    monkeypatch: pytest.MonkeyPatch, cal: Calibrator
+) -> None:
+    src = [torch.randint(0, 1 << 30, (1 << 17,), dtype=torch.int32) for _ in range(10)]
+    dst = [torch.zeros_like(s) for s in src]  # ten 512 KiB blocks: five 1 MiB segments
+    copy_blocks(dst, src, threads=-1)
+    (choice,) = cal.choices()
+    assert type(choice.nbytes) is int and choice.nbytes == 1 << 20
+    assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
+
+
+def test_a_known_choice_builds_no_sample(monkeypatch: pytest.MonkeyPatch, cal: Calibrator) -> None:
+    dst, src = _blocks()
+    key = f"copy cpu->cpu {_bucket(dst[0].numel() * 4)} contiguous"
+    _measured(cal, key, {"1": 1.0, "2": 2.0, "0": 3.0})
+
+    def boom(sizes: object) -> None:
+        raise AssertionError("sampled")
+
+    monkeypatch.setattr(_auto_copy, "_spans", boom)
+    copy_blocks(dst, src, threads=-1)
+    assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
+
+
+def test_a_real_copy_reports_its_own_duration(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter(range(1000, 10**6))
+    cal = Calibrator(timer=lambda: float(next(ticks)), budget_s=1e9)
+    monkeypatch.setattr(_calibrate, "_default", cal)
+    dst, src = _blocks()
+    key = f"copy cpu->cpu {_bucket(dst[0].numel() * 4)} contiguous"
+    _measured(cal, key, {"1": 1.0, "2": 2.0})
+    seen: list[tuple[str, int, float]] = []
+
+    def observe(k: str, nbytes: int, seconds: float) -> bool:
+        seen.append((k, nbytes, seconds))
+        return False
+
+    monkeypatch.setattr(cal, "observe", observe)
+    copy_blocks(dst, src, threads=-1)
+    assert seen == [(key, 2 * dst[0].numel() * 4, 1.0)]  # one tick: start, then end
+
+
+def test_the_window_and_the_long_gap_are_inclusive_bounds() -> None:
+    m = Machine()
+    w = dataclasses.replace(m.watch(), window=0.25, long=1.0)
+    assert w.team_fits(2, 2)
+    m.advance(0.25, others=1.0)  # exactly one window: judged again
+    assert not w.team_fits(2, 2)
+    m.running = 2  # the count would say busy; the window (exactly `long`) says idle
+    m.advance(1.0, others=0.0)
+    assert w.team_fits(2, 2)
