@@ -129,7 +129,10 @@ AREAS: dict[str, Area] = {
                     "_blocks_overlap",
                     "_byte_copyable",
                     "_unit_blocks",
+                    "_units_table",
                     "slice_ops",
+                    "rows_ops",
+                    "rows_table",
                 )
             ),
             *(
@@ -138,6 +141,7 @@ AREAS: dict[str, Area] = {
                     "_resolve",
                     "memmove_step",
                     "slices_step",
+                    "gather_step",
                 )
             ),
         ),

@@ -461,3 +461,77 @@ def test_slice_ops_cuts_at_the_destinations_blocks_too() -> None:
     copy_slices(want, src, runs)
     _stream.stream_each(slice_ops(dst, src, runs))
     assert np.array_equal(dst, want) and not base[:, :, 0].any() and not base[:, :, 2].any()
+
+
+# ------------------------------------------------- row gathers (``take`` steps)
+def _rows_case(seed: int, n: int = 300, shape: tuple[int, ...] = (1, 576)) -> tuple[Array, ...]:
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, 1 << 16, (n, *shape), dtype=np.uint16)
+    dst = rng.integers(0, 1 << 16, (n + 50, *shape), dtype=np.uint16)
+    s_rows = rng.integers(0, n, 200)  # sources may repeat
+    d_rows = rng.permutation(n + 50)[:200]  # destinations distinct
+    return dst, src, d_rows, s_rows
+
+
+@needs_stream
+@pytest.mark.parametrize("transposed", [False, True], ids=["rows", "strided rows"])
+def test_rows_ops_moves_what_a_take_and_scatter_moves(transposed: bool) -> None:
+    dst, src, d_rows, s_rows = _rows_case(1, shape=(4, 96))
+    if transposed:  # each destination row is 4 blocks of 192 bytes, 2 blocks apart
+        dst = np.repeat(dst, 2, axis=1)[:, ::2]
+    want = dst.copy()
+    want[d_rows] = src[s_rows]
+    table = _stream.rows_ops(dst, src, d_rows, s_rows)
+    assert table.shape == ((200 * 4, 3) if transposed else (200, 3))
+    _stream.stream_each(table)
+    assert np.array_equal(dst, want)  # the rows gathered, every other row untouched
+
+
+def _page1_load(monkeypatch: pytest.MonkeyPatch, costs: dict[str, float]) -> list[str]:
+    """A page-1 ``layer_first`` load (1152-byte rows gathered from random host slots)
+    through the pools, with ``costs`` on the fake clock; the ``take`` key's candidates."""
+    _spy(monkeypatch, costs)
+    backend = sgl_core.TorchBackend()
+    kw = dict(size=1024, page_size=1, dtype=torch.bfloat16, kv_lora_rank=512)
+    dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
+    back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
+    fill_device_random(dev, 6)
+    host = backend.create_host_pool(dev, layout="layer_first")
+    g = torch.Generator().manual_seed(3)
+    h_idx = torch.randperm(host.size, generator=g)[:900]
+    d_idx = torch.randperm(1023, generator=g)[:900] + 1
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    for layer in range(2):
+        host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
+        assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))
+    (take,) = [c for c in copy_calibration() if c.key.startswith("take ")]
+    return [take.choice, *take.seconds]
+
+
+@needs_stream
+@pytest.mark.parametrize(("stream_cost", "chosen"), [(0.9, "1"), (0.1, "stream1")])
+def test_a_row_gather_load_takes_the_streaming_copy_when_clearly_faster(
+    monkeypatch: pytest.MonkeyPatch, stream_cost: float, chosen: str
+) -> None:
+    """Page-1 loads gather rows (``take_rows``: into a staging buffer, then a scatter);
+    the streaming copy moves each row once, and wins only beyond the margin; bit-exact."""
+    got = _page1_load(monkeypatch, {"take_rows": 1.0, "stream_each": stream_cost})
+    assert got == [chosen, "1", "2", "stream1", "stream2"]
+
+
+def test_row_gathers_offer_no_streaming_copy_where_it_may_not_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Off (``SGLCORE_STREAM_COPY=0``): the take counts only. And rows the streaming copy
+    may not move (other items, pieces under 64 bytes, shared memory) get no builder."""
+    monkeypatch.setenv(_stream.ENV_VAR, "0")
+    monkeypatch.setattr(_stream, "_loaded", None)
+    got = _page1_load(monkeypatch, {"take_rows": 1.0, "stream_each": 0.01})
+    assert got == ["1", "1", "2"]
+    idx = torch.arange(4)
+    rows = torch.zeros(8, 1, 64, dtype=torch.int16)
+    assert _stream.rows_table(torch.zeros(8, 1, 64, dtype=torch.int16), rows, idx, idx)
+    assert _stream.rows_table(torch.zeros(8, 1, 32, dtype=torch.float32), rows, idx, idx) is None
+    small = torch.zeros(8, 1, 16, dtype=torch.int16)  # 32-byte rows
+    assert _stream.rows_table(torch.zeros_like(small), small, idx, idx) is None
+    assert _stream.rows_table(rows[2:], rows[:6], idx, idx) is None  # they overlap

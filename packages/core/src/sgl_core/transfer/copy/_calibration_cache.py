@@ -49,8 +49,9 @@ class CopyChoice:
 # another format, was written on another host or holds a malformed entry is ignored whole
 # and overwritten at the next measurement; an unwritable path only loses the cache.
 ENV_VAR = "SGLCORE_COPY_CALIBRATION"
-# v2: the copy steps also offer the streaming copy (a v1 file never measured it)
-FORMAT = "sgl-core copy calibration v2"
+# v2: the copy steps also offer the streaming copy (a v1 file never measured it); v3: the
+# row-gather (``take``) steps offer it too (a v2 file never measured it there)
+FORMAT = "sgl-core copy calibration v3"
 
 
 def _cpu_model() -> str:

@@ -25,6 +25,7 @@ from sgl_core.transfer.copy._stream import (
     _blocks_overlap,
     _byte_copyable,
     ops_table,
+    rows_table,
     slice_ops,
     stream_copy,
     stream_each,
@@ -284,8 +285,10 @@ def gather_step(
     total = count * (src[0].numel() * src.element_size() if src.dim() else 1)
     shape = f"{_bucket(total // max(count, 1))} rows, {_bucket(total)} per load"  # of the key
     take = _take_parts(dst, src, d_idx, s_idx, staging)
-    if take is not None:
-        return _resolve(threads, f"take cpu->cpu {shape}", total, take, 1)
+    if take is not None:  # the rows were range-checked: the streaming copy may move them too
+        ops = rows_table(dst, src, d_idx, s_idx)
+        stream = None if ops is None else (lambda t: _stream_step(ops(), t))
+        return _resolve(threads, f"take cpu->cpu {shape}", total, take, 1, stream)
     step = index_chunk(src[0].numel() if src.dim() > 1 else 1)
     d_parts, s_parts, buf_parts = (torch.split(t, step) for t in (d_idx, s_idx, staging[:count]))
 

@@ -25,6 +25,7 @@ steps offer only memmove) off x86-64 Linux, where the mapping or ``PROT_EXEC`` i
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import platform
@@ -34,6 +35,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
+
+from sgl_core.transfer.copy._pieces import numpy_rows
 
 __all__ = [
     "ASM",
@@ -41,6 +45,8 @@ __all__ = [
     "ENV_VAR",
     "STREAM_MIN_PIECE_BYTES",
     "ops_table",
+    "rows_ops",
+    "rows_table",
     "slice_ops",
     "stream_copy",
     "stream_copy_status",
@@ -215,26 +221,62 @@ def _unit_blocks(a: np.ndarray[Any, Any]) -> tuple[int, np.ndarray[Any, Any]]:
     return block, offsets
 
 
+def _units_table(
+    dst: np.ndarray[Any, Any],
+    src: np.ndarray[Any, Any],
+    d_units: np.ndarray[Any, Any],
+    s_units: np.ndarray[Any, Any],
+) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """``dst[d_units[i]] = src[s_units[i]]`` for every i as the streaming copy's table: each
+    unit cut into the pieces contiguous on both sides (the greatest common divisor of the
+    two sides' blocks), in item order. Both sides' units hold the same bytes
+    (``_byte_copyable``); unchecked: the units must lie inside both arrays."""
+    (d_block, d_offs), (s_block, s_offs) = _unit_blocks(dst), _unit_blocks(src)
+    piece = math.gcd(d_block, s_block)
+    table = np.empty((d_units.size * (d_offs.size * d_block // piece), 3), dtype=np.uint64)
+    sides = ((dst, d_block, d_offs, d_units), (src, s_block, s_offs, s_units))
+    for col, (arr, block, offs, units) in enumerate(sides):
+        cut = (offs[:, None] + np.arange(block // piece, dtype=np.int64) * piece).ravel()
+        addr = arr.ctypes.data + units[:, None] * arr.strides[0] + cut[None, :]
+        table[:, col] = addr.ravel().astype(np.uint64)
+    table[:, 2] = piece
+    return table
+
+
 def slice_ops(
     dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], runs: Sequence[tuple[int, int, int]]
 ) -> np.ndarray[Any, np.dtype[np.uint64]]:
-    """``copy_slices(dst, src, runs)`` as the streaming copy's (dst, src, len) table: each
-    unit of a run cut into the pieces that are contiguous on both sides (the greatest
-    common divisor of the two sides' blocks), in item order. Unchecked: the runs must lie
-    inside both arrays (``slices_step`` checks their extent)."""
-    (d_block, d_offs), (s_block, s_offs) = _unit_blocks(dst), _unit_blocks(src)
-    piece = math.gcd(d_block, s_block)
-    cut = []
-    for block, offs in ((d_block, d_offs), (s_block, s_offs)):
-        cut.append((offs[:, None] + np.arange(block // piece, dtype=np.int64) * piece).ravel())
+    """``copy_slices(dst, src, runs)`` as the streaming copy's (dst, src, len) table
+    (``_units_table``). Unchecked: the runs must lie inside both arrays (``slices_step``
+    checks their extent)."""
     starts = np.array([(b, a) for a, b, _ in runs], dtype=np.int64).reshape(-1, 2)
     counts = np.array([n for _, _, n in runs], dtype=np.int64)
     firsts = np.repeat(counts.cumsum() - counts, counts)  # each unit's run's first unit
     within = np.arange(int(counts.sum()), dtype=np.int64) - firsts
-    table = np.empty((within.size * cut[0].size, 3), dtype=np.uint64)
-    for col, (arr, offs) in enumerate(zip((dst, src), cut, strict=True)):
-        units = np.repeat(starts[:, col], counts) + within
-        addr = arr.ctypes.data + units[:, None] * arr.strides[0] + offs[None, :]
-        table[:, col] = addr.ravel().astype(np.uint64)
-    table[:, 2] = piece
-    return table
+    d_units, s_units = (np.repeat(starts[:, col], counts) + within for col in (0, 1))
+    return _units_table(dst, src, d_units, s_units)
+
+
+def rows_ops(
+    dst: np.ndarray[Any, Any],
+    src: np.ndarray[Any, Any],
+    d_rows: np.ndarray[Any, Any],
+    s_rows: np.ndarray[Any, Any],
+) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """``dst[d_rows] = src[s_rows]`` (a gather and scatter of rows along axis 0) as the
+    streaming copy's table (``_units_table``): one copy, where ``take_rows`` makes two
+    through a staging buffer. Unchecked: the rows must lie inside both arrays, and the
+    destination rows must be distinct (``gather_step`` checks the range)."""
+    return _units_table(dst, src, d_rows.astype(np.int64), s_rows.astype(np.int64))
+
+
+def rows_table(
+    dst: torch.Tensor, src: torch.Tensor, d_idx: torch.Tensor, s_idx: torch.Tensor
+) -> Callable[[], np.ndarray[Any, np.dtype[np.uint64]]] | None:
+    """``rows_ops`` of two CPU tensors' rows (numpy views by address) and index tensors,
+    as a builder; None where the streaming copy may not copy these rows
+    (``_byte_copyable``). Unchecked, as ``rows_ops``."""
+    dst_np, src_np = numpy_rows(dst), numpy_rows(src)
+    if not _byte_copyable(dst_np, src_np):
+        return None
+    return functools.partial(rows_ops, dst_np, src_np, d_idx.numpy(), s_idx.numpy())
