@@ -130,7 +130,7 @@ def test_this_process_runs_at_least_the_caller() -> None:
     assert got is not None and got >= 1
 
 
-def test_team_fits_asks_torch_and_the_cpu_count(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_team_fits_asks_torch_and_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[tuple[int, int]] = []
 
     class Watch:
@@ -139,20 +139,42 @@ def test_team_fits_asks_torch_and_the_cpu_count(monkeypatch: pytest.MonkeyPatch)
             return team == 3
 
     monkeypatch.setattr(_busy, "_watch", Watch())
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(_busy, "affinity", lambda: frozenset({0, 5, 7}))
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert team_fits()
-    monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one CPU
+    monkeypatch.setattr(_busy, "affinity", lambda: None)  # no mask: every CPU
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert not team_fits()
-    assert asked == [(3, 4), (2, 1)]
+    assert asked == [(3, 3), (2, 64)]
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # nothing known: the choice runs
+    assert team_fits() and len(asked) == 2
 
 
-def test_a_forked_child_starts_a_watch_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    parent = CoreWatch()
-    monkeypatch.setattr(_busy, "_watch", parent)
-    _busy._after_fork_in_child()
-    assert isinstance(_busy._watch, CoreWatch) and _busy._watch is not parent
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="affinity masks")
+def test_affinity_is_this_process_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _busy.affinity() == frozenset(os.sched_getaffinity(0))
+
+    def refuse(pid: int) -> set[int]:
+        raise OSError("no")
+
+    monkeypatch.setattr(os, "sched_getaffinity", refuse)
+    assert _busy.affinity() is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_starts_a_watch_of_its_own() -> None:
+    parent = _busy._watch
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running anything of pytest's
+        os.write(write, b"new" if _busy._watch is not parent else b"same")
+        os._exit(0)
+    os.close(write)
+    got = os.read(read, 16)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert got == b"new" and _busy._watch is parent
 
 
 # ------------------------------------------------------------- /proc/stat
@@ -176,6 +198,24 @@ def test_machine_busy_counts_busy_states(tmp_path: Path, text: str, want: float 
     path.write_text(text, encoding="utf-8")
     got = machine_busy_s(path, hz=100)
     assert got == (None if want is None else pytest.approx(want))
+
+
+def test_machine_busy_sums_the_cpus_asked_for(tmp_path: Path) -> None:
+    path = tmp_path / "stat"
+    path.write_text(
+        "cpu  9 9 9 9 9 9 9 9 0 0\n"
+        "cpu0 100 0 0 5 5 0 0 0 0 0\n"
+        "cpu1 10 1 2 5 5 3 4 5 0 0\n"
+        "cpu2 7 0 0 5 5 0 0 0 0 0\n"
+        "intr 1 2 3\n"
+        "cpu3 1000 0 0 0 0 0 0 0\n",  # past the CPU lines: not read
+        encoding="ascii",
+    )
+    assert machine_busy_s(path, hz=100, cpus=frozenset({1, 2})) == pytest.approx(0.32)
+    assert machine_busy_s(path, hz=100, cpus=frozenset({0})) == pytest.approx(1.0)
+    assert machine_busy_s(path, hz=100, cpus=frozenset({2, 3})) is None  # cpu3 not listed
+    path.write_text("cpu 1 1 1 1 1 1 1 1\ncpu0 1 2 3\n", encoding="ascii")
+    assert machine_busy_s(path, hz=100, cpus=frozenset({0})) is None  # a short line
 
 
 def test_an_unreadable_stat_file_is_unknown(tmp_path: Path) -> None:
@@ -304,6 +344,25 @@ def test_without_cpu_accounting_every_check_counts_runnable_tasks() -> None:
     assert w.team_fits(2, 2)
 
 
+def test_without_cpu_accounting_a_check_within_the_window_reads_nothing() -> None:
+    m = Machine()
+    m.stat = False
+    counted: list[int] = []
+
+    def mine() -> int:
+        counted.append(1)
+        return 1
+
+    w = dataclasses.replace(m.watch(), mine=mine)
+    assert w.team_fits(2, 2) and m.reads == 1 and counted == [1]
+    m.advance(0.1, others=0.0)
+    m.running = 2
+    assert w.team_fits(2, 2) and m.reads == 1 and counted == [1]  # the verdict repeated
+    m.running = None  # nothing known: this process's threads are not counted either
+    m.advance(0.15, others=0.0)
+    assert w.team_fits(2, 2) and m.reads == 2 and counted == [1]
+
+
 def test_a_sample_that_goes_backwards_is_dropped() -> None:
     m = Machine()
     w = m.watch()
@@ -340,12 +399,12 @@ def test_skip_picks_from_the_same_measurement_and_counts() -> None:
     assert cal.skipped() == {}
 
 
-def test_skip_without_another_measured_candidate_is_none() -> None:
+def test_skip_without_another_measured_candidate_runs_the_default() -> None:
     cal = Calibrator()
-    assert cal.skip("unknown", "0") is None
+    assert cal.skip("unknown", "0") == "1"
     _measured(cal, "k", {"0": 1.0})
-    assert cal.skip("k", "0") is None
-    assert cal.skipped() == {}
+    assert cal.skip("k", "0", default="3") == "3"
+    assert cal.skipped() == {"k": ("3", 1), "unknown": ("1", 1)}
 
 
 # ------------------------------------------------ the AUTO copies, scripted

@@ -531,7 +531,51 @@ def test_row_gathers_offer_no_streaming_copy_where_it_may_not_copy(
     idx = torch.arange(4)
     rows = torch.zeros(8, 1, 64, dtype=torch.int16)
     assert _stream.rows_table(torch.zeros(8, 1, 64, dtype=torch.int16), rows, idx, idx)
-    assert _stream.rows_table(torch.zeros(8, 1, 32, dtype=torch.float32), rows, idx, idx) is None
+    assert _stream.rows_table(torch.zeros(8, 1, 64, dtype=torch.float32), rows, idx, idx) is None
     small = torch.zeros(8, 1, 16, dtype=torch.int16)  # 32-byte rows
     assert _stream.rows_table(torch.zeros_like(small), small, idx, idx) is None
     assert _stream.rows_table(rows[2:], rows[:6], idx, idx) is None  # they overlap
+
+
+def test_rows_ops_refuses_index_arrays_that_do_not_pair() -> None:
+    dst, src, d_rows, s_rows = _rows_case(2)
+    pairs = [(d_rows, s_rows[:1]), (d_rows[:5], s_rows[:6]), (d_rows[:4, None], s_rows[:4, None])]
+    for d, s in pairs:
+        with pytest.raises(ValueError, match="row index arrays"):
+            _stream.rows_ops(dst, src, d, s)
+
+
+def test_the_row_table_leaves_the_callers_indices_resizable() -> None:
+    rows = torch.zeros(8, 1, 64, dtype=torch.int16)
+    d_idx, s_idx = torch.arange(4), torch.arange(4, 8)
+    build = _stream.rows_table(torch.zeros_like(rows), rows, d_idx, s_idx)
+    assert build is not None
+    table = build()
+    assert table.shape == (4, 3)
+    for idx in (d_idx, s_idx):
+        idx.resize_(100)  # Tensor.numpy() would have made this storage unresizable
+
+
+@needs_stream
+def test_a_chosen_row_gather_step_copies_strided_offset_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``gather_step`` under AUTO with the streaming copy measured faster: rows every
+    other row of a buffer, at an offset, gathered into a fresh destination (the
+    measurement ran every candidate, so the destination is reset before the chosen
+    step runs again); every other destination row keeps its bytes."""
+    _spy(monkeypatch, {"take_rows": 1.0, "stream_each": 0.1})
+    g = torch.Generator().manual_seed(9)
+    base = torch.randint(-(1 << 15), 1 << 15, (1601, 1, 576), generator=g, dtype=torch.int16)
+    src = base[1::2]  # 800 rows of 1152 bytes, 2304 bytes apart, starting one row in
+    dst = torch.randint(-(1 << 15), 1 << 15, (1000, 1, 576), generator=g, dtype=torch.int16)
+    s_idx = torch.randint(0, 800, (700,), generator=g)
+    d_idx = torch.randperm(1000, generator=g)[:700]
+    staging = torch.empty(700, 1, 576, dtype=torch.int16)
+    step = _steps.gather_step(dst, src, d_idx, s_idx, staging, -1)
+    assert step.fn is vars(_steps)["stream_each"]  # the spy: the streaming copy was chosen
+    dst.fill_(7)
+    step.run()
+    want = torch.full_like(dst, 7)
+    want[d_idx] = src[s_idx]
+    assert torch.equal(dst, want)

@@ -81,9 +81,9 @@ def _run(
         nbytes = sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
         chosen = cal.choose(key, cands, nbytes)
     if chosen == "0" and not _busy.team_fits():
-        # ATen's team would wait for a busy core: the fastest team-free candidate of the
-        # same measurement, this call only (its time is not the choice's, so not observed)
-        full(int(cal.skip(key, "0") or 1))
+        # ATen's team would wait for a busy core: the candidate the same measurement ranks
+        # first without it, this call only (its time is not the choice's: not observed)
+        full(int(cal.skip(key, "0")))
         return
     start = cal.timer()
     full(int(chosen))

@@ -7,8 +7,8 @@ waits until every one of its threads has run. With a core taken by another
 process each block waits for the scheduler: a backup calibrated on a quiet
 machine ran at 0.015-0.05x the reference copy beside one busy process, call
 after call (issue #27, BENCHMARKS.md). So such a copy asks :func:`team_fits`
-before each call, and when the machine lacks the cores it runs the fastest
-team-free candidate of the same measurement instead (``Calibrator.skip``).
+before each call, and when the machine lacks the cores it runs the candidate
+the same measurement ranks first without the team instead (``Calibrator.skip``).
 
 What counts is the CPU time *other* processes used over the last window
 (the machine's busy time from ``/proc/stat`` less this process's own CPU
@@ -34,6 +34,7 @@ __all__ = [
     "LOADAVG",
     "STAT",
     "TASKS",
+    "affinity",
     "fits",
     "machine_busy_s",
     "others_fit",
@@ -66,20 +67,42 @@ def runnable(path: Path = LOADAVG) -> int | None:
     return int(running) if slash and running.isdigit() else None
 
 
-def machine_busy_s(path: Path = STAT, hz: int | None = None) -> float | None:
-    """Seconds every CPU of the machine spent busy since boot (user, nice, system,
-    irq, softirq and steal: a hypervisor's other guests take the core too); None
-    where unknown."""
+def machine_busy_s(
+    path: Path = STAT, hz: int | None = None, cpus: frozenset[int] | None = None
+) -> float | None:
+    """Seconds the machine's CPUs (those in ``cpus``, else all) spent busy since boot
+    (user, nice, system, irq, softirq and steal: a hypervisor's other guests take the
+    core too); None where unknown (no file, another format, a CPU of ``cpus`` missing)."""
+    want = {"cpu"} if cpus is None else {f"cpu{c}" for c in cpus}
+    ticks, seen = 0, set()
     try:
         with path.open(encoding="ascii") as f:
-            fields = f.readline().split()
+            for line in f:
+                fields = line.split()
+                if not fields or not fields[0].startswith("cpu"):
+                    break  # the per-CPU lines come first
+                if fields[0] not in want:
+                    continue
+                if len(fields) < 9 or not all(v.isdigit() for v in fields[1:9]):
+                    return None
+                user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+                ticks += user + nice + system + irq + softirq + steal
+                seen.add(fields[0])
     except (OSError, UnicodeDecodeError):
         return None
-    if len(fields) < 9 or fields[0] != "cpu" or not all(v.isdigit() for v in fields[1:9]):
+    return ticks / (hz or os.sysconf("SC_CLK_TCK")) if seen == want else None
+
+
+def affinity() -> frozenset[int] | None:
+    """The CPUs this process may run on (its affinity mask), None where unknown."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
-    ticks = user + nice + system + irq + softirq + steal
-    return ticks / (hz or os.sysconf("SC_CLK_TCK"))
+
+
+def _affinity_busy_s() -> float | None:
+    return machine_busy_s(cpus=affinity())
 
 
 def own_running(tasks: Path = TASKS) -> int | None:
@@ -129,16 +152,19 @@ class _Sample:
 class CoreWatch:
     """The check's state: the last sample and verdict, per process; thread-safe.
 
-    A check at least ``window`` seconds after the last sample judges by the cores
-    other processes used between the two (``others_fit``); a sooner one repeats
-    the last verdict. With no sample, or one older than ``long`` seconds, the
-    instantaneous count of runnable tasks judges, less this process's own
-    (``fits``, ``own_running``). A sample that goes backwards (a forked
+    A check sooner than ``window`` seconds after the last judgement repeats its
+    verdict (nothing is read). A later one judges by the cores other processes
+    used since the last sample (``others_fit``: the busy time of the CPUs this
+    process may use, less its own CPU time). With no sample, or one older than
+    ``long`` seconds, the instantaneous count of runnable tasks judges, less this
+    process's own (``fits``, ``own_running``); that count is the whole machine's,
+    so beside busy CPUs outside the affinity mask it errs towards skipping the
+    team (a slower call, never a stall). A sample that goes backwards (a forked
     child's CPU time starts at zero) is dropped.
     """
 
     clock: Callable[[], float] = time.monotonic
-    busy: Callable[[], float | None] = machine_busy_s
+    busy: Callable[[], float | None] = _affinity_busy_s
     own: Callable[[], float] = time.process_time
     running: Callable[[], int | None] = runnable
     mine: Callable[[], int | None] = own_running
@@ -146,6 +172,7 @@ class CoreWatch:
     long: float = 1.0
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
     _last: _Sample | None = dataclasses.field(default=None, init=False)
+    _at: float | None = dataclasses.field(default=None, init=False)  # the last judgement
     _verdict: bool = dataclasses.field(default=True, init=False)
 
     def team_fits(self, team: int, cpus: int) -> bool:
@@ -154,18 +181,20 @@ class CoreWatch:
             return True
         with self._lock:
             now, last = self.clock(), self._last
-            if last is not None and now - last.wall < self.window:
+            if self._at is not None and now - self._at < self.window:
                 return self._verdict
             busy = self.busy()
             sample = None if busy is None else _Sample(now, busy, self.own())
             if last is None or sample is None or now - last.wall > self.long:
-                self._verdict = fits(self.running(), team, cpus, self.mine())
+                running = self.running()
+                own = None if running is None else self.mine()
+                self._verdict = fits(running, team, cpus, own)
             elif sample.busy >= last.busy and sample.own >= last.own:
                 others = (sample.busy - last.busy - (sample.own - last.own)) / (now - last.wall)
                 self._verdict = others_fit(others, team, cpus)
             else:
                 sample = None
-            self._last = sample
+            self._last, self._at = sample, now
             return self._verdict
 
 
@@ -183,6 +212,9 @@ if hasattr(os, "register_at_fork"):
 
 
 def team_fits() -> bool:
-    """Whether ATen's intra-op team (``torch.get_num_threads()``) fits on this machine's
-    CPUs now (``CoreWatch.team_fits`` of the process's watch)."""
-    return _watch.team_fits(torch.get_num_threads(), os.cpu_count() or 1)
+    """Whether ATen's intra-op team (``torch.get_num_threads()``) fits on the CPUs this
+    process may use now (``CoreWatch.team_fits`` of the process's watch); True where
+    their number is unknown (the measured choice runs)."""
+    mask = affinity()
+    cpus = len(mask) if mask else os.cpu_count()
+    return not cpus or _watch.team_fits(torch.get_num_threads(), cpus)

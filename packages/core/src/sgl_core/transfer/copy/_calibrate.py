@@ -149,20 +149,19 @@ class Calibrator:
             )
             return True
 
-    def skip(self, key: str, without: str) -> str | None:
+    def skip(self, key: str, without: str, default: str = "1") -> str:
         """The candidate to run for one call of ``key`` when its choice ``without`` can't
         run well now: the one ``choose`` would have picked from the same measurement
-        without it. None when ``key`` has no such measurement (unknown, or measured
-        with ``without`` alone). Counted per key (``skipped``); not a new choice: the
-        next call asks again, and the call's time is not reported with ``observe``.
+        without it, or ``default`` when ``key`` has no such measurement (unknown, or
+        measured with ``without`` alone). Counted per key (``skipped``); not a new
+        choice: the next call asks again, and the call's time is not reported with
+        ``observe``.
         """
         with self._lock:
             known = self._choices.get(key)
             rest = {} if known is None else known.seconds.copy()
             rest.pop(without, None)
-            if not rest:
-                return None
-            instead = _decide(rest, list(rest), self.margin)[0]
+            instead = _decide(rest, list(rest), self.margin)[0] if rest else default
             calls = self._skipped.get(key, (instead, 0))[1] + 1
             self._skipped[key] = (instead, calls)
             return instead

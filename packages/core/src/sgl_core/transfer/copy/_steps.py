@@ -277,7 +277,8 @@ def gather_step(
 ) -> Step:
     """A CPU gather/scatter along dim 0 as a step, each thread through its own rows of
     ``staging``: ``take_rows`` (numpy starts no OpenMP team, so a whole call at once) where
-    the source rows allow it, else chunks below ATen's grain; ``threads`` 0: one whole
+    the source rows allow it (and, under AUTO, the streaming copy's ``stream*`` candidates:
+    one copy per row), else chunks below ATen's grain; ``threads`` 0: one whole
     ``index_select`` and ``index_copy_`` (ATen's threads)."""
     count = int(d_idx.numel())
     if threads == 0:

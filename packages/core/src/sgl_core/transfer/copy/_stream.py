@@ -25,7 +25,6 @@ steps offer only memmove) off x86-64 Linux, where the mapping or ``PROT_EXEC`` i
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 import os
 import platform
@@ -267,6 +266,8 @@ def rows_ops(
     streaming copy's table (``_units_table``): one copy, where ``take_rows`` makes two
     through a staging buffer. Unchecked: the rows must lie inside both arrays, and the
     destination rows must be distinct (``gather_step`` checks the range)."""
+    if d_rows.shape != s_rows.shape or d_rows.ndim != 1:
+        raise ValueError(f"row index arrays of shapes {d_rows.shape} and {s_rows.shape}")
     return _units_table(dst, src, d_rows.astype(np.int64), s_rows.astype(np.int64))
 
 
@@ -274,9 +275,15 @@ def rows_table(
     dst: torch.Tensor, src: torch.Tensor, d_idx: torch.Tensor, s_idx: torch.Tensor
 ) -> Callable[[], np.ndarray[Any, np.dtype[np.uint64]]] | None:
     """``rows_ops`` of two CPU tensors' rows (numpy views by address) and index tensors,
-    as a builder; None where the streaming copy may not copy these rows
-    (``_byte_copyable``). Unchecked, as ``rows_ops``."""
+    as a builder (the indices are copied when it runs: ``Tensor.numpy()`` would make the
+    caller's storage unresizable for good); None where the streaming copy may not copy
+    these rows (``_byte_copyable``). Unchecked, as ``rows_ops``."""
     dst_np, src_np = numpy_rows(dst), numpy_rows(src)
     if not _byte_copyable(dst_np, src_np):
         return None
-    return functools.partial(rows_ops, dst_np, src_np, d_idx.numpy(), s_idx.numpy())
+
+    def build() -> np.ndarray[Any, np.dtype[np.uint64]]:
+        d_rows, s_rows = (i.to("cpu", torch.int64, copy=True).numpy() for i in (d_idx, s_idx))
+        return rows_ops(dst_np, src_np, d_rows, s_rows)
+
+    return build
