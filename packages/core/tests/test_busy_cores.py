@@ -160,6 +160,30 @@ def test_affinity_is_this_process_mask(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(os, "sched_getaffinity", refuse)
     assert _busy.affinity() is None
+    masks = {0: {1}, 1: {0, 1, 2}}  # this process (pid 0: the caller), and init
+    monkeypatch.setattr(os, "sched_getaffinity", masks.__getitem__)
+    assert _busy.affinity() == frozenset({1})
+
+
+def test_the_watch_reads_the_busy_time_of_the_affinity_mask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[frozenset[int] | None] = []
+
+    def busy(cpus: frozenset[int] | None = None) -> float:
+        asked.append(cpus)
+        return 1.0
+
+    monkeypatch.setattr(_busy, "affinity", lambda: frozenset({3}))
+    monkeypatch.setattr(_busy, "machine_busy_s", busy)
+    assert _busy._affinity_busy_s() == 1.0 and asked == [frozenset({3})]
+
+
+def test_the_fork_hook_starts_a_new_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = CoreWatch()
+    monkeypatch.setattr(_busy, "_watch", parent)
+    _busy._after_fork_in_child()
+    assert isinstance(_busy._watch, CoreWatch) and _busy._watch is not parent
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
@@ -168,7 +192,8 @@ def test_a_forked_child_starts_a_watch_of_its_own() -> None:
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report, then leave without running anything of pytest's
-        os.write(write, b"new" if _busy._watch is not parent else b"same")
+        fresh = isinstance(_busy._watch, CoreWatch) and _busy._watch is not parent
+        os.write(write, b"new" if fresh else b"same")
         os._exit(0)
     os.close(write)
     got = os.read(read, 16)

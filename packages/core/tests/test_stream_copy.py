@@ -579,3 +579,25 @@ def test_a_chosen_row_gather_step_copies_strided_offset_rows(
     want = torch.full_like(dst, 7)
     want[d_idx] = src[s_idx]
     assert torch.equal(dst, want)
+
+
+@needs_stream
+def test_rows_the_streaming_copy_may_not_move_are_gathered_by_take_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """32-byte rows (under the streaming stores' 64): the measured candidates are the take
+    counts alone, and the chosen step gathers the rows."""
+    _spy(monkeypatch, {"take_rows": 1.0, "stream_each": 0.1})
+    src = torch.arange(600 * 16, dtype=torch.int16).view(600, 1, 16)
+    dst = torch.zeros(700, 1, 16, dtype=torch.int16)
+    s_idx, d_idx = torch.arange(599, -1, -1), torch.randperm(700)[:600]
+    step = _steps.gather_step(
+        dst, src, d_idx, s_idx, torch.empty(600, 1, 16, dtype=torch.int16), -1
+    )
+    (take,) = copy_calibration()
+    assert list(take.seconds) == ["1", "2"] and step.fn is vars(_steps)["take_rows"]
+    dst.zero_()
+    step.run()
+    want = torch.zeros_like(dst)
+    want[d_idx] = src[s_idx]
+    assert torch.equal(dst, want)

@@ -283,7 +283,6 @@ def rows_table(
         return None
 
     def build() -> np.ndarray[Any, np.dtype[np.uint64]]:
-        d_rows, s_rows = (i.to("cpu", torch.int64, copy=True).numpy() for i in (d_idx, s_idx))
-        return rows_ops(dst_np, src_np, d_rows, s_rows)
+        return rows_ops(dst_np, src_np, d_idx.clone().numpy(), s_idx.clone().numpy())
 
     return build
