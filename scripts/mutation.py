@@ -152,14 +152,20 @@ AREAS: dict[str, Area] = {
             "sgl_core/transfer/copy/_busy.py",
             "sgl_core/transfer/copy/_calibrate.py",
             "sgl_core/transfer/copy/_auto_copy.py",
+            "sgl_core/transfer/copy/_stream_gather.py",
         ),
-        tests=(CORE + "test_busy_cores.py", CORE + "test_calibrate.py"),
+        tests=(
+            CORE + "test_busy_cores.py",
+            CORE + "test_calibrate.py",
+            CORE + "test_stream_gather.py",
+        ),
         functions=(
             "sgl_core.transfer.copy._busy.x_*",
             "sgl_core.transfer.copy._busy.xǁCoreWatchǁ*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskip__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskipped__*",
             "sgl_core.transfer.copy._auto_copy.x__run__*",
+            "sgl_core.transfer.copy._stream_gather.x_*",
         ),
     ),
     "l3": Area(

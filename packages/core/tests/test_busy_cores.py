@@ -418,7 +418,9 @@ def test_skip_picks_from_the_same_measurement_and_counts() -> None:
     assert cal.skip("k", "0") == "2"
     _measured(cal, "j", {"1": 2.4, "2": 2.0, "0": 1.0})
     assert cal.skip("j", "0") == "1"  # within the margin: the earlier candidate
-    assert cal.skipped() == {"j": ("1", 1), "k": ("2", 2)}
+    assert cal.skip("k", "0", among=["1", "0"]) == "1"  # only what the call offers
+    assert cal.skip("k", "0", among=["0"]) == "1"  # nothing offered: the default
+    assert cal.skipped() == {"j": ("1", 1), "k": ("1", 4)}
     assert cal.current("k") == "0"  # the choice itself stays
     cal.forget()
     assert cal.skipped() == {}

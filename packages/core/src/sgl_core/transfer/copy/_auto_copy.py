@@ -18,6 +18,7 @@ from sgl_core.transfer.copy import _busy, _copy
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import copy_blocks, memmove_blocks
 from sgl_core.transfer.copy._pieces import index_chunk
+from sgl_core.transfer.copy._stream_gather import GatherStreams, gather_streams
 from sgl_core.transfer.copy._tuning import AUTO_MIN_BYTES
 
 __all__ = [
@@ -55,6 +56,7 @@ def _run(
     sample: Callable[[], tuple[Sequence[int], Callable[[int, int, int], None]]],
     full: Callable[[int], None],
     with_aten: bool = True,
+    streams: GatherStreams | None = None,
 ) -> None:
     """Resolve ``key`` (measuring on ``sample()`` if needed), run ``full``, report its speed.
 
@@ -62,31 +64,45 @@ def _run(
     bytes of each item of the call's first items, and ``run(threads, a, b)``,
     which copies items ``[a, b)``. Successive timed runs take successive
     disjoint segments (``_spans``), so a candidate is not timed on data the
-    previous one left in cache. A choice of ATen's team (``0``) runs only while
-    the machine has a free core for each of its threads (``_busy.team_fits``).
+    previous one left in cache. ``streams``: the same copy as the streaming copy,
+    offered as ``stream<n>`` after the thread counts. A choice of ATen's team
+    (``0``) runs only while the machine has a free core for each of its threads
+    (``_busy.team_fits``).
     """
+    names = [str(t) for t in thread_candidates(with_aten=with_aten)]
+    if streams is not None:
+        names += [f"stream{t}" for t in thread_candidates(with_aten=False)]
+
+    def execute(name: str) -> None:
+        if name.startswith("stream") and streams is not None:
+            streams[1](int(name.removeprefix("stream")))
+        else:
+            full(int(name))
+
     cal = default_calibrator()
     chosen = cal.current(key)
-    if chosen is None:
+    if chosen not in names:  # unknown, stale, or a candidate this call does not offer
         sizes, run = sample()
         spans = _spans(sizes)
         turn = itertools.count()
 
-        def candidate(threads: int) -> None:
-            run(threads, *spans[next(turn) % len(spans)])
+        def candidate(name: str) -> None:
+            a, b = spans[next(turn) % len(spans)]
+            if name.startswith("stream") and streams is not None:
+                streams[0](int(name.removeprefix("stream")), a, b)
+            else:
+                run(int(name), a, b)
 
-        cands = {
-            str(t): functools.partial(candidate, t) for t in thread_candidates(with_aten=with_aten)
-        }
+        cands = {name: functools.partial(candidate, name) for name in names}
         nbytes = sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
         chosen = cal.choose(key, cands, nbytes)
     if chosen == "0" and not _busy.team_fits():
         # ATen's team would wait for a busy core: the candidate the same measurement ranks
         # first without it, this call only (its time is not the choice's: not observed)
-        full(int(cal.skip(key, "0")))
+        execute(cal.skip(key, "0", among=names))
         return
     start = cal.timer()
-    full(int(chosen))
+    execute(chosen)
     cal.observe(key, total, cal.timer() - start)
 
 
@@ -205,7 +221,8 @@ def auto_gather(
     s_idx: torch.Tensor,
     whole: Callable[[], None],
 ) -> None:
-    """A CPU gather/scatter along dim 0 with a measured count: ``whole()`` (0) or pieces."""
+    """A CPU gather/scatter along dim 0 with a measured count: ``whole()`` (0), pieces, or
+    the streaming copy (``gather_streams``, where it may copy these rows)."""
     row = _nbytes(src[0][0])
     total = sum(_nbytes(s[0]) for s in src) * d_idx.numel()
 
@@ -226,7 +243,8 @@ def auto_gather(
         else:
             gather_pieces(dst, src, d_idx, s_idx, t)
 
-    _run(f"gather cpu->cpu {_bucket(row)} rows", total, sample, full)
+    key = f"gather cpu->cpu {_bucket(row)} rows"
+    _run(key, total, sample, full, streams=gather_streams(dst, src, d_idx, s_idx))
 
 
 _copy.register_auto_copies(auto_copy_blocks, auto_memmove)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from sgl_core.transfer.copy._calibration_cache import (
     ENV_VAR,
@@ -149,18 +149,22 @@ class Calibrator:
             )
             return True
 
-    def skip(self, key: str, without: str, default: str = "1") -> str:
+    def skip(
+        self, key: str, without: str, default: str = "1", among: Collection[str] | None = None
+    ) -> str:
         """The candidate to run for one call of ``key`` when its choice ``without`` can't
         run well now: the one ``choose`` would have picked from the same measurement
-        without it, or ``default`` when ``key`` has no such measurement (unknown, or
-        measured with ``without`` alone). Counted per key (``skipped``); not a new
-        choice: the next call asks again, and the call's time is not reported with
-        ``observe``.
+        without it (and, given ``among``, from those this call offers), or ``default``
+        when there is none (``key`` unknown, or measured with ``without`` alone).
+        Counted per key (``skipped``); not a new choice: the next call asks again, and
+        the call's time is not reported with ``observe``.
         """
         with self._lock:
             known = self._choices.get(key)
             rest = {} if known is None else known.seconds.copy()
             rest.pop(without, None)
+            if among is not None:
+                rest = {c: t for c, t in rest.items() if c in among}
             instead = _decide(rest, list(rest), self.margin)[0] if rest else default
             calls = self._skipped.get(key, (instead, 0))[1] + 1
             self._skipped[key] = (instead, calls)

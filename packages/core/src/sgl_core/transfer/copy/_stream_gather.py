@@ -1,0 +1,64 @@
+"""A CPU gather/scatter of rows (``gather_rows`` under ``AUTO``, e.g. a page-1 backup) as
+the streaming copy: one (dst, src, len) table entry per row and pair, built per call
+(docs/design.md, "The streaming copy").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from sgl_core.transfer.copy import _copy, _stream
+from sgl_core.transfer.copy._pieces import numpy_rows
+
+__all__ = ["GatherStreams", "gather_streams"]
+
+#: ``(run(threads, a, b), full(threads))``: rows ``[a, b)`` of the first pair, every row
+#: of every pair, as the streaming copy over ``threads`` threads.
+GatherStreams = tuple[Callable[[int, int, int], None], Callable[[int], None]]
+
+
+def _in_range(idx: torch.Tensor, rows: int) -> bool:
+    return not idx.numel() or (int(idx.min()) >= 0 and int(idx.max()) < rows)
+
+
+def gather_streams(
+    dst: Sequence[torch.Tensor],
+    src: Sequence[torch.Tensor],
+    d_idx: torch.Tensor,
+    s_idx: torch.Tensor,
+) -> GatherStreams | None:
+    """``dst[i][d_idx] = src[i][s_idx]`` (CPU tensors, int64 CPU indices of one length)
+    for every i by the streaming copy, or None where it may not do it: not loaded, a pair
+    it may not copy (``_byte_copyable``), an index out of range or a destination row
+    twice (``index_copy_`` raises on the first; two threads would race on the second)."""
+    if _stream.stream_copy() is None or d_idx.shape != s_idx.shape or d_idx.dim() != 1:
+        return None
+    pairs = [(numpy_rows(d), numpy_rows(s)) for d, s in zip(dst, src, strict=True)]
+    if not all(_stream._byte_copyable(d, s) for d, s in pairs):
+        return None
+    if not (_in_range(d_idx, min(d.shape[0] for d in dst))):
+        return None
+    if not _in_range(s_idx, min(s.shape[0] for s in src)):
+        return None
+    if torch.unique(d_idx).numel() != d_idx.numel():
+        return None
+    d_rows, s_rows = d_idx.clone().numpy(), s_idx.clone().numpy()
+
+    def table(a: int, b: int, chosen: Sequence[tuple[Any, Any]]) -> np.ndarray[Any, Any]:
+        parts = [_stream.rows_ops(d, s, d_rows[a:b], s_rows[a:b]) for d, s in chosen]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def spread(ops: np.ndarray[Any, Any], threads: int) -> None:
+        _copy._spread(threads, ops.shape[0], lambda a, b: _stream.stream_each(ops[a:b]))
+
+    def run(threads: int, a: int, b: int) -> None:
+        spread(table(a, b, pairs[:1]), threads)
+
+    def full(threads: int) -> None:
+        spread(table(0, d_rows.shape[0], pairs), threads)
+
+    return run, full
