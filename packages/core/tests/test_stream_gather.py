@@ -13,7 +13,7 @@ import sgl_core
 from sgl_core.backend import copy_calibration
 from sgl_core.testing import device_rows, fill_device_random
 from sgl_core.transfer.copy import _busy, _calibrate, _stream
-from sgl_core.transfer.copy._auto_copy import _bucket
+from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates
 from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice
 from sgl_core.transfer.copy._engine import gather_rows
 from sgl_core.transfer.copy._stream_gather import gather_streams
@@ -186,3 +186,27 @@ def test_a_page_1_backup_by_the_streaming_copy_round_trips(
     for layer in range(3):
         host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
         assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))
+
+
+@needs_stream
+def test_thread_count_candidates_never_run_the_streaming_copy(
+    monkeypatch: pytest.MonkeyPatch, cal: Calibrator
+) -> None:
+    """Measuring (3 timed rounds and a warm-up, every candidate): only ``stream1`` (one
+    table a run) and ``stream<n>`` (n parts a run) call the streaming copy; the chosen
+    ``1`` then runs without it."""
+    dst, src, d_idx, s_idx = _case()
+    want = _want(dst, src, d_idx, s_idx)
+    calls = _count_streams(monkeypatch)
+    gather_rows(dst, src, d_idx, s_idx, threads=-1)
+    assert copy_calibration()[0].choice == "1"
+    # each streaming candidate ran 4 times, as one table part per thread
+    assert len(calls) == 4 * sum(thread_candidates(with_aten=False))
+    assert all(torch.equal(d.view(torch.uint8), w) for d, w in zip(dst, want, strict=True))
+
+
+@needs_stream
+def test_gather_lists_of_different_lengths_are_refused() -> None:
+    dst, src, d_idx, s_idx = _case()
+    with pytest.raises(ValueError):
+        gather_streams(dst, src[:2], d_idx, s_idx)
