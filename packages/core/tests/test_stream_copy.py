@@ -487,19 +487,26 @@ def test_rows_ops_moves_what_a_take_and_scatter_moves(transposed: bool) -> None:
     assert np.array_equal(dst, want)  # the rows gathered, every other row untouched
 
 
+def _page1_pools(layers: int, seed: int) -> tuple[Any, Any, Any, torch.Tensor, torch.Tensor]:
+    """Two MLA page-1 device pools (the first filled), a ``layer_first`` host pool, and
+    900 random host slots and device rows."""
+    backend = sgl_core.TorchBackend()
+    kw = dict(size=1024, page_size=1, dtype=torch.bfloat16, kv_lora_rank=512)
+    dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=layers, **kw)  # type: ignore[arg-type]
+    back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=layers, **kw)  # type: ignore[arg-type]
+    fill_device_random(dev, seed)
+    host = backend.create_host_pool(dev, layout="layer_first")
+    g = torch.Generator().manual_seed(seed)
+    h_idx = torch.randperm(host.size, generator=g)[:900]
+    d_idx = torch.randperm(1023, generator=g)[:900] + 1
+    return dev, back, host, h_idx, d_idx
+
+
 def _page1_load(monkeypatch: pytest.MonkeyPatch, costs: dict[str, float]) -> list[str]:
     """A page-1 ``layer_first`` load (1152-byte rows gathered from random host slots)
     through the pools, with ``costs`` on the fake clock; the ``take`` key's candidates."""
     _spy(monkeypatch, costs)
-    backend = sgl_core.TorchBackend()
-    kw = dict(size=1024, page_size=1, dtype=torch.bfloat16, kv_lora_rank=512)
-    dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
-    back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=2, **kw)  # type: ignore[arg-type]
-    fill_device_random(dev, 6)
-    host = backend.create_host_pool(dev, layout="layer_first")
-    g = torch.Generator().manual_seed(3)
-    h_idx = torch.randperm(host.size, generator=g)[:900]
-    d_idx = torch.randperm(1023, generator=g)[:900] + 1
+    dev, back, host, h_idx, d_idx = _page1_pools(2, 3)
     host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
     for layer in range(2):
         host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
@@ -601,3 +608,32 @@ def test_rows_the_streaming_copy_may_not_move_are_gathered_by_take_only(
     want = torch.zeros_like(dst)
     want[d_idx] = src[s_idx]
     assert torch.equal(dst, want)
+
+
+@needs_stream
+def test_a_page_1_backup_by_the_streaming_copy_round_trips(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page-1 backup's row gather (``gather cpu->cpu 1KiB rows``) with ``stream2``
+    chosen: every row of every layer streamed, then loaded back bit-exact."""
+    ticks = iter(range(10**6))
+    cal = Calibrator(timer=lambda: float(next(ticks)), budget_s=1e9)
+    monkeypatch.setattr(_calibrate, "_default", cal)
+    names = ["1", "2", "0", "stream1", "stream2"]
+    key = "gather cpu->cpu 1KiB rows"
+    choice = _calibrate.CopyChoice(key, "stream2", dict.fromkeys(names, 1.0), 1, "", "")
+    cal._choices[key] = choice
+    calls: list[int] = []
+    real = _stream.stream_each
+
+    def spy(ops: Any) -> None:
+        calls.append(len(ops))
+        real(ops)
+
+    monkeypatch.setattr(_stream, "stream_each", spy)
+    dev, back, host, h_idx, d_idx = _page1_pools(3, 8)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
+    assert sum(calls) == 3 * 900  # the backup: every row of every layer, streamed
+    for layer in range(3):
+        host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
+        assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))

@@ -9,9 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-import sgl_core
 from sgl_core.backend import copy_calibration
-from sgl_core.testing import device_rows, fill_device_random
 from sgl_core.transfer.copy import _busy, _calibrate, _stream
 from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates
 from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice
@@ -164,28 +162,6 @@ def test_a_skipped_team_may_run_the_streaming_copy(
     assert (sum(calls) == 3 * 800) is offered
     assert cal.skipped() == {key: ("stream1" if offered else "2", 1)}
     assert all(torch.equal(d.view(torch.uint8), w) for d, w in zip(dst, want, strict=True))
-
-
-@needs_stream
-def test_a_page_1_backup_by_the_streaming_copy_round_trips(
-    monkeypatch: pytest.MonkeyPatch, cal: Calibrator
-) -> None:
-    backend = sgl_core.TorchBackend()
-    kw = dict(size=1024, page_size=1, dtype=torch.bfloat16, kv_lora_rank=512)
-    dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=3, **kw)  # type: ignore[arg-type]
-    back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=3, **kw)  # type: ignore[arg-type]
-    fill_device_random(dev, 8)
-    host = backend.create_host_pool(dev, layout="layer_first")
-    g = torch.Generator().manual_seed(4)
-    h_idx = torch.randperm(host.size, generator=g)[:900]
-    d_idx = torch.randperm(1023, generator=g)[:900] + 1
-    _seed(cal, f"gather cpu->cpu {_bucket(1152)} rows", "stream2", dict.fromkeys(ALL, 1.0))
-    calls = _count_streams(monkeypatch)
-    host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
-    assert sum(calls) == 3 * 900  # the backup: every row of every layer, streamed
-    for layer in range(3):
-        host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
-        assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))
 
 
 @needs_stream
