@@ -288,7 +288,7 @@ def gather_step(
     take = _take_parts(dst, src, d_idx, s_idx, staging)
     if take is not None:  # the rows were range-checked: the streaming copy may move them too
         ops = rows_table(dst, src, d_idx, s_idx)
-        stream = None if ops is None else (lambda t: _stream_step(ops(), t))
+        stream = None if ops is None else (lambda t: _stream_step(ops(slice(None)), t))
         return _resolve(threads, f"take cpu->cpu {shape}", total, take, 1, stream)
     step = index_chunk(src[0].numel() if src.dim() > 1 else 1)
     d_parts, s_parts, buf_parts = (torch.split(t, step) for t in (d_idx, s_idx, staging[:count]))

@@ -273,16 +273,18 @@ def rows_ops(
 
 def rows_table(
     dst: torch.Tensor, src: torch.Tensor, d_idx: torch.Tensor, s_idx: torch.Tensor
-) -> Callable[[], np.ndarray[Any, np.dtype[np.uint64]]] | None:
+) -> Callable[[slice], np.ndarray[Any, np.dtype[np.uint64]]] | None:
     """``rows_ops`` of two CPU tensors' rows (numpy views by address) and index tensors,
-    as a builder (the indices are copied when it runs: ``Tensor.numpy()`` would make the
-    caller's storage unresizable for good); None where the streaming copy may not copy
-    these rows (``_byte_copyable``). Unchecked, as ``rows_ops``."""
+    as a builder of the table of the index pairs in a slice (the indices are copied when
+    it runs: ``Tensor.numpy()`` would make the caller's storage unresizable for good);
+    None where the streaming copy may not copy these rows (``_byte_copyable``).
+    Unchecked, as ``rows_ops``."""
     dst_np, src_np = numpy_rows(dst), numpy_rows(src)
     if not _byte_copyable(dst_np, src_np):
         return None
 
-    def build() -> np.ndarray[Any, np.dtype[np.uint64]]:
-        return rows_ops(dst_np, src_np, d_idx.clone().numpy(), s_idx.clone().numpy())
+    def build(rows: slice) -> np.ndarray[Any, np.dtype[np.uint64]]:
+        d_rows, s_rows = (idx[rows].clone().numpy() for idx in (d_idx, s_idx))
+        return rows_ops(dst_np, src_np, d_rows, s_rows)
 
     return build

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from sgl_core.transfer.copy import _copy, _stream
-from sgl_core.transfer.copy._pieces import numpy_rows
 
 __all__ = ["GatherStreams", "gather_streams"]
 
@@ -37,8 +36,9 @@ def gather_streams(
     twice (``index_copy_`` raises on the first; two threads would race on the second)."""
     if _stream.stream_copy() is None or d_idx.shape != s_idx.shape or d_idx.dim() != 1:
         return None
-    pairs = [(numpy_rows(d), numpy_rows(s)) for d, s in zip(dst, src, strict=True)]
-    if not all(_stream._byte_copyable(d, s) for d, s in pairs):
+    pairs = [_stream.rows_table(d, s, d_idx, s_idx) for d, s in zip(dst, src, strict=True)]
+    builds = [b for b in pairs if b is not None]
+    if len(builds) < len(pairs):
         return None
     if not (_in_range(d_idx, min(d.shape[0] for d in dst))):
         return None
@@ -46,19 +46,14 @@ def gather_streams(
         return None
     if torch.unique(d_idx).numel() != d_idx.numel():
         return None
-    d_rows, s_rows = d_idx.clone().numpy(), s_idx.clone().numpy()
-
-    def table(a: int, b: int, chosen: Sequence[tuple[Any, Any]]) -> np.ndarray[Any, Any]:
-        parts = [_stream.rows_ops(d, s, d_rows[a:b], s_rows[a:b]) for d, s in chosen]
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def spread(ops: np.ndarray[Any, Any], threads: int) -> None:
         _copy._spread(threads, ops.shape[0], lambda a, b: _stream.stream_each(ops[a:b]))
 
     def run(threads: int, a: int, b: int) -> None:
-        spread(table(a, b, pairs[:1]), threads)
+        spread(builds[0](slice(a, b)), threads)
 
     def full(threads: int) -> None:
-        spread(table(0, d_rows.shape[0], pairs), threads)
+        spread(np.concatenate([build(slice(None)) for build in builds]), threads)
 
     return run, full
