@@ -547,9 +547,11 @@ def test_row_gathers_offer_no_streaming_copy_where_it_may_not_copy(
 def test_rows_ops_refuses_index_arrays_that_do_not_pair() -> None:
     dst, src, d_rows, s_rows = _rows_case(2)
     pairs = [(d_rows, s_rows[:1]), (d_rows[:5], s_rows[:6]), (d_rows[:4, None], s_rows[:4, None])]
+    before = dst.copy()
     for d, s in pairs:
         with pytest.raises(ValueError, match="row index arrays"):
             _stream.rows_ops(dst, src, d, s)
+    assert np.array_equal(dst, before)  # refused before any table, let alone a copy
 
 
 def test_the_row_table_leaves_the_callers_indices_resizable() -> None:
