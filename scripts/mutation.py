@@ -110,7 +110,12 @@ AREAS: dict[str, Area] = {
         ),
     ),
     "stream": Area(
-        modules=("sgl_core/transfer/copy/_stream.py", "sgl_core/transfer/copy/_steps.py"),
+        modules=(
+            "sgl_core/transfer/copy/_stream.py",
+            "sgl_core/transfer/copy/_stream_table.py",
+            "sgl_core/transfer/copy/_steps.py",
+            "sgl_core/transfer/_direct_load.py",
+        ),
         tests=(
             CORE + "test_stream_copy.py",
             CORE + "test_load_steps.py",
@@ -120,17 +125,18 @@ AREAS: dict[str, Area] = {
         functions=(
             *(
                 f"sgl_core.transfer.copy._stream.x_{name}__*"
+                for name in ("_map_code", "_load", "stream_copy", "stream_each")
+            ),
+            *(
+                f"sgl_core.transfer.copy._stream_table.x_{name}__*"
                 for name in (
-                    "_map_code",
-                    "_load",
-                    "stream_copy",
                     "ops_table",
-                    "stream_each",
                     "_blocks_overlap",
                     "_byte_copyable",
                     "_unit_blocks",
                     "_units_table",
                     "slice_ops",
+                    "_run_spans",
                     "rows_ops",
                     "rows_table",
                 )
@@ -141,9 +147,11 @@ AREAS: dict[str, Area] = {
                     "_resolve",
                     "memmove_step",
                     "slices_step",
+                    "_stream_built",
                     "gather_step",
                 )
             ),
+            "sgl_core.transfer._direct_load.x_backup_slices__*",
         ),
     ),
     # the busy-core check: a calibrated ATen team runs only with a free core per thread
@@ -163,6 +171,7 @@ AREAS: dict[str, Area] = {
             "sgl_core.transfer.copy._busy.x_*",
             "sgl_core.transfer.copy._busy.xǁCoreWatchǁ*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskip__*",
+            "sgl_core.transfer.copy._calibrate.xǁCalibratorǁ_measure__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskipped__*",
             "sgl_core.transfer.copy._auto_copy.x__run__*",
             "sgl_core.transfer.copy._stream_gather.x_*",

@@ -26,11 +26,43 @@ from sgl_core.transfer.copy._busy import (
     others_fit,
     own_running,
     runnable,
+    settle,
     team_fits,
 )
 from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice
 from sgl_core.transfer.copy._copy import copy_blocks, memmove_blocks
 from sgl_core.transfer.copy._engine import gather_rows
+
+
+# ------------------------------------------------------------ settle
+class _Ticks:
+    """A fake monotonic clock that the fake ``time.sleep`` advances (sleeps recorded)."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 100.0, []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.mark.parametrize(
+    ("counts", "sleeps"),
+    [
+        ([3, 2, 1], 2),  # the team's workers fall asleep after two polls
+        ([1], 0),  # only the caller runs: no wait
+        ([None], 0),  # threads unknown: no wait
+        ([2] * 100, 40),  # they keep running: at most limit_s (0.02 s in 0.5 ms polls)
+    ],
+)
+def test_settle_waits_until_the_caller_runs_alone_at_most_its_limit(
+    monkeypatch: pytest.MonkeyPatch, counts: list[int | None], sleeps: int
+) -> None:
+    ticks = _Ticks()
+    monkeypatch.setattr(_busy.time, "sleep", ticks.sleep)
+    seen = iter(counts)
+    settle(running=lambda: next(seen), clock=lambda: ticks.now)
+    assert ticks.sleeps == [0.0005] * sleeps
 
 
 # ------------------------------------------------------------ the load file

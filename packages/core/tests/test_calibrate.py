@@ -17,7 +17,7 @@ import torch
 import sgl_core
 from sgl_core.backend import CopyTuning
 from sgl_core.testing import device_rows, fill_device_random, page_indices
-from sgl_core.transfer.copy import _calibrate
+from sgl_core.transfer.copy import _busy, _calibrate
 from sgl_core.transfer.copy._calibrate import (
     ENV_VAR,
     FORMAT,
@@ -93,6 +93,31 @@ def test_the_budget_bounds_the_rounds(clock: FakeClock) -> None:
 
     Calibrator(timer=clock, rounds=5, budget_s=0.5).choose("k", {"x": cand("x"), "y": cand("y")}, 1)
     assert calls == ["x", "y", "x", "y"]  # warm-up and one timed round, then over budget
+
+
+def test_settle_runs_untimed_before_every_candidate_call(clock: FakeClock) -> None:
+    """``settle`` (waiting out an OpenMP team's spinning workers) runs before each
+    candidate call, warm-up included, after ``cold``, and its time is not charged."""
+    calls: list[str] = []
+
+    def cand(name: str, cost: float) -> Callable[[], None]:
+        def run() -> None:
+            calls.append(name)
+            clock.now += cost
+
+        return run
+
+    def settle() -> None:
+        calls.append("settle")
+        clock.now += 5.0
+
+    cal = Calibrator(timer=clock, rounds=2, budget_s=100, settle=settle)
+    cands = {"a": cand("a", 1.0), "b": cand("b", 0.5)}
+    assert cal.choose("k", cands, nbytes=1, cold=lambda: calls.append("cold")) == "b"
+    assert calls == ["cold", "settle", "a", "cold", "settle", "b"] * 3
+    assert cal.choices()[0].seconds == {"a": 1.0, "b": 0.5}
+    assert Calibrator().settle is None  # only the process's calibrator waits
+    assert _calibrate.default_calibrator().settle is _busy.settle
 
 
 def test_a_known_key_is_not_measured_again(clock: FakeClock) -> None:

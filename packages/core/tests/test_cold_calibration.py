@@ -18,9 +18,10 @@ import torch
 import sgl_core
 from sgl_core.kv import _memory
 from sgl_core.kv._memory import HOST_PAGE_BYTES, advise_huge_pages, cpu_zeros, page_aligned_zeros
-from sgl_core.transfer.copy import _calibrate, _steps
+from sgl_core.transfer.copy import _calibrate, _evict
 from sgl_core.transfer.copy._calibrate import Calibrator
-from sgl_core.transfer.copy._steps import evict_caches, slices_step
+from sgl_core.transfer.copy._evict import evict_caches
+from sgl_core.transfer.copy._steps import slices_step
 from sgl_core.transfer.copy._tuning import AUTO
 
 
@@ -105,7 +106,7 @@ def test_a_step_smaller_than_the_caches_is_measured_cold(spy: SpyCalibrator) -> 
 def test_a_step_bigger_than_the_scratch_buffer_is_not_evicted_first(
     spy: SpyCalibrator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_steps, "_scratch_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(_evict, "scratch_bytes", lambda: 1 << 20)
     src, dst = _rows(64, 4096), np.zeros((64, 4096), dtype=np.uint64)
     slices_step(dst, src, [(0, 0, 64)], (64, 64), AUTO).run()
     ((_, cold),) = spy.asked
@@ -144,13 +145,13 @@ def test_a_strided_destination_also_makes_pieces_one_row() -> None:
 
 
 def test_evict_caches_writes_a_buffer_of_the_scratch_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_steps, "_scratch", None)
-    monkeypatch.setattr(_steps, "_scratch_bytes", lambda: 3 << 20)
+    monkeypatch.setattr(_evict, "_scratch", None)
+    monkeypatch.setattr(_evict, "scratch_bytes", lambda: 3 << 20)
     evict_caches()
-    buf = _steps._scratch
+    buf = _evict._scratch
     assert buf is not None and buf.nbytes == 3 << 20 and (buf == 1).all()
     evict_caches()
-    assert _steps._scratch is buf and (buf == 2).all()  # kept, and written again
+    assert _evict._scratch is buf and (buf == 2).all()  # kept, and written again
 
 
 def _cache(root: Path, index: int, size: str) -> None:
@@ -159,18 +160,18 @@ def _cache(root: Path, index: int, size: str) -> None:
 
 
 def test_scratch_bytes_from_sysfs(tmp_path: Path) -> None:
-    assert _steps._scratch_bytes(tmp_path) == 64 << 20  # none listed: 2 x 32 MiB
+    assert _evict.scratch_bytes(tmp_path) == 64 << 20  # none listed: 2 x 32 MiB
     _cache(tmp_path, 0, "48K")
     _cache(tmp_path, 2, "1024K")
     _cache(tmp_path, 3, "98304K")  # 96 MiB
-    assert _steps._scratch_bytes(tmp_path) == 192 << 20
+    assert _evict.scratch_bytes(tmp_path) == 192 << 20
     _cache(tmp_path, 4, "512M")
-    assert _steps._scratch_bytes(tmp_path) == 256 << 20  # at most 256 MiB
+    assert _evict.scratch_bytes(tmp_path) == 256 << 20  # at most 256 MiB
     bad = tmp_path / "bad"
     bad.mkdir()
     _cache(bad, 0, "lots")
     _cache(bad, 1, str(40 << 20))  # plain bytes
-    assert _steps._scratch_bytes(bad) == 80 << 20
+    assert _evict.scratch_bytes(bad) == 80 << 20
 
 
 # ---------------------------------------------------------------- huge host pages

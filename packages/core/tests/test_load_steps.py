@@ -14,6 +14,7 @@ from sgl_core.testing import device_rows, fill_device_random, page_indices
 from sgl_core.transfer.copy import _calibrate
 from sgl_core.transfer.copy._calibrate import Calibrator
 from sgl_core.transfer.copy._steps import gather_step, memmove_step, slices_step
+from sgl_core.transfer.copy._stream import stream_copy
 
 
 def test_slices_step_copies_its_runs_and_refuses_runs_past_either_end() -> None:
@@ -169,6 +170,7 @@ def test_cpu_loads_take_the_load_gather_limit(
 
 
 _STACKED = CopyTuning(stacked_min_run_bytes=0)
+_needs_stream = pytest.mark.skipif(stream_copy() is None, reason="no streaming copy here")
 
 
 @pytest.mark.parametrize(
@@ -179,11 +181,15 @@ _STACKED = CopyTuning(stacked_min_run_bytes=0)
         ("page_first_direct", _STACKED, "copy_slices"),
         ("page_head", _STACKED, "copy_runs"),  # heads outside the rows: torch run copies
         ("page_first", CopyTuning(stacked_min_run_bytes=0, copy_threads=0), "copy_runs"),
-        ("layer_first", None, "copy_runs"),  # runs of SLICES_MAX_RUN_BYTES and more (set to 1)
+        # runs of SLICES_MAX_RUN_BYTES and more (set to 1): torch run copies unless AUTO
+        # may take the streaming copy ("long": no streaming copy; "long 1": one thread)
+        ("layer_first", "long", "copy_runs"),
+        ("layer_first", "long 1", "copy_runs"),
+        pytest.param("layer_first", "long auto", "copy_slices", marks=_needs_stream),
     ],
 )
 def test_stacked_cpu_backups_are_numpy_run_copies(
-    monkeypatch: pytest.MonkeyPatch, layout: str, tuning: CopyTuning | None, path: str
+    monkeypatch: pytest.MonkeyPatch, layout: str, tuning: CopyTuning | str, path: str
 ) -> None:
     """A CPU backup of layers in one allocation copies each run across every row as one
     numpy slice copy (``copy_slices``), bit-exact; page_head and copy_threads 0 (ATen's
@@ -200,11 +206,15 @@ def test_stacked_cpu_backups_are_numpy_run_copies(
             _real(*args, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(module, name, spy)
-    if tuning is None:
+    if isinstance(tuning, str):
         from sgl_core.transfer import _direct_load
 
         monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", 1)
-        tuning = _STACKED
+        if tuning == "long":
+            monkeypatch.setattr(_direct_load, "stream_copy", lambda: None)
+        tuning = (
+            CopyTuning(stacked_min_run_bytes=0, copy_threads=1) if tuning == "long 1" else _STACKED
+        )
     backend = sgl_core.TorchBackend(tuning=tuning)
 
     def pool() -> Any:
@@ -252,7 +262,9 @@ def _spy_stacked_paths(
     return now, seen
 
 
-def _stacked_backups(tuning: CopyTuning, seen: list[str], calls: int) -> list[str]:
+def _stacked_backups(
+    tuning: CopyTuning, seen: list[str], calls: int, layout: str = "page_first"
+) -> list[str]:
     """The path of each of ``calls`` backups (2.25 MiB per part) after a first one,
     each checked bit-exact through the loads."""
     backend = sgl_core.TorchBackend(tuning=tuning)
@@ -260,7 +272,7 @@ def _stacked_backups(tuning: CopyTuning, seen: list[str], calls: int) -> list[st
     dev = backend.create_device_pool(qk_rope_head_dim=64, layer_num=4, **kw)  # type: ignore[arg-type]
     back = backend.create_device_pool(qk_rope_head_dim=64, layer_num=4, **kw)  # type: ignore[arg-type]
     fill_device_random(dev, 9)
-    host = backend.create_host_pool(dev, layout="page_first")
+    host = backend.create_host_pool(dev, layout=layout)
     pages = torch.randperm(32, generator=torch.Generator().manual_seed(3)).tolist()
     h_idx, d_idx = page_indices(pages, 16), page_indices(list(range(1, 33)), 16)
     host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
@@ -275,7 +287,7 @@ def _stacked_backups(tuning: CopyTuning, seen: list[str], calls: int) -> list[st
     return paths
 
 
-_KEY = "stacked cpu->cpu 16KiB runs, 2048KiB per backup"
+_KEY = "stacked cpu->cpu 64KiB runs of 1KiB pieces, 2048KiB per backup"
 
 
 @pytest.mark.parametrize(("slices_cost", "path"), [(1.0, "copy_slices"), (5.0, "copy_runs")])
@@ -291,6 +303,22 @@ def test_a_stacked_backup_path_is_measured_once_per_shape(
     assert [(c.key, c.choice) for c in keys] == [(_KEY, path.removeprefix("copy_"))]
     explicit = CopyTuning(stacked_min_run_bytes=0, copy_threads=1)
     assert _stacked_backups(explicit, seen, 1) == ["copy_slices"]  # explicit: unmeasured
+
+
+def test_stacked_backups_of_other_pieces_are_measured_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A layer_first and a page_first backup of the same runs cut them into other pieces
+    (whole 16-token runs per layer, against 1152-byte rows 4 layers apart): each has its
+    own stacked key, so neither inherits the other's choice."""
+    _, seen = _spy_stacked_paths(monkeypatch, {"copy_slices": 1.0, "copy_runs": 2.0})
+    for layout in ("layer_first", "page_first"):
+        assert _stacked_backups(CopyTuning(stacked_min_run_bytes=0), seen, 1, layout)
+    keys = sorted(c.key for c in copy_calibration() if c.key.startswith("stacked "))
+    assert keys == [
+        "stacked cpu->cpu 64KiB runs of 16KiB pieces, 2048KiB per backup",
+        _KEY,
+    ]
 
 
 def test_a_stacked_backup_path_is_measured_again_when_its_copies_slow_down(

@@ -20,10 +20,10 @@ import torch
 import sgl_core
 from sgl_core.backend import CopyTuning, copy_calibration
 from sgl_core.testing import device_rows, fill_device_random, page_indices
-from sgl_core.transfer.copy import _calibrate, _copy, _steps, _stream
+from sgl_core.transfer.copy import _calibrate, _copy, _steps, _stream, _stream_table
 from sgl_core.transfer.copy._calibrate import Calibrator
 from sgl_core.transfer.copy._steps import copy_slices, memmove_step, slices_step
-from sgl_core.transfer.copy._stream import slice_ops
+from sgl_core.transfer.copy._stream_table import slice_ops
 
 needs_stream = pytest.mark.skipif(
     _stream.stream_copy() is None, reason=f"streaming copy: {_stream.stream_copy_status()}"
@@ -63,9 +63,9 @@ def test_stream_copy_is_bit_exact_over_sizes_and_alignments() -> None:
     src = rng.integers(0, 256, 1 << 18, dtype=np.uint8)
     dst = rng.integers(0, 256, 1 << 19, dtype=np.uint8)
     ops, want = _pieces(rng, dst, src)
-    _stream.stream_each(_stream.ops_table(*zip(*ops, strict=True)))
+    _stream.stream_each(_stream_table.ops_table(*zip(*ops, strict=True)))
     assert np.array_equal(dst, want)
-    _stream.stream_each(_stream.ops_table([], [], []))  # nothing to copy: a no-op
+    _stream.stream_each(_stream_table.ops_table([], [], []))  # nothing to copy: a no-op
     assert np.array_equal(dst, want)
 
 
@@ -80,10 +80,10 @@ def test_a_unit_is_cut_into_its_contiguous_blocks() -> None:
     """Dimensions of one item (any stride) merge into the block; a gap starts new blocks."""
     base = np.zeros((8, 3, 4, 6), dtype=np.uint16)
     odd = np.lib.stride_tricks.as_strided(base, (8, 4, 1, 6), (144, 12, 1000, 2))
-    assert [(b, o.tolist()) for b, o in map(_stream._unit_blocks, (base, odd))] == [
+    assert [(b, o.tolist()) for b, o in map(_stream_table._unit_blocks, (base, odd))] == [
         (144, [0]), (48, [0]),
     ]  # fmt: skip
-    block, offsets = _stream._unit_blocks(base[:, :, 1:3])
+    block, offsets = _stream_table._unit_blocks(base[:, :, 1:3])
     assert (block, offsets.tolist()) == (24, [0, 48, 96])
 
 
@@ -136,7 +136,7 @@ def test_the_environment_turns_the_streaming_copy_off(
     assert _stream.stream_copy() is None
     assert _stream.stream_copy_status().startswith("off")
     with pytest.raises(RuntimeError, match="not loaded: off"):
-        _stream.stream_each(_stream.ops_table([], [], []))
+        _stream.stream_each(_stream_table.ops_table([], [], []))
 
 
 @pytest.mark.parametrize("machine", ["x86_64", "AMD64", "amd64"])
@@ -371,20 +371,35 @@ def test_a_measured_step_with_nothing_to_copy_runs(monkeypatch: pytest.MonkeyPat
 
 @needs_stream
 @pytest.mark.parametrize("what", ["load", "backup"])
-def test_only_loads_are_offered_the_streaming_copy(
+def test_a_backup_builds_its_streaming_table_inside_each_timed_call(
     monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
-    """A backup builds its steps per call (a streaming table each time): memmove and slice
-    backups are measured without it, loads with it."""
+    """A load's steps are kept, so its slices table is built once, with the step; a
+    backup builds its steps per call, so its table is built inside every run (what the
+    calibrator times with it). By-address backups are not offered the streaming copy."""
     _spy(monkeypatch, {"copy_slices": 1.0, "memmove_each": 1.0, "stream_each": 0.1})
+    built: list[int] = []
+
+    def counted(*args: Any) -> Any:
+        built.append(1)
+        return slice_ops(*args)
+
+    monkeypatch.setattr(_steps, "slice_ops", counted)
     src, dst = np.ones((64, 1024), dtype=np.uint8), np.zeros((64, 1024), dtype=np.uint8)
-    slices_step(dst, src, [(0, 0, 64)], (64, 64), -1, what).run()
+    step = slices_step(dst, src, [(0, 0, 64)], (64, 64), -1, what)
+    measured = len(built)
+    step.run()
+    step.run()
+    assert (dst == 1).all()
+    # stream1 and stream2 built once each; a backup's measured runs built theirs too
+    assert (measured, len(built)) == ((2, 2) if what == "load" else (measured, measured + 2))
+    assert what == "load" or measured > 2
     d = [dst.ctypes.data + i * 1024 for i in range(64)]
     s = [src.ctypes.data + i * 1024 for i in range(64)]
     memmove_step(d, s, [1024] * 64, -1, what).run()
-    assert (dst == 1).all()
-    offered = {"stream1" in c.seconds for c in copy_calibration()}
-    assert len(copy_calibration()) == 2 and offered == {what == "load"}
+    offered = {c.key.split()[0]: ("stream1" in c.seconds, c.choice) for c in copy_calibration()}
+    by_address = (True, "stream1") if what == "load" else (False, "1")
+    assert offered == {"slices": (True, "stream1"), "memmove": by_address}
 
 
 @needs_stream
@@ -428,7 +443,7 @@ def test_copies_the_streaming_stores_would_get_wrong_or_slow_are_not_offered(
 def test_blocks_overlap_exactly(
     dst: list[int], src: list[int], sizes: list[int], meet: bool
 ) -> None:
-    assert _stream._blocks_overlap(dst, src, sizes) is meet
+    assert _stream_table._blocks_overlap(dst, src, sizes) is meet
 
 
 @needs_stream
@@ -463,6 +478,52 @@ def test_slice_ops_cuts_at_the_destinations_blocks_too() -> None:
     assert np.array_equal(dst, want) and not base[:, :, 0].any() and not base[:, :, 2].any()
 
 
+def _token_rows(tokens: int, layers: int, major: str, fill: int = 0) -> Array:
+    """``(tokens, layers, 8)`` uint64 rows (64 bytes per token and layer), the bytes laid
+    out layer-major (a ``layer_first`` pool: axis 0's stride is one block), token-major
+    (``page_first``: a token's layers in one block) or one layer per 3 (blocks 128 apart)."""
+    if major == "layer":
+        base = np.full((layers, tokens, 8), fill, dtype=np.uint64)
+        return base.transpose(1, 0, 2)
+    if major == "token":
+        return np.full((tokens, layers, 8), fill, dtype=np.uint64)
+    return np.full((layers, tokens, 3, 8), fill, dtype=np.uint64)[:, :, 1].transpose(1, 0, 2)
+
+
+@needs_stream
+@pytest.mark.parametrize(
+    ("dst_major", "src_major", "pieces"),
+    [
+        ("layer", "layer", [5 * 64] * 3 + [3 * 64] * 3 + [64] * 3),  # one piece per run and layer
+        ("token", "layer", [64] * 27),  # destination blocks of 192 bytes: per token and layer
+        ("layer", "token", [64] * 27),
+        ("token", "token", [5 * 192, 3 * 192, 192]),  # whole units: one piece per run
+        ("gapped", "layer", [64] * 27),  # axis 0's stride is not the block on one side
+        ("layer", "gapped", [64] * 27),
+    ],
+)
+def test_runs_of_units_that_continue_each_others_blocks_are_one_piece_per_block(
+    dst_major: str, src_major: str, pieces: list[int]
+) -> None:
+    """Where axis 0's stride is the unit's block on both sides (the token rows of a
+    ``layer_first`` pool), a run of n units is one piece of n blocks per block (a
+    64-token run of 61 layers: 61 pieces, not 3904); elsewhere a piece per unit and
+    block. Bit-exact against the run copies either way, neighbours untouched."""
+    rng = np.random.default_rng(3)
+    src = _token_rows(40, 3, src_major)
+    src[:] = rng.integers(0, 1 << 62, src.shape, dtype=np.uint64)
+    dst = _token_rows(30, 3, dst_major, fill=7)
+    runs = [(2, 10, 5), (30, 0, 3), (39, 29, 1)]
+    want = dst.copy()
+    copy_slices(want, src, runs)
+    ops = slice_ops(dst, src, runs)
+    assert ops[:, 2].tolist() == pieces
+    _stream.stream_each(ops)
+    assert np.array_equal(dst, want)
+    if dst_major == "gapped":  # the bytes between the destination's blocks stay as they were
+        assert (np.asarray(dst.base)[:, :, [0, 2]] == 7).all()
+
+
 # ------------------------------------------------- row gathers (``take`` steps)
 def _rows_case(seed: int, n: int = 300, shape: tuple[int, ...] = (1, 576)) -> tuple[Array, ...]:
     rng = np.random.default_rng(seed)
@@ -481,7 +542,7 @@ def test_rows_ops_moves_what_a_take_and_scatter_moves(transposed: bool) -> None:
         dst = np.repeat(dst, 2, axis=1)[:, ::2]
     want = dst.copy()
     want[d_rows] = src[s_rows]
-    table = _stream.rows_ops(dst, src, d_rows, s_rows)
+    table = _stream_table.rows_ops(dst, src, d_rows, s_rows)
     assert table.shape == ((200 * 4, 3) if transposed else (200, 3))
     _stream.stream_each(table)
     assert np.array_equal(dst, want)  # the rows gathered, every other row untouched
@@ -537,11 +598,13 @@ def test_row_gathers_offer_no_streaming_copy_where_it_may_not_copy(
     assert got == ["1", "1", "2"]
     idx = torch.arange(4)
     rows = torch.zeros(8, 1, 64, dtype=torch.int16)
-    assert _stream.rows_table(torch.zeros(8, 1, 64, dtype=torch.int16), rows, idx, idx)
-    assert _stream.rows_table(torch.zeros(8, 1, 64, dtype=torch.float32), rows, idx, idx) is None
+    assert _stream_table.rows_table(torch.zeros(8, 1, 64, dtype=torch.int16), rows, idx, idx)
+    assert (
+        _stream_table.rows_table(torch.zeros(8, 1, 64, dtype=torch.float32), rows, idx, idx) is None
+    )
     small = torch.zeros(8, 1, 16, dtype=torch.int16)  # 32-byte rows
-    assert _stream.rows_table(torch.zeros_like(small), small, idx, idx) is None
-    assert _stream.rows_table(rows[2:], rows[:6], idx, idx) is None  # they overlap
+    assert _stream_table.rows_table(torch.zeros_like(small), small, idx, idx) is None
+    assert _stream_table.rows_table(rows[2:], rows[:6], idx, idx) is None  # they overlap
 
 
 def test_rows_ops_refuses_index_arrays_that_do_not_pair() -> None:
@@ -550,14 +613,14 @@ def test_rows_ops_refuses_index_arrays_that_do_not_pair() -> None:
     before = dst.copy()
     for d, s in pairs:
         with pytest.raises(ValueError, match="row index arrays"):
-            _stream.rows_ops(dst, src, d, s)
+            _stream_table.rows_ops(dst, src, d, s)
     assert np.array_equal(dst, before)  # refused before any table, let alone a copy
 
 
 def test_the_row_table_leaves_the_callers_indices_resizable() -> None:
     rows = torch.zeros(8, 1, 64, dtype=torch.int16)
     d_idx, s_idx = torch.arange(4), torch.arange(4, 8)
-    build = _stream.rows_table(torch.zeros_like(rows), rows, d_idx, s_idx)
+    build = _stream_table.rows_table(torch.zeros_like(rows), rows, d_idx, s_idx)
     assert build is not None
     table = build(slice(None))
     assert table.shape == (4, 3)

@@ -23,8 +23,10 @@ from sgl_core.transfer.copy._steps import (
     gather_step,
     memmove_step,
     numpy_rows,
+    slices_shape,
     slices_step,
 )
+from sgl_core.transfer.copy._stream import stream_copy
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
 __all__ = ["Plan", "backup_path", "backup_slices", "load_steps"]
@@ -129,13 +131,18 @@ def load_steps(mover: Any, plan: Plan, transfer: Transfer[Any], layer_id: int) -
 
 def backup_slices(
     mover: Any, plan: Plan, c: int, stacked: torch.Tensor, threads: int, run_bytes: int
-) -> Step | None:
+) -> tuple[Step, str] | None:
     """A backup of part ``c`` across every row between CPU buffers as numpy run copies
-    (one per run, every row at once): both sides as ``(units, rows, ...)`` views, pages
-    where paged. None (the torch run copies) for ``page_head``, off the CPU, or with
-    ``copy_threads`` 0 (ATen's threads), or runs of ``SLICES_MAX_RUN_BYTES`` and more."""
+    (one per run, every row at once), and their shape class (``slices_shape``): both
+    sides as ``(units, rows, ...)`` views, pages where paged. None (the torch run
+    copies) for ``page_head``, off the CPU, with ``copy_threads`` 0 (ATen's threads),
+    or for runs of ``SLICES_MAX_RUN_BYTES`` and more where the streaming copy is not a
+    candidate (explicit threads, or not loaded): numpy's copies of such runs lose to
+    torch's, the streaming copy may not (``backup_path`` measures it)."""
     dev, ps, host = mover._wide(stacked), mover.unit, mover.wide[c]
-    if not threads or run_bytes * dev.shape[0] >= SLICES_MAX_RUN_BYTES or dev.shape[1] % ps:
+    streams = threads == AUTO and stream_copy() is not None
+    long = run_bytes * dev.shape[0] >= SLICES_MAX_RUN_BYTES and not streams
+    if not threads or long or dev.shape[1] % ps:
         return None
     if not (mover.facts.heads_inner and dev.device.type == host.device.type == "cpu"):
         return None
@@ -144,11 +151,12 @@ def backup_slices(
     host = host.transpose(0, 1) if mover.facts.rows_outer else host
     runs = [(b, a, n) for a, b, n in _unit_runs(plan, ps)]
     src, dst = numpy_rows(dev.transpose(0, 1)), numpy_rows(host)
-    return slices_step(dst, src, runs, (plan.extent[1], plan.extent[0]), threads, "backup")
+    step = slices_step(dst, src, runs, (plan.extent[1], plan.extent[0]), threads, "backup")
+    return step, slices_shape(dst, src, runs)[1]
 
 
 def backup_path(
-    slices: Step, runs: Callable[[], None], threads: int, run_bytes: int, nbytes: int
+    slices: Step, runs: Callable[[], None], threads: int, shape: str, nbytes: int
 ) -> Callable[[], None]:
     """How a stacked CPU backup part of ``nbytes`` runs: ``slices`` (numpy run copies)
     or ``runs`` (the torch run copies); both write the same bytes.
@@ -162,7 +170,9 @@ def backup_path(
     """
     if threads != AUTO or nbytes < AUTO_MIN_BYTES:
         return slices.run
-    key = f"stacked cpu->cpu {_bucket(run_bytes)} runs, {_bucket(nbytes)} per backup"
+    # the slices' shape class: a page_first backup (1152-byte pieces) must not inherit
+    # the choice a layer_first backup of the same run size made (pieces of a whole run)
+    key = f"stacked cpu->cpu {shape}, {_bucket(nbytes)} per backup"
     cal = default_calibrator()
     chosen = cal.current(key) or cal.choose(key, {"runs": runs, "slices": slices.run}, nbytes)
     copy = slices.run if chosen == "slices" else runs

@@ -76,16 +76,15 @@ class DirectMover:
             run_bytes, block_bytes = self._sizes(plan, c, transfer.count)
             stacked = stacked_layers(layers) if len(layers) > 1 else None
             if stacked is not None and run_bytes >= tune.stacked_min_run_bytes:
-                step = backup_slices(self, plan, c, stacked, tune.copy_threads, run_bytes)
+                sliced = backup_slices(self, plan, c, stacked, tune.copy_threads, run_bytes)
                 sides = self._all_row_sides(c, self._wide(stacked))
                 nbytes = self.rows[c] * transfer.count * len(layers)
                 torch_runs = functools.partial(
                     copy_runs, plan.runs, [sides], into_first=True, **run_options(tune)
                 )
-                if step is not None:
-                    copies.append(
-                        backup_path(step, torch_runs, tune.copy_threads, run_bytes, nbytes)
-                    )
+                if sliced is not None:
+                    step, shape = sliced
+                    copies.append(backup_path(step, torch_runs, tune.copy_threads, shape, nbytes))
                 else:
                     runs.append(sides)
             elif block_bytes >= tune.by_address_min_block_bytes and self._addressable(c, layers):

@@ -40,6 +40,7 @@ __all__ = [
     "others_fit",
     "own_running",
     "runnable",
+    "settle",
     "team_fits",
 ]
 
@@ -120,6 +121,23 @@ def own_running(tasks: Path = TASKS) -> int | None:
     except OSError:
         return None
     return count or None
+
+
+def settle(
+    limit_s: float = 0.02,
+    poll_s: float = 0.0005,
+    running: Callable[[], int | None] = own_running,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Wait until the caller is this process's only running thread, at most ``limit_s``:
+    an OpenMP team's workers spin for a few milliseconds after a parallel region (on
+    the dev VM, still running 1 ms after it and asleep by 10 ms), so a copy started then
+    shares its cores with them. The calibrator runs it untimed before each candidate, so
+    no candidate is charged for the one before it. Returns at once where the threads are
+    unknown."""
+    end = clock() + limit_s
+    while (running() or 0) > 1 and clock() < end:
+        time.sleep(poll_s)
 
 
 def fits(running: int | None, team: int, cpus: int, own: int | None = None) -> bool:

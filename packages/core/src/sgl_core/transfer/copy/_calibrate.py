@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
+from sgl_core.transfer.copy._busy import settle
 from sgl_core.transfer.copy._calibration_cache import (
     ENV_VAR,
     FORMAT,
@@ -62,6 +63,10 @@ class Calibrator:
     strikes: int = 3
     min_interval_s: float = 5.0
     cache: DiskCache | None = None
+    #: untimed before every candidate call (``_busy.settle`` for the process's calibrator):
+    #: an OpenMP team's workers spin for milliseconds after it returns and would take a core
+    #: from the candidate timed next (a 2-thread copy after one ran 35% slower)
+    settle: Callable[[], None] | None = None
     # reentrant: a candidate may itself be an AUTO copy that asks this calibrator (a stacked
     # backup's path choice times the torch run copies, which choose their thread count)
     _lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, init=False)
@@ -195,6 +200,8 @@ class Calibrator:
             for name in order:
                 if cold is not None:
                     cold()
+                if self.settle is not None:
+                    self.settle()
                 t0 = self.timer()
                 candidates[name]()
                 took = self.timer() - t0
@@ -229,7 +236,7 @@ def default_calibrator() -> Calibrator:
     global _default
     with _default_lock:
         if _default is None:
-            _default = Calibrator(cache=DiskCache.from_env())
+            _default = Calibrator(cache=DiskCache.from_env(), settle=settle)
         return _default
 
 

@@ -5,30 +5,28 @@ when it is built: docs/design.md, "Loads as bound copy steps" and "Copy threads,
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from sgl_core.transfer.copy import _copy
+from sgl_core.transfer.copy import _copy, _evict
 from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import _memmove_all, _pool
 from sgl_core.transfer.copy._pieces import index_chunk, numpy_rows, split_parts
-from sgl_core.transfer.copy._stream import (
+from sgl_core.transfer.copy._stream import stream_copy, stream_each
+from sgl_core.transfer.copy._stream_table import (
     _blocks_overlap,
     _byte_copyable,
     ops_table,
+    piece_bytes,
     rows_table,
     slice_ops,
-    stream_copy,
-    stream_each,
 )
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
@@ -40,6 +38,7 @@ __all__ = [
     "memmove_each",
     "memmove_step",
     "numpy_rows",
+    "slices_shape",
     "slices_step",
     "take_rows",
 ]
@@ -50,7 +49,6 @@ memmove_each = _memmove_all
 _INTERNAL = "internal error: validated runs out of range in the copy step"
 #: CPU backup runs (all rows) below this go as numpy slices (measured: 1.1 MB yes, 4.5 MB no)
 SLICES_MAX_RUN_BYTES = 2 << 20
-_scratch: np.ndarray[Any, Any] | None = None  # evict_caches's buffer, made at first use
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,29 +111,9 @@ def _resolve(
     # (building one, e.g. the streaming copy's address table, is not what a load repeats)
     steps = {name: b() for name, b in builds.items()}
     # a sample smaller than the caches would repeat cache-hot bytes (a per-layer load)
-    cold = evict_caches if nbytes < _scratch_bytes() else None
+    cold = _evict.evict_caches if nbytes < _evict.scratch_bytes() else None
     chosen = cal.choose(key, {name: st.run for name, st in steps.items()}, nbytes, cold)
     return steps[chosen]
-
-
-def _scratch_bytes(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
-    """Twice the biggest CPU cache sysfs lists (32 MiB where none is bigger), at most 256 MiB."""
-    biggest = 32 << 20
-    for size in caches.glob("index*/size"):
-        with contextlib.suppress(OSError, ValueError):
-            text = size.read_text(encoding="ascii").strip()
-            shift = {"K": 10, "M": 20}.get(text[-1:], 0)
-            biggest = max(biggest, int(text.rstrip("KM")) << shift)
-    return min(2 * biggest, 256 << 20)
-
-
-def evict_caches() -> None:
-    """Write a scratch buffer of ``_scratch_bytes()`` (numpy: no OpenMP team), so the CPU
-    caches hold none of the bytes a copy step moves (kept for the process)."""
-    global _scratch
-    if _scratch is None:
-        _scratch = np.zeros(_scratch_bytes(), dtype=np.uint8)
-    _scratch += 1
 
 
 def _split(items: Sequence[Any], threads: int) -> tuple[tuple[Any, ...], ...]:
@@ -180,6 +158,20 @@ def copy_slices(
         dst[b : b + n] = src[a : a + n]
 
 
+def slices_shape(
+    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], runs: Sequence[tuple[int, int, int]]
+) -> tuple[int, str]:
+    """The bytes ``copy_slices(dst, src, runs)`` moves and its shape class, ``"<run>
+    runs of <piece> pieces"``, the piece being what the streaming table cuts
+    (``piece_bytes``: page_first's 16-token runs of 1152-byte rows 70 KiB apart want
+    other copies than page_first_direct's runs of one page)."""
+    row = dst[0].nbytes if dst.shape[0] else 0
+    units = sum(n for _, _, n in runs)
+    total, run = row * units, row * units // max(len(runs), 1)
+    piece = piece_bytes(dst, src, units // max(len(runs), 1)) if total else 0
+    return total, f"{_bucket(run)} runs of {_bucket(piece)} pieces"
+
+
 def slices_step(
     dst: np.ndarray[Any, Any],
     src: np.ndarray[Any, Any],
@@ -192,14 +184,7 @@ def slices_step(
     source and destination axis 0, checked here (a numpy slice would clamp, not raise)."""
     if extent[0] > src.shape[0] or extent[1] > dst.shape[0]:
         raise RuntimeError(_INTERNAL)
-    row = dst[0].nbytes if dst.shape[0] else 0
-    total = row * sum(n for _, _, n in runs)
-    run = total // max(len(runs), 1)
-    # one contiguous piece of a run: the run where its rows are adjacent, else one row
-    # (page_first's 16-token runs of 1152-byte rows 70 KiB apart want other thread
-    # counts than page_first_direct's runs of one 18 KiB page)
-    piece = min(run if a.strides[0] == row else row for a in (src, dst)) if total else 0
-    shape = f"{_bucket(run)} runs of {_bucket(piece)} pieces"
+    total, shape = slices_shape(dst, src, runs)
     key = f"slices cpu->cpu {shape}, {_bucket(total)} per {what}"
 
     def build(t: int) -> Step:
@@ -207,10 +192,22 @@ def slices_step(
         return Step(copy_slices, tuple((dst, src, runs[a:b]) for a, b in ranges))
 
     def stream(t: int) -> Step:
-        return _stream_step(slice_ops(dst, src, runs), t)
+        if what == "load":  # kept with the load's steps: the table is built once
+            return _stream_step(slice_ops(dst, src, runs), t)
+        # a backup's step is built per call: its table is part of what it costs (and of
+        # what the calibrator measures)
+        return Step(_stream_built, ((dst, src, runs, t),))
 
-    offer = what == "load" and _byte_copyable(dst, src)
+    offer = _byte_copyable(dst, src)
     return _resolve(threads, key, total, build, 1, stream if offer else None)
+
+
+def _stream_built(
+    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], runs: list[tuple[int, int, int]], t: int
+) -> None:
+    """``copy_slices(dst, src, runs)`` by the streaming copy on ``t`` threads, its table
+    built first."""
+    _stream_step(slice_ops(dst, src, runs), t).run()
 
 
 def gather_chunks(

@@ -25,28 +25,19 @@ steps offer only memmove) off x86-64 Linux, where the mapping or ``PROT_EXEC`` i
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import platform
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
-
-from sgl_core.transfer.copy._pieces import numpy_rows
 
 __all__ = [
     "ASM",
     "CODE",
     "ENV_VAR",
-    "STREAM_MIN_PIECE_BYTES",
-    "ops_table",
-    "rows_ops",
-    "rows_table",
-    "slice_ops",
     "stream_copy",
     "stream_copy_status",
     "stream_each",
@@ -157,14 +148,6 @@ def stream_copy_status() -> str:
     return _loaded[1]
 
 
-def ops_table(dst: Any, src: Any, sizes: Any) -> np.ndarray[Any, np.dtype[np.uint64]]:
-    """The (n, 3) uint64 table of (dst, src, len) triples ``gather`` reads (C order)."""
-    table = np.empty((len(sizes), 3), dtype=np.uint64)
-    for col, seq in enumerate((dst, src, sizes)):
-        table[:, col] = seq
-    return table
-
-
 def stream_each(ops: np.ndarray[Any, np.dtype[np.uint64]]) -> None:
     """Copy every (dst, src, len) row of ``ops`` (raw CPU addresses; unchecked, blocks
     must not overlap) with the streaming gather, which must be loaded."""
@@ -175,116 +158,3 @@ def stream_each(ops: np.ndarray[Any, np.dtype[np.uint64]]) -> None:
     if fn is None:
         raise RuntimeError(f"the streaming copy is not loaded: {stream_copy_status()}")
     fn(ops.ctypes.data, ops.shape[0])  # n = 0 returns at once
-
-
-def _blocks_overlap(dst: list[int], src: list[int], sizes: list[int]) -> bool:
-    """Whether any destination block shares a byte with any source block (memmove allows
-    overlap, the streaming copy does not). Exact, not by spans: a load's blocks lie in
-    several buffers (components, layers) whose address ranges interleave."""
-    n = np.asarray(sizes, dtype=np.int64)
-    d0, s0 = np.asarray(dst, dtype=np.int64), np.asarray(src, dtype=np.int64)
-    order = np.argsort(d0, kind="stable")
-    starts, ends = d0[order], np.maximum.accumulate((d0 + n)[order])
-    # per source block: the destination blocks starting before it ends; any of them that
-    # ends after it starts meets it (the running maximum of their ends says whether)
-    last = np.searchsorted(starts, s0 + n, side="left") - 1
-    return bool(((last >= 0) & (ends[np.maximum(last, 0)] > s0) & (n > 0)).any())
-
-
-#: Pieces shorter than this never reach the streaming stores (``rep movsb`` only)
-STREAM_MIN_PIECE_BYTES = 64
-
-
-def _byte_copyable(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> bool:
-    """Whether the streaming copy may do ``copy_slices(dst, src, ...)``: the same items
-    (numpy slices would convert others), no memory in common (numpy copies overlapping
-    slices as if through a buffer, the streaming copy does not) and pieces of at least
-    ``STREAM_MIN_PIECE_BYTES`` on both sides."""
-    if dst.dtype != src.dtype or dst.shape[1:] != src.shape[1:]:
-        return False
-    if np.may_share_memory(dst, src):
-        return False
-    return math.gcd(_unit_blocks(dst)[0], _unit_blocks(src)[0]) >= STREAM_MIN_PIECE_BYTES
-
-
-def _unit_blocks(a: np.ndarray[Any, Any]) -> tuple[int, np.ndarray[Any, Any]]:
-    """One unit ``a[0]`` as contiguous blocks: their size in bytes and their byte offsets
-    from the unit's start, in C order (the order of the unit's items)."""
-    shape, strides = a.shape[1:], a.strides[1:]
-    block, k = a.itemsize, len(shape)
-    while k and (shape[k - 1] == 1 or strides[k - 1] == block):
-        block, k = block * shape[k - 1], k - 1
-    offsets = np.zeros(1, dtype=np.int64)
-    for n, stride in zip(shape[:k], strides[:k], strict=True):
-        offsets = (offsets[:, None] + np.arange(n, dtype=np.int64) * stride).ravel()
-    return block, offsets
-
-
-def _units_table(
-    dst: np.ndarray[Any, Any],
-    src: np.ndarray[Any, Any],
-    d_units: np.ndarray[Any, Any],
-    s_units: np.ndarray[Any, Any],
-) -> np.ndarray[Any, np.dtype[np.uint64]]:
-    """``dst[d_units[i]] = src[s_units[i]]`` for every i as the streaming copy's table: each
-    unit cut into the pieces contiguous on both sides (the greatest common divisor of the
-    two sides' blocks), in item order. Both sides' units hold the same bytes
-    (``_byte_copyable``); unchecked: the units must lie inside both arrays."""
-    (d_block, d_offs), (s_block, s_offs) = _unit_blocks(dst), _unit_blocks(src)
-    piece = math.gcd(d_block, s_block)
-    table = np.empty((d_units.size * (d_offs.size * d_block // piece), 3), dtype=np.uint64)
-    sides = ((dst, d_block, d_offs, d_units), (src, s_block, s_offs, s_units))
-    for col, (arr, block, offs, units) in enumerate(sides):
-        cut = (offs[:, None] + np.arange(block // piece, dtype=np.int64) * piece).ravel()
-        addr = arr.ctypes.data + units[:, None] * arr.strides[0] + cut[None, :]
-        table[:, col] = addr.ravel().astype(np.uint64)
-    table[:, 2] = piece
-    return table
-
-
-def slice_ops(
-    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], runs: Sequence[tuple[int, int, int]]
-) -> np.ndarray[Any, np.dtype[np.uint64]]:
-    """``copy_slices(dst, src, runs)`` as the streaming copy's (dst, src, len) table
-    (``_units_table``). Unchecked: the runs must lie inside both arrays (``slices_step``
-    checks their extent)."""
-    starts = np.array([(b, a) for a, b, _ in runs], dtype=np.int64).reshape(-1, 2)
-    counts = np.array([n for _, _, n in runs], dtype=np.int64)
-    firsts = np.repeat(counts.cumsum() - counts, counts)  # each unit's run's first unit
-    within = np.arange(int(counts.sum()), dtype=np.int64) - firsts
-    d_units, s_units = (np.repeat(starts[:, col], counts) + within for col in (0, 1))
-    return _units_table(dst, src, d_units, s_units)
-
-
-def rows_ops(
-    dst: np.ndarray[Any, Any],
-    src: np.ndarray[Any, Any],
-    d_rows: np.ndarray[Any, Any],
-    s_rows: np.ndarray[Any, Any],
-) -> np.ndarray[Any, np.dtype[np.uint64]]:
-    """``dst[d_rows] = src[s_rows]`` (a gather and scatter of rows along axis 0) as the
-    streaming copy's table (``_units_table``): one copy, where ``take_rows`` makes two
-    through a staging buffer. Unchecked: the rows must lie inside both arrays, and the
-    destination rows must be distinct (``gather_step`` checks the range)."""
-    if d_rows.shape != s_rows.shape or d_rows.ndim != 1:
-        raise ValueError(f"row index arrays of shapes {d_rows.shape} and {s_rows.shape}")
-    return _units_table(dst, src, d_rows.astype(np.int64), s_rows.astype(np.int64))
-
-
-def rows_table(
-    dst: torch.Tensor, src: torch.Tensor, d_idx: torch.Tensor, s_idx: torch.Tensor
-) -> Callable[[slice], np.ndarray[Any, np.dtype[np.uint64]]] | None:
-    """``rows_ops`` of two CPU tensors' rows (numpy views by address) and index tensors,
-    as a builder of the table of the index pairs in a slice (the indices are copied when
-    it runs: ``Tensor.numpy()`` would make the caller's storage unresizable for good);
-    None where the streaming copy may not copy these rows (``_byte_copyable``).
-    Unchecked, as ``rows_ops``."""
-    dst_np, src_np = numpy_rows(dst), numpy_rows(src)
-    if not _byte_copyable(dst_np, src_np):
-        return None
-
-    def build(rows: slice) -> np.ndarray[Any, np.dtype[np.uint64]]:
-        d_rows, s_rows = (idx[rows].clone().numpy() for idx in (d_idx, s_idx))
-        return rows_ops(dst_np, src_np, d_rows, s_rows)
-
-    return build

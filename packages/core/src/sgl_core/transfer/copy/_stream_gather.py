@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sgl_core.transfer.copy import _copy, _stream
+from sgl_core.transfer.copy import _copy, _stream, _stream_table
 
 __all__ = ["GatherStreams", "gather_streams"]
 
@@ -36,7 +36,7 @@ def gather_streams(
     twice (``index_copy_`` raises on the first; two threads would race on the second)."""
     if _stream.stream_copy() is None or d_idx.shape != s_idx.shape or d_idx.dim() != 1:
         return None
-    pairs = [_stream.rows_table(d, s, d_idx, s_idx) for d, s in zip(dst, src, strict=True)]
+    pairs = [_stream_table.rows_table(d, s, d_idx, s_idx) for d, s in zip(dst, src, strict=True)]
     builds = [b for b in pairs if b is not None]
     if len(builds) < len(pairs):
         return None
