@@ -4,7 +4,7 @@
 and leaves both sides in cache; a per-layer load writes bytes that no CPU reads soon, so
 on the 2-core dev VM a memmove per block reached 0.4-0.7x of a contiguous copy where the
 same blocks with streaming stores reached about 1x (BENCHMARKS.md, issue #27). Python has
-no streaming store and this project builds no C extension, so the copy is 68 bytes of
+no streaming store and this project builds no C extension, so the copy is 156 bytes of
 x86-64 machine code (``ASM``; ``CODE`` is what GNU ``as`` makes of it, and a test
 re-assembles it where ``as`` is installed) placed in an anonymous mapping that is written
 while read+write and then switched to read+execute: never writable and executable at once.
@@ -12,8 +12,13 @@ while read+write and then switched to read+execute: never writable and executabl
 ``gather(ops, n)`` copies ``n`` (dst, src, len) triples of uint64: 16-byte unaligned loads
 and ``movntdq`` stores in 64-byte steps while the destination is 16-byte aligned and 64 or
 more bytes remain, ``rep movsb`` for the rest (and for a destination that is not aligned),
-one ``sfence`` at the end, so every store is visible before it returns. Blocks must not
-overlap (no memmove semantics): a load's device and host sides are different buffers.
+one ``sfence`` at the end, so every store is visible before it returns. Before each
+triple it prefetches the first 2 KiB of the source of the triple four ahead: a row of
+1152 bytes 70 KiB from the previous one (a ``page_first`` or page-1 copy) starts on a
+page the hardware prefetchers have not reached, and its latency is what such a copy
+waits for; longer blocks are streams they find themselves (prefetching whole 64 KiB
+blocks made those slower, BENCHMARKS.md). Blocks must not overlap (no memmove
+semantics): a load's device and host sides are different buffers.
 
 It is a calibrated candidate, never forced: the copy steps (``_steps``) offer it next to
 the memmove thread counts, after them in preference order. It is unavailable (and the
@@ -55,6 +60,19 @@ gather:
     test rdx, rdx
     jz 9f
 1:
+    cmp rdx, 4
+    jbe 4f
+    mov r8, [r11+104]
+    mov r9, [r11+112]
+    cmp r9, 2048
+    jbe 5f
+    mov r9d, 2048
+5:
+    prefetcht0 [r8]
+    add r8, 64
+    sub r9, 64
+    ja 5b
+4:
     mov rdi, [r11]
     mov rsi, [r11+8]
     mov rcx, [r11+16]
@@ -85,12 +103,15 @@ gather:
     sfence
     ret
 """
-# Only caller-saved registers (rdi rsi rdx rcx r11 xmm0-3); the SysV ABI clears the
-# direction flag at every call, so ``rep movsb`` runs forward.
+# Only caller-saved registers (rdi rsi rdx rcx r8 r9 r11 xmm0-3); the SysV ABI clears the
+# direction flag at every call, so ``rep movsb`` runs forward. Entry i+4's source is
+# at [r11+104] and its length at [r11+112] (24-byte entries); a prefetch never faults.
 CODE = bytes.fromhex(
-    "4989fb4889f24885d2745a498b3b498b7308498b4b104983c31840f6c70f753e4883f9407238"
-    "f30f6f06f30f6f4e10f30f6f5620f30f6f5e30660fe707660fe74f10660fe75720660fe75f30"
-    "4883c6404883c7404883e9404883f94073c8f3a448ffca75a60faef8c3"
+    "4989fb4889f24885d20f84890000004883fa0476254d8b43684d8b4b704981f9000800007606"
+    "41b900080000410f18084983c0404983e94077f2498b3b498b7308498b4b104983c31840f6c7"
+    "0f753e4883f9407238f30f6f06f30f6f4e10f30f6f5620f30f6f5e30660fe707660fe74f1066"
+    "0fe75720660fe75f304883c6404883c7404883e9404883f94073c8f3a448ffca0f8577ffffff"
+    "0faef8c3"
 )
 _PAGE = 4096
 _PROT_RW, _PROT_RX = 0x1 | 0x2, 0x1 | 0x4
