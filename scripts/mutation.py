@@ -136,6 +136,7 @@ AREAS: dict[str, Area] = {
                     "_unit_blocks",
                     "_units_table",
                     "slice_ops",
+                    "piece_bytes",
                     "_run_spans",
                     "rows_ops",
                     "rows_table",
@@ -146,6 +147,7 @@ AREAS: dict[str, Area] = {
                 for name in (
                     "_resolve",
                     "memmove_step",
+                    "slices_shape",
                     "slices_step",
                     "_stream_built",
                     "gather_step",

@@ -65,6 +65,14 @@ def test_settle_waits_until_the_caller_runs_alone_at_most_its_limit(
     assert ticks.sleeps == [0.0005] * sleeps
 
 
+def test_settle_stops_polling_at_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = _Ticks()
+    ticks.now = 0.0
+    monkeypatch.setattr(_busy.time, "sleep", ticks.sleep)
+    settle(limit_s=0.5, poll_s=0.25, running=lambda: 2, clock=lambda: ticks.now)
+    assert ticks.sleeps == [0.25, 0.25]  # at 0.5 s the limit is reached: no third poll
+
+
 # ------------------------------------------------------------ the load file
 @pytest.mark.parametrize(
     ("text", "want"),

@@ -120,6 +120,23 @@ def test_settle_runs_untimed_before_every_candidate_call(clock: FakeClock) -> No
     assert _calibrate.default_calibrator().settle is _busy.settle
 
 
+def test_the_budget_counts_every_timed_call_from_zero(clock: FakeClock) -> None:
+    """Rounds stop once the candidates' time so far is over the budget, warm-up round
+    included; time exactly at the budget goes on."""
+    calls: list[str] = []
+
+    def cand(name: str) -> Callable[[], None]:
+        def run() -> None:
+            calls.append(name)
+            clock.now += 0.5
+
+        return run
+
+    cal = Calibrator(timer=clock, rounds=5, budget_s=2.0)
+    cal.choose("k", {"x": cand("x"), "y": cand("y")}, 1)
+    assert calls == ["x", "y"] * 3  # 1.0 s after the warm-up, 2.0 s (at the budget), 3.0 s
+
+
 def test_a_known_key_is_not_measured_again(clock: FakeClock) -> None:
     cal = Calibrator(timer=clock, budget_s=10)
     cal.choose("k", {"1": clock.cost(1.0), "2": clock.cost(2.0)}, nbytes=1)
@@ -149,7 +166,8 @@ def test_far_slower_copies_make_the_key_stale_and_it_is_re_measured(clock: FakeC
     assert cal.choose("k", {"1": clock.cost(8.0), "2": clock.cost(2.0)}, nbytes=1) == "2"
     (choice,) = cal.choices()
     assert choice.source == "re-measured"
-    assert "re-measured: observed 0.25 GB/s < 0.4 x the best since measured, 1 GB/s" in (
+    assert choice.reason.startswith("2 (fastest; slowest rounds 1: 8000.000 ms")
+    assert "; re-measured: observed 0.25 GB/s < 0.4 x the best since measured, 1 GB/s" in (
         choice.reason
     )
     assert not cal.observe("unknown", 1, 1.0) and not cal.observe("k", 1, 0.0)
@@ -178,8 +196,10 @@ def test_one_candidate_is_chosen_without_timing(clock: FakeClock) -> None:
         raise AssertionError("timed")
 
     cal = Calibrator(timer=clock)
-    assert cal.choose("k", {"only": boom}, nbytes=1) == "only"
-    assert "only candidate" in cal.choices()[0].reason
+    clock.now = 7.0
+    assert cal.choose("k", {"only": boom}, nbytes=3) == "only"
+    only = CopyChoice("k", "only", {"only": 1.0}, 3, "measured", "only (only candidate)", 7.0)
+    assert cal.choices() == [only]
     cal.forget()
     assert cal.choices() == []
 

@@ -194,6 +194,46 @@ def test_stacked_cpu_backups_are_numpy_run_copies(
     """A CPU backup of layers in one allocation copies each run across every row as one
     numpy slice copy (``copy_slices``), bit-exact; page_head and copy_threads 0 (ATen's
     threads) keep the torch run copies."""
+    if isinstance(tuning, str):
+        from sgl_core.transfer import _direct_load
+
+        monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", 1)
+        if tuning == "long":
+            monkeypatch.setattr(_direct_load, "stream_copy", lambda: None)
+        tuning = (
+            CopyTuning(stacked_min_run_bytes=0, copy_threads=1) if tuning == "long 1" else _STACKED
+        )
+    assert _stacked_paths(monkeypatch, layout, tuning) == [path]
+
+
+@pytest.mark.parametrize(("above", "path"), [(0, "copy_runs"), (1, "copy_slices")])
+def test_stacked_runs_from_the_slices_limit_on_take_torch_run_copies(
+    monkeypatch: pytest.MonkeyPatch, above: int, path: str
+) -> None:
+    """Without the streaming copy, a stacked backup whose runs across every row reach
+    ``SLICES_MAX_RUN_BYTES`` (a run's bytes per row times the rows) takes torch's run
+    copies; one byte under it, numpy slices."""
+    from sgl_core.transfer import _direct_load, _direct_mover
+
+    monkeypatch.setattr(_direct_load, "stream_copy", lambda: None)
+    sizes: list[int] = []
+
+    def spy(mover: Any, plan: Any, c: int, stacked: torch.Tensor, t: int, run: int) -> Any:
+        sizes.append(run * mover._wide(stacked).shape[0])
+        return _direct_load.backup_slices(mover, plan, c, stacked, t, run)
+
+    monkeypatch.setattr(_direct_mover, "backup_slices", spy)
+    monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", 1 << 40)
+    assert _stacked_paths(monkeypatch, "layer_first", _STACKED) == ["copy_slices"]
+    monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", sizes[0] + above)
+    assert _stacked_paths(monkeypatch, "layer_first", _STACKED) == [path]
+    assert sizes[0] == sizes[1] == 3 * 256  # 3 rows; 16 tokens of 48 bytes in 3 runs
+
+
+def _stacked_paths(monkeypatch: pytest.MonkeyPatch, layout: str, tuning: CopyTuning) -> list[str]:
+    """The copies one backup ran (``copy_slices``, ``copy_runs``), checked bit-exact
+    through the loads; a host pool half the device's and a device page past the host's
+    end (each side's extent is checked against its own rows)."""
     from sgl_core.transfer import _direct_mover
     from sgl_core.transfer.copy import _steps
 
@@ -206,15 +246,6 @@ def test_stacked_cpu_backups_are_numpy_run_copies(
             _real(*args, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(module, name, spy)
-    if isinstance(tuning, str):
-        from sgl_core.transfer import _direct_load
-
-        monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", 1)
-        if tuning == "long":
-            monkeypatch.setattr(_direct_load, "stream_copy", lambda: None)
-        tuning = (
-            CopyTuning(stacked_min_run_bytes=0, copy_threads=1) if tuning == "long 1" else _STACKED
-        )
     backend = sgl_core.TorchBackend(tuning=tuning)
 
     def pool() -> Any:
@@ -229,13 +260,14 @@ def test_stacked_cpu_backups_are_numpy_run_copies(
 
     dev, back = pool(), pool()
     fill_device_random(dev, 8)
-    host = backend.create_host_pool(dev, layout=layout)
-    h_idx, d_idx = page_indices([9, 2, 3, 5], 4), page_indices([1, 7, 8, 3], 4)
+    host = backend.create_host_pool(dev, layout=layout, host_to_device_ratio=0.5)
+    h_idx, d_idx = page_indices([9, 2, 3, 5], 4), page_indices([1, 7, 8, 30], 4)
     host.backup_from_device_all_layer(dev, h_idx, d_idx, "direct")
-    assert seen == [path]
+    backup = list(seen)
     for layer in range(3):
         host.load_to_device_per_layer(back, h_idx, d_idx, layer, "direct")
         assert torch.equal(device_rows(back, layer, d_idx), device_rows(dev, layer, d_idx))
+    return backup
 
 
 def _spy_stacked_paths(
@@ -301,6 +333,8 @@ def test_a_stacked_backup_path_is_measured_once_per_shape(
     assert _stacked_backups(CopyTuning(stacked_min_run_bytes=0), seen, 2) == [path, path]
     keys = [c for c in copy_calibration() if c.key.startswith("stacked ")]
     assert [(c.key, c.choice) for c in keys] == [(_KEY, path.removeprefix("copy_"))]
+    slices = [c.key for c in copy_calibration() if c.key.startswith("slices ")]
+    assert slices == ["slices cpu->cpu 64KiB runs of 1KiB pieces, 2048KiB per backup"]
     explicit = CopyTuning(stacked_min_run_bytes=0, copy_threads=1)
     assert _stacked_backups(explicit, seen, 1) == ["copy_slices"]  # explicit: unmeasured
 

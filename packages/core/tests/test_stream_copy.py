@@ -22,8 +22,8 @@ from sgl_core.backend import CopyTuning, copy_calibration
 from sgl_core.testing import device_rows, fill_device_random, page_indices
 from sgl_core.transfer.copy import _calibrate, _copy, _steps, _stream, _stream_table
 from sgl_core.transfer.copy._calibrate import Calibrator
-from sgl_core.transfer.copy._steps import copy_slices, memmove_step, slices_step
-from sgl_core.transfer.copy._stream_table import slice_ops
+from sgl_core.transfer.copy._steps import copy_slices, memmove_step, slices_shape, slices_step
+from sgl_core.transfer.copy._stream_table import piece_bytes, slice_ops
 
 needs_stream = pytest.mark.skipif(
     _stream.stream_copy() is None, reason=f"streaming copy: {_stream.stream_copy_status()}"
@@ -522,6 +522,18 @@ def test_runs_of_units_that_continue_each_others_blocks_are_one_piece_per_block(
     assert np.array_equal(dst, want)
     if dst_major == "gapped":  # the bytes between the destination's blocks stay as they were
         assert (np.asarray(dst.base)[:, :, [0, 2]] == 7).all()
+
+
+def test_the_piece_is_the_smaller_block_or_the_whole_run() -> None:
+    """``piece_bytes``: the greatest common divisor of the two sides' blocks (80-byte rows
+    apart against 1280-byte contiguous units, either way round), or a run's whole bytes
+    where units continue each other's blocks; the slices key names it."""
+    src = np.zeros((20, 16, 10), dtype=np.uint64)  # units of one 1280-byte block
+    dst = np.zeros((12, 16, 3, 10), dtype=np.uint64)[:, :, 1]  # 16 blocks of 80 bytes
+    assert piece_bytes(dst, src, 2) == piece_bytes(src, dst, 2) == 80
+    rows = np.zeros((64, 128), dtype=np.uint64)  # 1 KiB rows back to back
+    assert piece_bytes(rows[32:], rows[:32], 3) == 3 << 10
+    assert slices_shape(rows[32:], rows[:32], [(0, 0, 4)]) == (4 << 10, "4KiB runs of 4KiB pieces")
 
 
 # ------------------------------------------------- row gathers (``take`` steps)
