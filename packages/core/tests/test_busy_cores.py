@@ -39,7 +39,8 @@ class _Ticks:
     """A fake monotonic clock that the fake ``time.sleep`` advances (sleeps recorded)."""
 
     def __init__(self) -> None:
-        self.now, self.sleeps = 100.0, []
+        self.now = 100.0
+        self.sleeps: list[float] = []
 
     def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
@@ -59,7 +60,7 @@ def test_settle_waits_until_the_caller_runs_alone_at_most_its_limit(
     monkeypatch: pytest.MonkeyPatch, counts: list[int | None], sleeps: int
 ) -> None:
     ticks = _Ticks()
-    monkeypatch.setattr(_busy.time, "sleep", ticks.sleep)
+    monkeypatch.setattr("sgl_core.transfer.copy._busy.time.sleep", ticks.sleep)
     seen = iter(counts)
     settle(running=lambda: next(seen), clock=lambda: ticks.now)
     assert ticks.sleeps == [0.0005] * sleeps
@@ -68,7 +69,7 @@ def test_settle_waits_until_the_caller_runs_alone_at_most_its_limit(
 def test_settle_stops_polling_at_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = _Ticks()
     ticks.now = 0.0
-    monkeypatch.setattr(_busy.time, "sleep", ticks.sleep)
+    monkeypatch.setattr("sgl_core.transfer.copy._busy.time.sleep", ticks.sleep)
     settle(limit_s=0.5, poll_s=0.25, running=lambda: 2, clock=lambda: ticks.now)
     assert ticks.sleeps == [0.25, 0.25]  # at 0.5 s the limit is reached: no third poll
 

@@ -482,12 +482,15 @@ def _token_rows(tokens: int, layers: int, major: str, fill: int = 0) -> Array:
     """``(tokens, layers, 8)`` uint64 rows (64 bytes per token and layer), the bytes laid
     out layer-major (a ``layer_first`` pool: axis 0's stride is one block), token-major
     (``page_first``: a token's layers in one block) or one layer per 3 (blocks 128 apart)."""
+    rows: Array
     if major == "layer":
-        base = np.full((layers, tokens, 8), fill, dtype=np.uint64)
-        return base.transpose(1, 0, 2)
-    if major == "token":
-        return np.full((tokens, layers, 8), fill, dtype=np.uint64)
-    return np.full((layers, tokens, 3, 8), fill, dtype=np.uint64)[:, :, 1].transpose(1, 0, 2)
+        rows = np.full((layers, tokens, 8), fill, dtype=np.uint64).transpose(1, 0, 2)
+    elif major == "token":
+        rows = np.full((tokens, layers, 8), fill, dtype=np.uint64)
+    else:
+        gapped = np.full((layers, tokens, 3, 8), fill, dtype=np.uint64)
+        rows = gapped[:, :, 1].transpose(1, 0, 2)
+    return rows
 
 
 @needs_stream
