@@ -352,9 +352,12 @@ AREAS: dict[str, Area] = {
             ASCEND + "test_faults_ascend.py",
             ASCEND + "test_kernel_ascend.py",
             ASCEND + "test_mutation_ascend.py",
+            ASCEND + "test_ascend_mha_seam.py",
         ),
         functions=(
             "sgl_ascend._transfer.x_plan_pages__*",
+            "sgl_ascend._transfer.x_backup_rows__*",
+            "sgl_ascend._transfer.x__run_copies__*",
             "sgl_ascend._transfer.x__short_runs__*",
             "sgl_ascend._transfer.x__page_bytes__*",
             "sgl_ascend._transfer.x__row_addresses__*",

@@ -6,6 +6,7 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import sgl_core
 from sgl_ascend import AscendMHADevicePool, AscendMHAHostPool
 from sgl_ascend._backend import AscendBackend
 from sgl_ascend._transfer import KvSplitMover
-from sgl_core.backend import NEVER, CopyTuning, IOBackend
+from sgl_core.backend import NEVER, CopyTuning, IOBackend, stream_copy
 from sgl_core.testing import page_indices, random_bits
 
 OURS = (str(Path(sgl_core.__file__).parent), str(Path(sgl_ascend.__file__).parent))
@@ -28,6 +29,8 @@ PATHS = {
     "run-copies": CopyTuning(by_address_min_block_bytes=NEVER, gather_below_page_run_bytes=0),
 }
 IO = "kernel_ascend"
+
+_needs_stream = pytest.mark.skipif(stream_copy() is None, reason="no streaming copy here")
 
 
 def frames_at_copies(call: Callable[[], None]) -> list[int]:
@@ -130,16 +133,28 @@ def test_gather_loads_of_one_batch_share_one_buffer_per_component() -> None:
 
 
 @pytest.mark.parametrize(
-    ("threads", "limit", "path"),
-    [(-1, 2 << 20, "copy_slices"), (0, 2 << 20, "copy_runs"), (-1, 1, "copy_runs")],
+    ("threads", "limit", "streams", "path"),
+    [
+        (-1, 2 << 20, True, "copy_slices"),
+        (0, 2 << 20, True, "copy_runs"),
+        # long runs (limit 1): torch's run copies, unless AUTO may take the streaming copy
+        (-1, 1, False, "copy_runs"),
+        (1, 1, True, "copy_runs"),
+        pytest.param(-1, 1, True, "copy_slices", marks=_needs_stream),
+    ],
 )
 def test_cpu_run_copy_backups_are_numpy_slices(
-    monkeypatch: pytest.MonkeyPatch, threads: int, limit: int, path: str
+    monkeypatch: pytest.MonkeyPatch, threads: int, limit: int, streams: bool, path: str
 ) -> None:
     """A CPU backup by run copies moves each run of every row as one numpy slice copy
-    (``copy_threads`` 0: the torch run copies), bit-exact on the host pages."""
+    (``copy_threads`` 0: the torch run copies), bit-exact on the host pages. Long runs
+    take torch's run copies unless ``AUTO`` may take the streaming copy; then core's
+    ``backup_path`` chooses (this small backup, under ``AUTO_MIN_BYTES``: the slices)."""
     from sgl_ascend import _transfer
     from sgl_core.transfer.copy import _steps
+
+    if not streams:
+        monkeypatch.setattr(_transfer, "stream_copy", lambda: None)
 
     seen: list[str] = []
     for module, name in ((_steps, "copy_slices"), (_transfer, "copy_runs")):
@@ -153,11 +168,104 @@ def test_cpu_run_copy_backups_are_numpy_slices(
     monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", limit)  # 1: every run is long
     tuning = CopyTuning(gather_below_page_run_bytes=0, copy_threads=threads)
     dev, host = pools(tuning, 3)
-    h_idx, d_idx = page_indices([5, 0, 1, 2], 4), page_indices([1, 3, 4, 6], 4)
+    _check_backup(dev, host, pools(None, 4)[0], [5, 0, 1, 2], [1, 3, 4, 6], 4)
+    assert seen[:1] == [path] and set(seen[: seen.index(path) + 1]) == {path}
+
+
+def _check_backup(
+    dev: Any, host: Any, dst: Any, h_pages: list[int], d_pages: list[int], ps: int
+) -> None:
+    """Back up ``d_pages`` of ``dev`` to ``h_pages``, load them into ``dst``: the device
+    pool is unchanged (a backup never writes it) and ``dst`` gets its original bytes."""
+    h_idx, d_idx = page_indices(h_pages, ps), page_indices(d_pages, ps)
+    before = [buf.view(torch.int16).clone() for buf in dev.components]  # random bits: NaNs
     host.backup_from_device_all_layer(dev, h_idx, d_idx, IO)
-    assert set(seen) == {path}
-    dst, _ = pools(None, 4)
-    for layer in range(3):
+    now = [buf.view(torch.int16) for buf in dev.components]
+    assert all(torch.equal(a, b) for a, b in zip(now, before, strict=True))
+    for layer in range(dev.layer_num):
         host.load_to_device_per_layer(dst, h_idx, d_idx, layer, IO)
         pairs = zip(dst.get_kv_buffer(layer, d_idx), dev.get_kv_buffer(layer, d_idx), strict=True)
         assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in pairs)
+
+
+@pytest.mark.parametrize(("limit", "path"), [(768, "copy_runs"), (769, "copy_slices")])
+def test_runs_from_the_slices_limit_on_take_torch_run_copies(
+    monkeypatch: pytest.MonkeyPatch, limit: int, path: str
+) -> None:
+    """Without the streaming copy, runs averaging ``_SLICES_MAX_RUN_BYTES`` or more over
+    every row of every component take torch's run copies: 4 pages of 3 layers (K 384 and
+    V 192 bytes a page) in 3 runs average 768 bytes."""
+    from sgl_ascend import _transfer
+    from sgl_core.transfer.copy import _steps
+
+    seen: list[str] = []
+    for module, name in ((_steps, "copy_slices"), (_transfer, "copy_runs")):
+        real = getattr(module, name)
+
+        def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> None:
+            seen.append(_name)
+            _real(*args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(module, name, spy)
+    monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", limit)
+    monkeypatch.setattr(_transfer, "stream_copy", lambda: None)
+    dev, host = pools(CopyTuning(gather_below_page_run_bytes=0), 3)
+    _check_backup(dev, host, pools(None, 4)[0], [5, 0, 1, 2], [1, 3, 4, 6], 4)
+    assert seen[0] == path
+
+
+@pytest.mark.parametrize(("runs_cost", "path"), [(5.0, "copy_slices"), (0.1, "copy_runs")])
+def test_long_cpu_backup_runs_are_measured_against_torch_run_copies(
+    monkeypatch: pytest.MonkeyPatch, runs_cost: float, path: str
+) -> None:
+    """Under ``AUTO`` a backup of long runs (``_SLICES_MAX_RUN_BYTES`` set to 1) of 1 MiB
+    or more per component asks core's ``backup_path``: torch's run copies against the
+    slices step (memmove or the streaming copy), on a fake clock; the faster runs,
+    bit-exact, and the choice is a ``stacked`` key."""
+    from sgl_ascend import _transfer
+    from sgl_core.backend import copy_calibration
+    from sgl_core.transfer.copy import _calibrate, _steps
+    from sgl_core.transfer.copy._calibrate import Calibrator
+
+    now, seen = [0.0], []
+    costs = {"copy_slices": 1.0, "stream_each": 1.0, "copy_runs": runs_cost}
+    for module, name in (
+        (_steps, "copy_slices"),
+        (_steps, "stream_each"),
+        (_transfer, "copy_runs"),
+    ):
+        real = getattr(module, name)
+
+        def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> None:
+            seen.append(_name)
+            now[0] += costs[_name]
+            _real(*args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(module, name, spy)
+    monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=lambda: now[0], budget_s=1e9))
+    monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", 1)
+    backend = AscendBackend(tuning=CopyTuning(gather_below_page_run_bytes=0))
+    dev = backend.create_mha_device_pool(
+        size=512, page_size=16, dtype=torch.bfloat16, head_num=8, head_dim=128, layer_num=3
+    )
+    gen = torch.Generator().manual_seed(4)
+    for buf in dev.components:
+        buf.copy_(random_bits(tuple(buf.shape), buf.dtype, gen))
+    host = backend.create_host_pool(dev, layout="page_first_kv_split")
+    pages = list(range(1, 17))
+    h_idx, d_idx = page_indices(pages[::-1], 16), page_indices(pages, 16)
+    host.backup_from_device_all_layer(dev, h_idx, d_idx, IO)  # measures
+    seen.clear()
+    dst = backend.create_mha_device_pool(
+        size=512, page_size=16, dtype=torch.bfloat16, head_num=8, head_dim=128, layer_num=3
+    )
+    _check_backup(dev, host, dst, pages[::-1], pages, 16)
+    backups = seen[: len(seen) - seen[::-1].index(path)]  # the loads' copies come after
+    assert set(backups) == {path}  # the slices' own choice: memmove "1" (all cost the same)
+    keys = {c.key: c.choice for c in copy_calibration() if " per backup" in c.key}
+    # K and V alike (16 pages x 3 layers x 16 tokens x 8 heads x 128, bf16: 1.5 MiB): 16
+    # one-page runs of 96 KiB (a 32 KiB piece per layer), one key each for both
+    assert keys == {
+        "slices cpu->cpu 64KiB runs of 32KiB pieces, 1024KiB per backup": "1",
+        "stacked cpu->cpu 64KiB runs of 32KiB pieces, 1024KiB per backup": path[5:],
+    }

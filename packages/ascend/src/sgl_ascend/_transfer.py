@@ -23,6 +23,7 @@ aligned, in range, destination pages distinct.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ import torch
 
 from sgl_ascend import _npu
 from sgl_core.backend import (
+    AUTO,
     NEVER,
     CopyTuning,
     HostSide,
@@ -40,6 +42,7 @@ from sgl_core.backend import (
     RunSide,
     Step,
     Transfer,
+    backup_path,
     copy_runs,
     finish,
     gather_rows,
@@ -47,7 +50,9 @@ from sgl_core.backend import (
     memmove_step,
     merge_runs,
     numpy_rows,
+    slices_shape,
     slices_step,
+    stream_copy,
     tuning_for,
     widen_rows,
 )
@@ -107,21 +112,40 @@ def backup_rows(
             gather_rows(hosts, devs, plan.host_pages, plan.device_pages, axis=1)
             return
         long = plan.num_pages * per_page >= _SLICES_MAX_RUN_BYTES * len(plan.runs)
-        if device.type == "cpu" and tuning.copy_threads and not long:  # numpy run copies
+        # numpy's copies of long runs lose to torch's; the streaming copy may not, so under
+        # AUTO with it loaded, long runs choose between the two (core's ``backup_path``)
+        streams = tuning.copy_threads == AUTO and stream_copy() is not None
+        if device.type == "cpu" and tuning.copy_threads and (streams or not long):
             runs = [(b, a, n) for a, b, n in plan.runs]
             ends = (max(d + n for d, _, n in runs), max(h + n for _, h, n in runs))
             for host, dev in pairs:
                 src, dst = numpy_rows(widen_rows(dev).transpose(0, 1)), numpy_rows(widen_rows(host))
-                slices_step(dst, src, runs, ends, tuning.copy_threads, "backup").run()
+                step = slices_step(dst, src, runs, ends, tuning.copy_threads, "backup")
+                if not long:
+                    step.run()
+                    continue
+                torch_runs = functools.partial(_run_copies, [(host, dev)], plan, tuning)
+                shape, nbytes = (
+                    slices_shape(dst, src, runs)[1],
+                    plan.num_pages * _page_bytes(host, int(host.shape[1])),
+                )
+                backup_path(step, torch_runs, tuning.copy_threads, shape, nbytes)()
             return
-        sides = [
-            (RunSide(widen_rows(host)), RunSide(widen_rows(dev), axis=1, transpose=True))
-            for host, dev in pairs
-        ]
-        copy_runs(
-            plan.runs, sides, into_first=True, batched=tuning.batched_cross_device, runs_outer=True,
-            threads=tuning.copy_threads,
-        )  # fmt: skip
+        _run_copies(pairs, plan, tuning)
+
+
+def _run_copies(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan, tuning: CopyTuning
+) -> None:
+    """Device -> host run copies of every row of every pair by torch (``copy_runs``)."""
+    sides = [
+        (RunSide(widen_rows(host)), RunSide(widen_rows(dev), axis=1, transpose=True))
+        for host, dev in pairs
+    ]
+    copy_runs(
+        plan.runs, sides, into_first=True, batched=tuning.batched_cross_device, runs_outer=True,
+        threads=tuning.copy_threads,
+    )  # fmt: skip
 
 
 def _row_addresses(

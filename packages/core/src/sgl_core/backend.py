@@ -51,6 +51,7 @@ from sgl_core.kv.protocols._kv_protocols import (
 from sgl_core.kv.protocols._protocols import Backend, EmulatedWithoutDevice, LayerViews
 from sgl_core.moe._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
 from sgl_core.moe._moe import check_routing
+from sgl_core.transfer._direct_load import backup_path
 from sgl_core.transfer._direct_mover import DirectMover
 from sgl_core.transfer._transfer import (
     HostPart,
@@ -75,8 +76,10 @@ from sgl_core.transfer.copy._steps import (
     gather_step,
     memmove_step,
     numpy_rows,
+    slices_shape,
     slices_step,
 )
+from sgl_core.transfer.copy._stream import stream_copy
 from sgl_core.transfer.copy._tuning import AUTO, NEVER, CopyTuning, tuning_for
 
 __all__ = [
@@ -134,6 +137,7 @@ __all__ = [
     "TokenPages",
     "TokenRowHostPool",
     "Transfer",
+    "backup_path",
     "byte_view",
     "check_backed",
     "check_index_bounds",
@@ -163,7 +167,9 @@ __all__ = [
     "parse_device",
     "publish_names",
     "shutdown_copy_threads",
+    "slices_shape",
     "slices_step",
+    "stream_copy",
     "tuning_for",
     "usable_device",
     "widen_rows",
