@@ -248,6 +248,7 @@ def test_long_cpu_backup_runs_are_measured_against_torch_run_copies(
     dev = backend.create_mha_device_pool(
         size=512, page_size=16, dtype=torch.bfloat16, head_num=8, head_dim=128, layer_num=3
     )
+    assert isinstance(dev, AscendMHADevicePool)
     gen = torch.Generator().manual_seed(4)
     for buf in dev.components:
         buf.copy_(random_bits(tuple(buf.shape), buf.dtype, gen))
