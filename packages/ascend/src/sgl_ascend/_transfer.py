@@ -13,11 +13,9 @@ transfer is planned (:func:`plan_pages`) and copied: docs/design.md, section 6,
 
 Between devices (an NPU pool and a pinned host pool) the run copies are
 non-blocking, on a side stream ordered after the caller's (``_npu.transfer_stream``):
-as with any async copy, synchronize that stream or record an event before the
-host reads backed-up bytes.
-
-Arguments are assumed validated (``sgl_core`` host-pool base does it): page
-aligned, in range, destination pages distinct.
+synchronize it or record an event before the host reads backed-up bytes. Arguments
+are assumed validated (by ``sgl_core``'s host-pool base): page aligned, in range,
+destination pages distinct.
 """
 
 from __future__ import annotations
@@ -112,8 +110,8 @@ def backup_rows(
             gather_rows(hosts, devs, plan.host_pages, plan.device_pages, axis=1)
             return
         long = plan.num_pages * per_page >= _SLICES_MAX_RUN_BYTES * len(plan.runs)
-        # numpy's copies of long runs lose to torch's; the streaming copy may not, so under
-        # AUTO with it loaded, long runs choose between the two (core's ``backup_path``)
+        # numpy's copies of long runs lose to torch's, the streaming copy's may not: under
+        # AUTO with it loaded, each pair measures the two once (core's ``backup_path``)
         streams = tuning.copy_threads == AUTO and stream_copy() is not None
         if device.type == "cpu" and tuning.copy_threads and (streams or not long):
             runs = [(b, a, n) for a, b, n in plan.runs]
@@ -124,11 +122,9 @@ def backup_rows(
                 if not long:
                     step.run()
                     continue
+                nbytes = plan.num_pages * _page_bytes(host, int(host.shape[1]))
                 torch_runs = functools.partial(_run_copies, [(host, dev)], plan, tuning)
-                shape, nbytes = (
-                    slices_shape(dst, src, runs)[1],
-                    plan.num_pages * _page_bytes(host, int(host.shape[1])),
-                )
+                shape = slices_shape(dst, src, runs)[1]
                 backup_path(step, torch_runs, tuning.copy_threads, shape, nbytes)()
             return
         _run_copies(pairs, plan, tuning)
@@ -139,8 +135,7 @@ def _run_copies(
 ) -> None:
     """Device -> host run copies of every row of every pair by torch (``copy_runs``)."""
     sides = [
-        (RunSide(widen_rows(host)), RunSide(widen_rows(dev), axis=1, transpose=True))
-        for host, dev in pairs
+        (RunSide(widen_rows(h)), RunSide(widen_rows(d), axis=1, transpose=True)) for h, d in pairs
     ]
     copy_runs(
         plan.runs, sides, into_first=True, batched=tuning.batched_cross_device, runs_outer=True,
