@@ -151,10 +151,23 @@ def test_cpu_run_copy_backups_are_numpy_slices(
     take torch's run copies unless ``AUTO`` may take the streaming copy; then core's
     ``backup_path`` chooses (this small backup, under ``AUTO_MIN_BYTES``: the slices)."""
     from sgl_ascend import _transfer
-    from sgl_core.transfer.copy import _steps
 
     if not streams:
         monkeypatch.setattr(_transfer, "stream_copy", lambda: None)
+
+    seen = _spy_run_copies(monkeypatch)
+    monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", limit)  # 1: every run is long
+    tuning = CopyTuning(gather_below_page_run_bytes=0, copy_threads=threads)
+    dev, host = pools(tuning, 3)
+    _check_backup(dev, host, pools(None, 4)[0], [5, 0, 1, 2], [1, 3, 4, 6], 4)
+    assert seen[:1] == [path] and set(seen[: seen.index(path) + 1]) == {path}
+
+
+def _spy_run_copies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the run copies that ran, in order: numpy slices (``copy_slices``)
+    and torch's (``copy_runs``)."""
+    from sgl_ascend import _transfer
+    from sgl_core.transfer.copy import _steps
 
     seen: list[str] = []
     for module, name in ((_steps, "copy_slices"), (_transfer, "copy_runs")):
@@ -165,11 +178,7 @@ def test_cpu_run_copy_backups_are_numpy_slices(
             _real(*args, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(module, name, spy)
-    monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", limit)  # 1: every run is long
-    tuning = CopyTuning(gather_below_page_run_bytes=0, copy_threads=threads)
-    dev, host = pools(tuning, 3)
-    _check_backup(dev, host, pools(None, 4)[0], [5, 0, 1, 2], [1, 3, 4, 6], 4)
-    assert seen[:1] == [path] and set(seen[: seen.index(path) + 1]) == {path}
+    return seen
 
 
 def _check_backup(
@@ -196,17 +205,8 @@ def test_runs_from_the_slices_limit_on_take_torch_run_copies(
     every row of every component take torch's run copies: 4 pages of 3 layers (K 384 and
     V 192 bytes a page) in 3 runs average 768 bytes."""
     from sgl_ascend import _transfer
-    from sgl_core.transfer.copy import _steps
 
-    seen: list[str] = []
-    for module, name in ((_steps, "copy_slices"), (_transfer, "copy_runs")):
-        real = getattr(module, name)
-
-        def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> None:
-            seen.append(_name)
-            _real(*args, **kw)  # type: ignore[operator]
-
-        monkeypatch.setattr(module, name, spy)
+    seen = _spy_run_copies(monkeypatch)
     monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", limit)
     monkeypatch.setattr(_transfer, "stream_copy", lambda: None)
     dev, host = pools(CopyTuning(gather_below_page_run_bytes=0), 3)
