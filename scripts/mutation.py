@@ -137,6 +137,7 @@ AREAS: dict[str, Area] = {
                     "_units_table",
                     "slice_ops",
                     "piece_bytes",
+                    "_runs_continue",
                     "_run_spans",
                     "rows_ops",
                     "rows_table",

@@ -120,9 +120,17 @@ def piece_bytes(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], run_units:
     cuts): the run's blocks where units continue each other's blocks on both sides
     (``_run_spans``), else the greatest common divisor of the two sides' blocks."""
     (d_block, _), (s_block, _) = _unit_blocks(dst), _unit_blocks(src)
-    if d_block == s_block == dst.strides[0] == src.strides[0]:
+    if _runs_continue(dst, src, d_block, s_block):
         return d_block * run_units
     return math.gcd(d_block, s_block)
+
+
+def _runs_continue(
+    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], d_block: int, s_block: int
+) -> bool:
+    """Whether units continue each other's blocks on both sides: axis 0's stride is the
+    unit's block, the same on both (a run is then one piece per block)."""
+    return d_block == s_block == dst.strides[0] == src.strides[0]
 
 
 def _run_spans(
@@ -137,7 +145,7 @@ def _run_spans(
     61 pieces of 73 KiB for a 64-token run of 61 layers where ``_units_table`` cuts 3904
     of 1152 bytes. None where a side's units do not continue its blocks."""
     (d_block, d_offs), (s_block, s_offs) = _unit_blocks(dst), _unit_blocks(src)
-    if not d_block == s_block == dst.strides[0] == src.strides[0]:
+    if not _runs_continue(dst, src, d_block, s_block):
         return None
     table = np.empty((starts.shape[0] * d_offs.size, 3), dtype=np.uint64)
     for col, (arr, offs) in enumerate(((dst, d_offs), (src, s_offs))):
