@@ -16,8 +16,9 @@ import sgl_core
 from sgl_ascend import AscendMHADevicePool, AscendMHAHostPool
 from sgl_ascend._backend import AscendBackend
 from sgl_ascend._transfer import KvSplitMover
-from sgl_core.backend import NEVER, CopyTuning, IOBackend, stream_copy
+from sgl_core.backend import NEVER, CopyTuning, IOBackend
 from sgl_core.testing import page_indices, random_bits
+from sgl_core.transfer.copy._stream import stream_copy
 
 OURS = (str(Path(sgl_core.__file__).parent), str(Path(sgl_ascend.__file__).parent))
 COPIES = {"copy_", "_foreach_copy_", "index_copy_", "index_select"}
@@ -150,13 +151,13 @@ def test_cpu_run_copy_backups_are_numpy_slices(
     (``copy_threads`` 0: the torch run copies), bit-exact on the host pages. Long runs
     take torch's run copies unless ``AUTO`` may take the streaming copy; then core's
     ``backup_path`` chooses (this small backup, under ``AUTO_MIN_BYTES``: the slices)."""
-    from sgl_ascend import _transfer
+    from sgl_core.transfer import _direct_load
 
     if not streams:
-        monkeypatch.setattr(_transfer, "stream_copy", lambda: None)
+        monkeypatch.setattr(_direct_load, "stream_copy", lambda: None)
 
     seen = _spy_run_copies(monkeypatch)
-    monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", limit)  # 1: every run is long
+    monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", limit)  # 1: every run is long
     tuning = CopyTuning(gather_below_page_run_bytes=0, copy_threads=threads)
     dev, host = pools(tuning, 3)
     _check_backup(dev, host, pools(None, 4)[0], [5, 0, 1, 2], [1, 3, 4, 6], 4)
@@ -201,29 +202,32 @@ def _check_backup(
 def test_runs_from_the_slices_limit_on_take_torch_run_copies(
     monkeypatch: pytest.MonkeyPatch, limit: int, path: str
 ) -> None:
-    """Without the streaming copy, runs averaging ``_SLICES_MAX_RUN_BYTES`` or more over
-    every row of every component take torch's run copies: 4 pages of 3 layers (K 384 and
-    V 192 bytes a page) in 3 runs average 768 bytes."""
-    from sgl_ascend import _transfer
+    """Without the streaming copy, runs averaging core's ``SLICES_MAX_RUN_BYTES`` or more
+    over every row of every component take torch's run copies: 4 pages of 3 layers (K 384
+    and V 192 bytes a page) in 3 runs average 768 bytes."""
+    from sgl_core.transfer import _direct_load
 
     seen = _spy_run_copies(monkeypatch)
-    monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", limit)
-    monkeypatch.setattr(_transfer, "stream_copy", lambda: None)
+    monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", limit)
+    monkeypatch.setattr(_direct_load, "stream_copy", lambda: None)
     dev, host = pools(CopyTuning(gather_below_page_run_bytes=0), 3)
     _check_backup(dev, host, pools(None, 4)[0], [5, 0, 1, 2], [1, 3, 4, 6], 4)
     assert seen[0] == path
 
 
+@pytest.mark.parametrize("limit", [1, None], ids=["long runs", "short runs"])
 @pytest.mark.parametrize(("runs_cost", "path"), [(5.0, "copy_slices"), (0.1, "copy_runs")])
-def test_long_cpu_backup_runs_are_measured_against_torch_run_copies(
-    monkeypatch: pytest.MonkeyPatch, runs_cost: float, path: str
+def test_cpu_backup_runs_are_measured_against_torch_run_copies(
+    monkeypatch: pytest.MonkeyPatch, runs_cost: float, path: str, limit: int | None
 ) -> None:
-    """Under ``AUTO`` a backup of long runs (``_SLICES_MAX_RUN_BYTES`` set to 1) of 1 MiB
-    or more per component asks core's ``backup_path``: torch's run copies against the
+    """Under ``AUTO`` a backup of 1 MiB or more per component asks core's
+    ``backup_path``, for long runs (``SLICES_MAX_RUN_BYTES`` set to 1) and short ones
+    alike (the same rule as core's stacked backups): torch's run copies against the
     slices step (memmove or the streaming copy), on a fake clock; the faster runs,
     bit-exact, and the choice is a ``stacked`` key."""
     from sgl_ascend import _transfer
     from sgl_core.backend import copy_calibration
+    from sgl_core.transfer import _direct_load
     from sgl_core.transfer.copy import _calibrate, _steps
     from sgl_core.transfer.copy._calibrate import Calibrator
 
@@ -243,7 +247,8 @@ def test_long_cpu_backup_runs_are_measured_against_torch_run_copies(
 
         monkeypatch.setattr(module, name, spy)
     monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=lambda: now[0], budget_s=1e9))
-    monkeypatch.setattr(_transfer, "_SLICES_MAX_RUN_BYTES", 1)
+    if limit is not None:
+        monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", limit)
     backend = AscendBackend(tuning=CopyTuning(gather_below_page_run_bytes=0))
     dev = backend.create_mha_device_pool(
         size=512, page_size=16, dtype=torch.bfloat16, head_num=8, head_dim=128, layer_num=3

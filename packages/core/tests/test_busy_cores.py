@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from sgl_core.transfer.copy import _auto_copy, _busy, _calibrate
-from sgl_core.transfer.copy._auto_copy import _bucket
+from sgl_core.transfer.copy._auto_copy import _bucket, thread_ranks
 from sgl_core.transfer.copy._busy import (
     CoreWatch,
     fits,
@@ -465,6 +465,25 @@ def test_skip_picks_from_the_same_measurement_and_counts() -> None:
     assert cal.current("k") == "0"  # the choice itself stays
     cal.forget()
     assert cal.skipped() == {}
+
+
+def test_skip_ranks_as_choose_was_given_them() -> None:
+    """The same ranks as the measurement's: ``stream2`` (rank 2, as fast as ``2``)
+    beside ``1`` and ``stream1`` (rank 1) is preferred only beyond the margin."""
+    cal = Calibrator(margin=0.25)
+    _measured(cal, "k", {"1": 3.0, "2": 2.0, "0": 1.0, "stream1": 2.3, "stream2": 1.9})
+    ranks = thread_ranks(["1", "2", "0", "stream1", "stream2"])
+    assert cal.skip("k", "0", ranks=ranks) == "stream1"  # rank 1's fastest, within 25%
+    assert cal.skip("k", "0") == "2"  # in order: 1 and 2 come first; 2 is within 25% of 1.9
+    assert cal.skip("k", "0", among=["1", "2", "0", "stream2"], ranks=ranks) == "stream2"
+
+
+def test_thread_ranks_are_thread_counts_with_the_team_last() -> None:
+    names = ["1", "2", "0", "stream1", "stream2"]
+    assert thread_ranks(names) == {"1": 1, "2": 2, "0": 3, "stream1": 1, "stream2": 2}
+    assert thread_ranks(["1", "0"]) == {"1": 1, "0": 2}
+    assert thread_ranks(["0"]) == {"0": 1}
+    assert thread_ranks(["4", "stream8"]) == {"4": 4, "stream8": 8}
 
 
 def test_skip_without_another_measured_candidate_runs_the_default() -> None:

@@ -81,6 +81,40 @@ def test_an_earlier_candidate_within_the_margin_is_preferred(clock: FakeClock) -
     assert cal.choose("j", {"1": clock.cost(1.2), "2": clock.cost(1.0)}, nbytes=1) == "2"
 
 
+def test_ranks_ask_the_margin_of_later_ranks_only(clock: FakeClock) -> None:
+    """Candidates of one rank compete on speed alone (a tie: the earlier); a later rank's
+    fastest must beat the earlier ranks' by more than the margin."""
+    cal = Calibrator(timer=clock, margin=0.25, budget_s=10)
+    ranks = {"1": 1, "s1": 1, "2": 2, "s2": 2}
+
+    def pick(key: str, costs: dict[str, float]) -> str:
+        cands = {name: clock.cost(cost) for name, cost in costs.items()}
+        return cal.choose(key, cands, nbytes=1, ranks=ranks)
+
+    assert pick("a", {"1": 1.0, "2": 0.9, "s1": 0.95, "s2": 0.9}) == "s1"  # the rank's fastest
+    assert "preferred within 25% of 2" in cal.choices()[0].reason
+    assert pick("b", {"1": 1.0, "2": 0.9, "s1": 1.0, "s2": 0.9}) == "1"  # a tie: the earlier
+    assert pick("c", {"1": 1.3, "2": 1.0, "s1": 1.26, "s2": 0.99}) == "s2"  # rank 1 too slow
+    assert pick("d", {"1": 1.3, "2": 1.0, "s1": 1.26, "s2": 1.01}) == "2"
+    # without ranks: each candidate its own rank, in order (1 within 25% of s2's 0.9)
+    cands = {n: clock.cost(c) for n, c in {"1": 1.1, "2": 1.2, "s1": 1.0, "s2": 0.9}.items()}
+    assert cal.choose("f", cands, nbytes=1) == "1"
+    exact = FakeClock()  # dyadic times on a fresh clock: exactly at the margin is within it
+    costs = {"1": 1.5, "2": 1.125, "s1": 1.25, "s2": 1.0}
+    cands = {name: exact.cost(cost) for name, cost in costs.items()}
+    edge = Calibrator(timer=exact, margin=0.25, budget_s=10)
+    assert edge.choose("e", cands, nbytes=1, ranks=ranks) == "s1"
+
+
+def test_ranks_must_name_every_candidate(clock: FakeClock) -> None:
+    cal = Calibrator(timer=clock, budget_s=10)
+    cands = {"1": clock.cost(1.0), "2": clock.cost(0.5), "x": clock.cost(0.1)}
+    with pytest.raises(ValueError, match=r"k: no rank for candidate\(s\) 2, x"):
+        cal.choose("k", cands, nbytes=1, ranks={"1": 1})
+    assert cal.choices() == [] and clock.now == 0.0  # nothing measured
+    assert cal.choose("k", cands, nbytes=1, ranks={"1": 1, "2": 1, "x": 1, "y": 2}) == "x"
+
+
 def test_the_budget_bounds_the_rounds(clock: FakeClock) -> None:
     calls: list[str] = []
 

@@ -70,6 +70,7 @@ class SpyCalibrator(Calibrator):
     def __init__(self) -> None:
         super().__init__(timer=Clock(), budget_s=1e9)
         self.asked: list[tuple[str, Callable[[], None] | None]] = []
+        self.ranks: list[Mapping[str, int] | None] = []
 
     def choose(
         self,
@@ -77,8 +78,10 @@ class SpyCalibrator(Calibrator):
         candidates: Mapping[str, Callable[[], None]],
         nbytes: int,
         cold: Callable[[], None] | None = None,
+        ranks: Mapping[str, int] | None = None,
     ) -> str:
         self.asked.append((key, cold))
+        self.ranks.append(ranks)
         return next(iter(candidates))
 
 
@@ -101,6 +104,9 @@ def test_a_step_smaller_than_the_caches_is_measured_cold(spy: SpyCalibrator) -> 
     ((_, cold),) = spy.asked
     assert cold is evict_caches
     assert (dst[::-1] == src).all()
+    (ranks,) = spy.ranks  # the candidates ranked by thread count
+    assert ranks is not None and ranks["1"] == 1
+    assert all(rank == int(name.removeprefix("stream")) for name, rank in ranks.items())
 
 
 def test_a_step_bigger_than_the_scratch_buffer_is_not_evicted_first(

@@ -322,13 +322,16 @@ def _stacked_backups(
 _KEY = "stacked cpu->cpu 64KiB runs of 1KiB pieces, 2048KiB per backup"
 
 
-@pytest.mark.parametrize(("slices_cost", "path"), [(1.0, "copy_slices"), (5.0, "copy_runs")])
+@pytest.mark.parametrize(
+    ("slices_cost", "path"), [(1.0, "copy_slices"), (1.9, "copy_slices"), (5.0, "copy_runs")]
+)
 def test_a_stacked_backup_path_is_measured_once_per_shape(
     monkeypatch: pytest.MonkeyPatch, slices_cost: float, path: str
 ) -> None:
     """With AUTO threads a big stacked CPU backup times numpy slices against torch run
     copies once (the calibrator, reentrant: the run copies pick their own thread count
-    inside the measurement), then takes the faster; an explicit thread count does not measure."""
+    inside the measurement), then takes the faster (one rank: no margin either way, slices
+    a little faster win); an explicit thread count does not measure."""
     _, seen = _spy_stacked_paths(monkeypatch, {"copy_slices": slices_cost, "copy_runs": 2.0})
     assert _stacked_backups(CopyTuning(stacked_min_run_bytes=0), seen, 2) == [path, path]
     keys = [c for c in copy_calibration() if c.key.startswith("stacked ")]

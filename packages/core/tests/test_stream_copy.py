@@ -255,15 +255,16 @@ def _spy(monkeypatch: pytest.MonkeyPatch, costs: dict[str, float]) -> list[float
 @needs_stream
 @pytest.mark.parametrize(
     ("stream_cost", "chosen"),
-    [(1.0, "1"), (0.81, "1"), (0.1, "stream1")],
-    ids=["as fast", "within the margin", "faster"],
+    [(1.0, "1"), (0.9, "stream1"), (0.1, "stream1")],
+    ids=["as fast", "a little faster", "faster"],
 )
-def test_a_memmove_load_takes_the_streaming_copy_only_when_it_is_clearly_faster(
+def test_a_memmove_load_takes_the_streaming_copy_when_it_is_faster(
     monkeypatch: pytest.MonkeyPatch, stream_cost: float, chosen: str
 ) -> None:
-    """Candidates in order ``1``, ``2``, ``stream1``, ``stream2``: the streaming copy must
-    beat memmove by more than the margin (it is the unusual path), and then a layer_first
-    CPU load through the pools takes it, bit-exact; explicit threads never measure it."""
+    """Candidates ``1``, ``2``, ``stream1``, ``stream2``: the streaming copy competes with
+    memmove on as many threads on speed alone (a tie keeps memmove; only more threads
+    must beat the margin), and then a layer_first CPU load through the pools takes it,
+    bit-exact; explicit threads never measure it."""
     _spy(monkeypatch, {"memmove_each": 1.0, "stream_each": stream_cost})
     backend = sgl_core.TorchBackend(tuning=CopyTuning(by_address_min_block_bytes=0))
     kw = dict(size=2048, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512)
@@ -592,12 +593,13 @@ def _page1_load(monkeypatch: pytest.MonkeyPatch, costs: dict[str, float]) -> lis
 
 
 @needs_stream
-@pytest.mark.parametrize(("stream_cost", "chosen"), [(0.9, "1"), (0.1, "stream1")])
-def test_a_row_gather_load_takes_the_streaming_copy_when_clearly_faster(
+@pytest.mark.parametrize(("stream_cost", "chosen"), [(1.0, "1"), (0.9, "stream1")])
+def test_a_row_gather_load_takes_the_streaming_copy_when_faster(
     monkeypatch: pytest.MonkeyPatch, stream_cost: float, chosen: str
 ) -> None:
     """Page-1 loads gather rows (``take_rows``: into a staging buffer, then a scatter);
-    the streaming copy moves each row once, and wins only beyond the margin; bit-exact."""
+    the streaming copy moves each row once, and wins when faster on as many threads (a
+    tie keeps the take); bit-exact."""
     got = _page1_load(monkeypatch, {"take_rows": 1.0, "stream_each": stream_cost})
     assert got == [chosen, "1", "2", "stream1", "stream2"]
 

@@ -11,7 +11,7 @@ import torch
 
 from sgl_core.backend import copy_calibration
 from sgl_core.transfer.copy import _busy, _calibrate, _stream
-from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates
+from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates, thread_ranks
 from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice
 from sgl_core.transfer.copy._engine import gather_rows
 from sgl_core.transfer.copy._stream_gather import gather_streams
@@ -161,6 +161,33 @@ def test_a_skipped_team_may_run_the_streaming_copy(
     gather_rows(dst, src, d_idx, s_idx, threads=-1)
     assert (sum(calls) == 3 * 800) is offered
     assert cal.skipped() == {key: ("stream1" if offered else "2", 1)}
+    assert all(torch.equal(d.view(torch.uint8), w) for d, w in zip(dst, want, strict=True))
+
+
+@needs_stream
+def test_a_gather_ranks_its_candidates_by_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The measurement and a skipped team's runner-up rank the candidates by thread count
+    (``thread_ranks``): ``stream2`` as fast as ``2`` and within the margin of nothing on
+    one thread runs, where in plain order ``2`` (earlier, within 25%) would."""
+    asked: list[Any] = []
+
+    class Spy(Calibrator):
+        def choose(self, *args: Any, **kw: Any) -> str:
+            asked.append(kw.get("ranks"))
+            return super().choose(*args, **kw)
+
+    cal = Spy(budget_s=1e9)
+    monkeypatch.setattr(_calibrate, "_default", cal)
+    dst, src, d_idx, s_idx = _case()
+    want = _want(dst, src, d_idx, s_idx)
+    gather_rows(dst, src, d_idx, s_idx, threads=-1)
+    assert asked == [thread_ranks(ALL)]
+    key = f"gather cpu->cpu {_bucket(1152)} rows"
+    _seed(cal, key, "0", {"1": 3.0, "2": 2.0, "0": 1.0, "stream1": 2.4, "stream2": 1.9})
+    monkeypatch.setattr(_busy, "team_fits", lambda: False)
+    calls = _count_streams(monkeypatch)
+    gather_rows(dst, src, d_idx, s_idx, threads=-1)
+    assert cal.skipped() == {key: ("stream2", 1)} and len(calls) == 2
     assert all(torch.equal(d.view(torch.uint8), w) for d, w in zip(dst, want, strict=True))
 
 

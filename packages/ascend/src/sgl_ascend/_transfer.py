@@ -31,7 +31,6 @@ import torch
 
 from sgl_ascend import _npu
 from sgl_core.backend import (
-    AUTO,
     NEVER,
     CopyTuning,
     HostSide,
@@ -48,9 +47,9 @@ from sgl_core.backend import (
     memmove_step,
     merge_runs,
     numpy_rows,
+    slices_may_copy,
     slices_shape,
     slices_step,
-    stream_copy,
     tuning_for,
     widen_rows,
 )
@@ -92,9 +91,6 @@ def _short_runs(plan: PagePlan, bytes_per_page: int, tuning: CopyTuning) -> bool
     return runs > 1 and plan.num_pages * bytes_per_page < limit * runs
 
 
-_SLICES_MAX_RUN_BYTES = 2 << 20  # as sgl_core's SLICES_MAX_RUN_BYTES
-
-
 def backup_rows(
     pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: PagePlan, tuning: CopyTuning
 ) -> None:
@@ -109,19 +105,14 @@ def backup_rows(
             hosts, devs = [h for h, _ in pairs], [d for _, d in pairs]
             gather_rows(hosts, devs, plan.host_pages, plan.device_pages, axis=1)
             return
-        long = plan.num_pages * per_page >= _SLICES_MAX_RUN_BYTES * len(plan.runs)
-        # numpy's copies of long runs lose to torch's, the streaming copy's may not: under
-        # AUTO with it loaded, each pair measures the two once (core's ``backup_path``)
-        streams = tuning.copy_threads == AUTO and stream_copy() is not None
-        if device.type == "cpu" and tuning.copy_threads and (streams or not long):
+        run_bytes = plan.num_pages * per_page // len(plan.runs)  # every row, on average
+        if device.type == "cpu" and slices_may_copy(tuning.copy_threads, run_bytes):
+            # per pair, core's ``backup_path``: the slices step or torch's run copies
             runs = [(b, a, n) for a, b, n in plan.runs]
             ends = (max(d + n for d, _, n in runs), max(h + n for _, h, n in runs))
             for host, dev in pairs:
                 src, dst = numpy_rows(widen_rows(dev).transpose(0, 1)), numpy_rows(widen_rows(host))
                 step = slices_step(dst, src, runs, ends, tuning.copy_threads, "backup")
-                if not long:
-                    step.run()
-                    continue
                 nbytes = plan.num_pages * _page_bytes(host, int(host.shape[1]))
                 torch_runs = functools.partial(_run_copies, [(host, dev)], plan, tuning)
                 shape = slices_shape(dst, src, runs)[1]

@@ -51,7 +51,7 @@ from sgl_core.kv.protocols._kv_protocols import (
 from sgl_core.kv.protocols._protocols import Backend, EmulatedWithoutDevice, LayerViews
 from sgl_core.moe._bench_case import MOE_BENCH_GROUP, MoEBenchCase, MoEBenchFactory
 from sgl_core.moe._moe import check_routing
-from sgl_core.transfer._direct_load import backup_path
+from sgl_core.transfer._direct_load import backup_path, slices_may_copy
 from sgl_core.transfer._direct_mover import DirectMover
 from sgl_core.transfer._transfer import (
     HostPart,
@@ -79,7 +79,6 @@ from sgl_core.transfer.copy._steps import (
     slices_shape,
     slices_step,
 )
-from sgl_core.transfer.copy._stream import stream_copy
 from sgl_core.transfer.copy._tuning import AUTO, NEVER, CopyTuning, tuning_for
 
 __all__ = [
@@ -167,9 +166,9 @@ __all__ = [
     "parse_device",
     "publish_names",
     "shutdown_copy_threads",
+    "slices_may_copy",
     "slices_shape",
     "slices_step",
-    "stream_copy",
     "tuning_for",
     "usable_device",
     "widen_rows",

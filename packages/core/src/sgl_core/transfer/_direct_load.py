@@ -29,7 +29,7 @@ from sgl_core.transfer.copy._steps import (
 from sgl_core.transfer.copy._stream import stream_copy
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
-__all__ = ["Plan", "backup_path", "backup_slices", "load_steps"]
+__all__ = ["Plan", "backup_path", "backup_slices", "load_steps", "slices_may_copy"]
 
 
 @dataclasses.dataclass
@@ -140,9 +140,7 @@ def backup_slices(
     candidate (explicit threads, or not loaded): numpy's copies of such runs lose to
     torch's, the streaming copy may not (``backup_path`` measures it)."""
     dev, ps, host = mover._wide(stacked), mover.unit, mover.wide[c]
-    streams = threads == AUTO and stream_copy() is not None
-    long = run_bytes * dev.shape[0] >= SLICES_MAX_RUN_BYTES and not streams
-    if not threads or long or dev.shape[1] % ps:
+    if not slices_may_copy(threads, run_bytes * dev.shape[0]) or dev.shape[1] % ps:
         return None
     if not (mover.facts.heads_inner and dev.device.type == host.device.type == "cpu"):
         return None
@@ -153,6 +151,19 @@ def backup_slices(
     src, dst = numpy_rows(dev.transpose(0, 1)), numpy_rows(host)
     step = slices_step(dst, src, runs, (plan.extent[1], plan.extent[0]), threads, "backup")
     return step, slices_shape(dst, src, runs)[1]
+
+
+def slices_may_copy(threads: int, run_bytes: int) -> bool:
+    """Whether a CPU backup's runs of ``run_bytes`` each across every row (on average)
+    may go as a slices step (numpy slice copies, or the streaming copy's table of the
+    same runs) with ``copy_threads`` ``threads``: never with ATen's threads (0); runs of
+    ``SLICES_MAX_RUN_BYTES`` and more only where the streaming copy is a candidate
+    (``AUTO``, loaded): numpy's copies of such runs lose to torch's run copies, the
+    streaming copy's may not (``backup_path`` measures which). One rule for every
+    backend's stacked backups (core's ``backup_slices``, Ascend's kv-split pairs)."""
+    if not threads:
+        return False
+    return run_bytes < SLICES_MAX_RUN_BYTES or (threads == AUTO and stream_copy() is not None)
 
 
 def backup_path(
@@ -174,7 +185,9 @@ def backup_path(
     # the choice a layer_first backup of the same run size made (pieces of a whole run)
     key = f"stacked cpu->cpu {shape}, {_bucket(nbytes)} per backup"
     cal = default_calibrator()
-    chosen = cal.current(key) or cal.choose(key, {"runs": runs, "slices": slices.run}, nbytes)
+    # one rank: neither is the riskier under load (both choose their own thread counts)
+    paths = {"runs": runs, "slices": slices.run}
+    chosen = cal.current(key) or cal.choose(key, paths, nbytes, ranks={"runs": 0, "slices": 0})
     copy = slices.run if chosen == "slices" else runs
 
     def observed() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -29,6 +29,7 @@ __all__ = [
     "auto_memmove",
     "gather_pieces",
     "thread_candidates",
+    "thread_ranks",
 ]
 
 SAMPLE_BYTES = 1 << 20
@@ -39,6 +40,17 @@ def thread_candidates(*, with_aten: bool = True) -> list[int]:
     """Thread counts to measure, in preference order: 1, our threads, then ATen's."""
     many = _copy._workers + 1
     return [1, *([many] if many > 1 else []), *([0] if with_aten else [])]
+
+
+def thread_ranks(names: Iterable[str]) -> dict[str, int]:
+    """Each candidate's rank for the calibrator's margin (``Calibrator.choose``): its
+    thread count (``1`` and ``stream1`` one, ``n`` and ``stream<n>`` n), ATen's team
+    ``0`` after all of them. More threads are the risk under load (a busy core delays
+    them; a team's waits for every core), so only they must be clearly faster; the
+    streaming copy and memmove (or torch) on as many threads compete on speed alone."""
+    threads = {name: int(name.removeprefix("stream")) for name in names}
+    team = max(threads.values(), default=0) + 1
+    return {name: t or team for name, t in threads.items()}
 
 
 def _bucket(nbytes: int) -> str:
@@ -95,11 +107,11 @@ def _run(
 
         cands = {name: functools.partial(candidate, name) for name in names}
         nbytes = sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
-        chosen = cal.choose(key, cands, nbytes)
+        chosen = cal.choose(key, cands, nbytes, ranks=thread_ranks(names))
     if chosen == "0" and not _busy.team_fits():
         # ATen's team would wait for a busy core: the candidate the same measurement ranks
         # first without it, this call only (its time is not the choice's: not observed)
-        execute(cal.skip(key, "0", among=names))
+        execute(cal.skip(key, "0", among=names, ranks=thread_ranks(names)))
         return
     start = cal.timer()
     execute(chosen)

@@ -31,10 +31,20 @@ __all__ = [
 ]
 
 
-def _decide(seconds: Mapping[str, float], order: Sequence[str], margin: float) -> tuple[str, str]:
-    """The first candidate in preference order within ``margin`` of the fastest, and why."""
+def _decide(
+    seconds: Mapping[str, float],
+    order: Sequence[str],
+    margin: float,
+    ranks: Mapping[str, int] | None = None,
+) -> tuple[str, str]:
+    """The fastest candidate of the first rank whose fastest is within ``margin`` of the
+    fastest of all, and why. Without ``ranks`` each candidate is a rank of its own, in
+    ``order``; candidates of one rank compete on speed alone (the earlier on a tie)."""
     best = min(seconds.values())
-    chosen = next(c for c in order if seconds[c] <= best * (1 + margin))
+    rank = ranks if ranks is not None else {c: i for i, c in enumerate(order)}
+    groups = [[c for c in order if rank[c] == r] for r in sorted({rank[c] for c in order})]
+    leaders = (min(group, key=lambda c: seconds[c]) for group in groups)
+    chosen = next(c for c in leaders if seconds[c] <= best * (1 + margin))
     listed = ", ".join(f"{c}: {seconds[c] * 1e3:.3f} ms" for c in order)  # slowest rounds
     fastest = min(order, key=lambda c: seconds[c])
     why = "fastest" if chosen == fastest else f"preferred within {margin:.0%} of {fastest}"
@@ -47,9 +57,10 @@ class Calibrator:
 
     ``rounds`` timed round-robin rounds after one untimed warm-up round, cut
     short once ``budget_s`` is spent (every candidate keeps at least one
-    sample); a candidate's time is its slowest timed round. A candidate later
-    in ``order`` must beat an earlier one by more than ``margin`` to be
-    chosen. A real copy below ``drop`` x the figure (the best real copy since
+    sample); a candidate's time is its slowest timed round. A candidate of a
+    later rank (``choose``'s ``ranks``; without them, later in ``order``) must beat
+    the earlier ranks by more than ``margin`` to be chosen; within a rank the fastest
+    wins. A real copy below ``drop`` x the figure (the best real copy since
     the key was measured, at least half the sample's GB/s) is a strike;
     ``strikes`` in a row, at least ``min_interval_s`` after the measurement,
     make the key stale.
@@ -105,8 +116,14 @@ class Calibrator:
         candidates: Mapping[str, Callable[[], None]],
         nbytes: int,
         cold: Callable[[], None] | None = None,
+        ranks: Mapping[str, int] | None = None,
     ) -> str:
         """The candidate chosen for ``key`` (``candidates``, by preference, measured if new).
+
+        ``ranks`` (every candidate's, lowest first) groups candidates of equal risk: the
+        margin is asked only of a later rank (e.g. more copy threads), while candidates
+        of one rank (one thread count) compete on speed alone. Without it, each
+        candidate is a rank of its own, in the mapping's order.
 
         ``cold``, when given, runs untimed before every candidate call and outside the
         budget: what makes a sample that repeats the same bytes see them as the real
@@ -117,7 +134,10 @@ class Calibrator:
             known = self._choices.get(key)
             if known is not None and key not in self._stale and known.choice in candidates:
                 return known.choice
-            choice = self._measure(key, candidates, nbytes, cold)
+            if ranks is not None and not ranks.keys() >= candidates.keys():
+                missing = sorted(candidates.keys() - ranks.keys())
+                raise ValueError(f"{key}: no rank for candidate(s) {', '.join(missing)}")
+            choice = self._measure(key, candidates, nbytes, cold, ranks)
             self._choices[key] = choice
             self._stale.pop(key, None)
             self._seen.pop(key, None)
@@ -155,11 +175,17 @@ class Calibrator:
             return True
 
     def skip(
-        self, key: str, without: str, default: str = "1", among: Collection[str] | None = None
+        self,
+        key: str,
+        without: str,
+        default: str = "1",
+        among: Collection[str] | None = None,
+        ranks: Mapping[str, int] | None = None,
     ) -> str:
         """The candidate to run for one call of ``key`` when its choice ``without`` can't
         run well now: the one ``choose`` would have picked from the same measurement
-        without it (and, given ``among``, from those this call offers), or ``default``
+        without it (and, given ``among``, from those this call offers; ``ranks`` as
+        ``choose`` was given them), or ``default``
         when there is none (``key`` unknown, or measured with ``without`` alone).
         Counted per key (``skipped``); not a new choice: the next call asks again, and
         the call's time is not reported with ``observe``.
@@ -170,7 +196,7 @@ class Calibrator:
             rest.pop(without, None)
             if among is not None:
                 rest = {c: t for c, t in rest.items() if c in among}
-            instead = _decide(rest, list(rest), self.margin)[0] if rest else default
+            instead = _decide(rest, list(rest), self.margin, ranks)[0] if rest else default
             calls = self._skipped.get(key, (instead, 0))[1] + 1
             self._skipped[key] = (instead, calls)
             return instead
@@ -187,6 +213,7 @@ class Calibrator:
         candidates: Mapping[str, Callable[[], None]],
         nbytes: int,
         cold: Callable[[], None] | None,
+        ranks: Mapping[str, int] | None,
     ) -> CopyChoice:
         order = list(candidates)
         if len(order) == 1:
@@ -213,7 +240,7 @@ class Calibrator:
         # each candidate is charged its slowest timed round: a strategy that now and then
         # waits for a busy core (an OpenMP team) must not win on one lucky round
         seconds = {c: max(v) for c, v in samples.items()}
-        chosen, reason = _decide(seconds, order, self.margin)
+        chosen, reason = _decide(seconds, order, self.margin, ranks)
         stale = self._stale.get(key)
         source = "re-measured" if stale else "measured"
         if stale:

@@ -52,8 +52,10 @@ ENV_VAR = "SGLCORE_COPY_CALIBRATION"
 # v2: the copy steps also offer the streaming copy (a v1 file never measured it); v3: the
 # row-gather (``take``) steps offer it too (a v2 file never measured it there); v4: backups
 # by slices offer it, and a slices key's piece is what the streaming table cuts (a v3 key
-# could name a page_first and a layer_first backup at once)
-FORMAT = "sgl-core copy calibration v4"
+# could name a page_first and a layer_first backup at once); v5: candidates ranked by
+# thread count (a v4 choice kept memmove or ATen's team within 25% of a faster streaming
+# copy on as many threads)
+FORMAT = "sgl-core copy calibration v5"
 
 
 def _cpu_model() -> str:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from sgl_core.transfer.copy import _copy, _evict
-from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates
+from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates, thread_ranks
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import _memmove_all, _pool
 from sgl_core.transfer.copy._pieces import index_chunk, numpy_rows, split_parts
@@ -112,7 +112,8 @@ def _resolve(
     steps = {name: b() for name, b in builds.items()}
     # a sample smaller than the caches would repeat cache-hot bytes (a per-layer load)
     cold = _evict.evict_caches if nbytes < _evict.scratch_bytes() else None
-    chosen = cal.choose(key, {name: st.run for name, st in steps.items()}, nbytes, cold)
+    runs = {name: st.run for name, st in steps.items()}
+    chosen = cal.choose(key, runs, nbytes, cold, thread_ranks(runs))
     return steps[chosen]
 
 
