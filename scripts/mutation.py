@@ -155,6 +155,8 @@ AREAS: dict[str, Area] = {
                 )
             ),
             "sgl_core.transfer._direct_load.x_backup_slices__*",
+            "sgl_core.transfer._direct_load.x_slices_may_copy__*",
+            "sgl_core.transfer._direct_load.x_backup_path__*",
         ),
     ),
     # the busy-core check: a calibrated ATen team runs only with a free core per thread
@@ -173,10 +175,13 @@ AREAS: dict[str, Area] = {
         functions=(
             "sgl_core.transfer.copy._busy.x_*",
             "sgl_core.transfer.copy._busy.xǁCoreWatchǁ*",
+            "sgl_core.transfer.copy._calibrate.x__decide__*",
+            "sgl_core.transfer.copy._calibrate.xǁCalibratorǁchoose__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskip__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁ_measure__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskipped__*",
             "sgl_core.transfer.copy._auto_copy.x__run__*",
+            "sgl_core.transfer.copy._auto_copy.x_thread_ranks__*",
             "sgl_core.transfer.copy._stream_gather.x_*",
         ),
     ),

@@ -484,6 +484,7 @@ def test_thread_ranks_are_thread_counts_with_the_team_last() -> None:
     assert thread_ranks(["1", "0"]) == {"1": 1, "0": 2}
     assert thread_ranks(["0"]) == {"0": 1}
     assert thread_ranks(["4", "stream8"]) == {"4": 4, "stream8": 8}
+    assert thread_ranks([]) == {}
 
 
 def test_skip_without_another_measured_candidate_runs_the_default() -> None:

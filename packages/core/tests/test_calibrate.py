@@ -204,6 +204,9 @@ def test_far_slower_copies_make_the_key_stale_and_it_is_re_measured(clock: FakeC
     assert "; re-measured: observed 0.25 GB/s < 0.4 x the best since measured, 1 GB/s" in (
         choice.reason
     )
+    clock.now += 10.0  # the figure starts again from the new measurement: the old best and
+    assert not cal.observe("k", 1_000_000_000, 4.0)  # strikes are forgotten (0.25 GB/s is
+    assert not cal.observe("k", 1_000_000_000, 4.0)  # no strike against 1 GB/s any more)
     assert not cal.observe("unknown", 1, 1.0) and not cal.observe("k", 1, 0.0)
     assert cal.current("k") == "2" and cal.current("unknown") is None
 

@@ -11,10 +11,12 @@ import torch
 import sgl_core
 from sgl_core.backend import CopyTuning, IOBackend, Transfer, copy_calibration
 from sgl_core.testing import device_rows, fill_device_random, page_indices
+from sgl_core.transfer._direct_load import backup_path
 from sgl_core.transfer.copy import _calibrate
 from sgl_core.transfer.copy._calibrate import Calibrator
-from sgl_core.transfer.copy._steps import gather_step, memmove_step, slices_step
+from sgl_core.transfer.copy._steps import Step, gather_step, memmove_step, slices_step
 from sgl_core.transfer.copy._stream import stream_copy
+from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
 
 def test_slices_step_copies_its_runs_and_refuses_runs_past_either_end() -> None:
@@ -323,7 +325,8 @@ _KEY = "stacked cpu->cpu 64KiB runs of 1KiB pieces, 2048KiB per backup"
 
 
 @pytest.mark.parametrize(
-    ("slices_cost", "path"), [(1.0, "copy_slices"), (1.9, "copy_slices"), (5.0, "copy_runs")]
+    ("slices_cost", "path"),
+    [(1.0, "copy_slices"), (1.9, "copy_slices"), (2.2, "copy_runs"), (5.0, "copy_runs")],
 )
 def test_a_stacked_backup_path_is_measured_once_per_shape(
     monkeypatch: pytest.MonkeyPatch, slices_cost: float, path: str
@@ -332,14 +335,38 @@ def test_a_stacked_backup_path_is_measured_once_per_shape(
     copies once (the calibrator, reentrant: the run copies pick their own thread count
     inside the measurement), then takes the faster (one rank: no margin either way, slices
     a little faster win); an explicit thread count does not measure."""
-    _, seen = _spy_stacked_paths(monkeypatch, {"copy_slices": slices_cost, "copy_runs": 2.0})
+    now, seen = _spy_stacked_paths(monkeypatch, {"copy_slices": slices_cost, "copy_runs": 2.0})
     assert _stacked_backups(CopyTuning(stacked_min_run_bytes=0), seen, 2) == [path, path]
     keys = [c for c in copy_calibration() if c.key.startswith("stacked ")]
     assert [(c.key, c.choice) for c in keys] == [(_KEY, path.removeprefix("copy_"))]
+    now[0] += 60.0  # past min_interval_s: backups as fast as measured never make it stale
+    assert _stacked_backups(CopyTuning(stacked_min_run_bytes=0), seen, 4) == [path] * 4
+    (stacked,) = [c for c in copy_calibration() if c.key.startswith("stacked ")]
+    assert stacked.source == "measured" and stacked.measured_at == keys[0].measured_at
     slices = [c.key for c in copy_calibration() if c.key.startswith("slices ")]
     assert slices == ["slices cpu->cpu 64KiB runs of 1KiB pieces, 2048KiB per backup"]
     explicit = CopyTuning(stacked_min_run_bytes=0, copy_threads=1)
     assert _stacked_backups(explicit, seen, 1) == ["copy_slices"]  # explicit: unmeasured
+
+
+def test_backup_path_measures_parts_from_auto_min_bytes_under_auto(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Explicit thread counts and parts under ``AUTO_MIN_BYTES`` take the slices,
+    unmeasured; from ``AUTO_MIN_BYTES`` on, ``AUTO`` measures the two paths."""
+    ran: list[str] = []
+    slices = Step(lambda: ran.append("slices"), ((),))
+    monkeypatch.setattr(_calibrate, "_default", Calibrator(budget_s=1e9))
+    for threads, nbytes in ((AUTO, AUTO_MIN_BYTES - 1), (1, AUTO_MIN_BYTES)):
+        assert backup_path(slices, lambda: ran.append("runs"), threads, "x", nbytes) == slices.run
+    assert copy_calibration() == [] and ran == []
+    backup_path(slices, lambda: ran.append("runs"), AUTO, "x", AUTO_MIN_BYTES)()
+    (choice,) = copy_calibration()
+    assert choice.key.startswith("stacked cpu->cpu x, ") and set(choice.seconds) == {
+        "runs",
+        "slices",
+    }
+    assert ran.count("runs") > 1 and ran.count("slices") > 1  # warm-up and timed rounds
 
 
 def test_stacked_backups_of_other_pieces_are_measured_apart(

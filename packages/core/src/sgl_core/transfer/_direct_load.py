@@ -175,7 +175,7 @@ def backup_path(
     Which one is faster depends on the machine's load (slices never start an OpenMP
     team; torch's run copies win on a quiet machine at some sizes), so with
     ``copy_threads`` AUTO a part of ``AUTO_MIN_BYTES`` or more is decided by the
-    calibrator, once per shape (the slices must beat the run copies by its margin), and
+    calibrator, once per shape (one rank: the faster, no margin either way), and
     each call reports its time, so a drop (load arriving) measures the shape again.
     Explicit thread counts and small parts keep the slices.
     """
