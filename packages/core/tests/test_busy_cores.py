@@ -530,9 +530,9 @@ def test_a_team_choice_runs_only_with_free_cores(
     observed: list[str] = []
     real_observe = cal.observe
 
-    def observe(key: str, nbytes: int, seconds: float) -> bool:
+    def observe(key: str, nbytes: int, seconds: float, ran: str | None = None) -> bool:
         observed.append(key)
-        return real_observe(key, nbytes, seconds)
+        return real_observe(key, nbytes, seconds, ran)
 
     monkeypatch.setattr(cal, "observe", observe)
     monkeypatch.setattr(_busy, "team_fits", lambda: free)
@@ -643,15 +643,15 @@ def test_a_real_copy_reports_its_own_duration(monkeypatch: pytest.MonkeyPatch) -
     dst, src = _blocks()
     key = f"copy cpu->cpu {_bucket(dst[0].numel() * 4)} contiguous"
     _measured(cal, key, {"1": 1.0, "2": 2.0})
-    seen: list[tuple[str, int, float]] = []
+    seen: list[tuple[str, int, float, str | None]] = []
 
-    def observe(k: str, nbytes: int, seconds: float) -> bool:
-        seen.append((k, nbytes, seconds))
+    def observe(k: str, nbytes: int, seconds: float, ran: str | None = None) -> bool:
+        seen.append((k, nbytes, seconds, ran))
         return False
 
     monkeypatch.setattr(cal, "observe", observe)
     copy_blocks(dst, src, threads=-1)
-    assert seen == [(key, 2 * dst[0].numel() * 4, 1.0)]  # one tick: start, then end
+    assert seen == [(key, 2 * dst[0].numel() * 4, 1.0, "1")]  # one tick: start, then end
 
 
 def test_the_window_and_the_long_gap_are_inclusive_bounds() -> None:

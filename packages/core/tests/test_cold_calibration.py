@@ -71,6 +71,7 @@ class SpyCalibrator(Calibrator):
         super().__init__(timer=Clock(), budget_s=1e9)
         self.asked: list[tuple[str, Callable[[], None] | None]] = []
         self.ranks: list[Mapping[str, int] | None] = []
+        self.confirms: list[bool] = []
 
     def choose(
         self,
@@ -79,9 +80,11 @@ class SpyCalibrator(Calibrator):
         nbytes: int,
         cold: Callable[[], None] | None = None,
         ranks: Mapping[str, int] | None = None,
+        confirm: bool = False,
     ) -> str:
         self.asked.append((key, cold))
         self.ranks.append(ranks)
+        self.confirms.append(confirm)
         return next(iter(candidates))
 
 
@@ -105,6 +108,7 @@ def test_a_step_smaller_than_the_caches_is_measured_cold(spy: SpyCalibrator) -> 
     assert cold is evict_caches
     assert (dst[::-1] == src).all()
     (ranks,) = spy.ranks  # the candidates ranked by thread count
+    assert spy.confirms == [True]  # a close sample is confirmed on the real loads
     assert ranks is not None and ranks["1"] == 1
     assert all(rank == int(name.removeprefix("stream")) for name, rank in ranks.items())
 

@@ -273,10 +273,11 @@ def _stacked_paths(monkeypatch: pytest.MonkeyPatch, layout: str, tuning: CopyTun
 
 
 def _spy_stacked_paths(
-    monkeypatch: pytest.MonkeyPatch, costs: dict[str, float]
+    monkeypatch: pytest.MonkeyPatch, costs: dict[str, float], confirm_calls: int = 0
 ) -> tuple[list[float], list[str]]:
     """A fake clock that ``copy_slices`` and ``copy_runs`` advance by ``costs`` (mutable),
-    the calibrator on it, and the list of paths that ran."""
+    the calibrator on it (``confirm_calls``: 0, the sample decides), and the list of
+    paths that ran."""
     from sgl_core.transfer import _direct_mover
     from sgl_core.transfer.copy import _steps
 
@@ -290,7 +291,8 @@ def _spy_stacked_paths(
             _real(*args, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(module, name, spy)
-    monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=lambda: now[0], budget_s=1e9))
+    cal = Calibrator(timer=lambda: now[0], budget_s=1e9, confirm_calls=confirm_calls)
+    monkeypatch.setattr(_calibrate, "_default", cal)
     # the streaming copy would cost nothing on this clock (it runs neither spied copy)
     monkeypatch.setattr(_steps, "stream_copy", lambda: None)
     return now, seen
@@ -347,6 +349,50 @@ def test_a_stacked_backup_path_is_measured_once_per_shape(
     assert slices == ["slices cpu->cpu 64KiB runs of 1KiB pieces, 2048KiB per backup"]
     explicit = CopyTuning(stacked_min_run_bytes=0, copy_threads=1)
     assert _stacked_backups(explicit, seen, 1) == ["copy_slices"]  # explicit: unmeasured
+
+
+def test_stacked_backups_confirm_a_close_path_on_the_real_backups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Slices 1.9 against runs 2.0 (close): the backups alternate the two paths, each
+    checked bit-exact through the loads, until each ran twice; then the faster."""
+    _, seen = _spy_stacked_paths(monkeypatch, {"copy_slices": 1.9, "copy_runs": 2.0}, 2)
+    got = _stacked_backups(CopyTuning(stacked_min_run_bytes=0), seen, 4)
+    # the first (untracked) backup ran runs; then slices, runs, slices; then slices
+    assert got == ["copy_slices", "copy_runs", "copy_slices", "copy_slices"]
+    (stacked,) = [c for c in copy_calibration() if c.key.startswith("stacked ")]
+    assert stacked.source == "confirmed" and stacked.choice == "slices"
+
+
+def test_backup_path_confirms_a_close_sample_on_the_real_backups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sample (the same whole part, repeated) has slices 1.0 against runs 1.2; the
+    real backups take turns (runs first, the sample's order) and find slices at 3.0:
+    runs is chosen, and each real backup is timed and reported as the path it ran."""
+    now, ran = [0.0], []
+    costs = {"runs": 1.2, "slices": 1.0}
+
+    def path(name: str) -> Any:
+        def run() -> None:
+            ran.append(name)
+            now[0] += costs[name]
+
+        return run
+
+    slices = Step(path("slices"), ((),))
+    monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=lambda: now[0], budget_s=1e9))
+    first = backup_path(slices, path("runs"), AUTO, "x", AUTO_MIN_BYTES)
+    assert ran == ["runs", "slices"] * 4  # the sample: a warm-up and 3 timed rounds
+    costs["slices"] = 3.0
+    ran.clear()
+    first()
+    for _ in range(4):
+        backup_path(slices, path("runs"), AUTO, "x", AUTO_MIN_BYTES)()
+    assert ran == ["runs", "slices", "runs", "slices", "runs"]
+    (choice,) = copy_calibration()
+    assert choice.source == "confirmed" and choice.choice == "runs"
+    assert choice.seconds == pytest.approx({"runs": 1.2, "slices": 3.0})
 
 
 def test_backup_path_measures_parts_from_auto_min_bytes_under_auto(

@@ -22,6 +22,7 @@ from sgl_core.backend import CopyTuning, copy_calibration
 from sgl_core.testing import device_rows, fill_device_random, page_indices
 from sgl_core.transfer.copy import _calibrate, _copy, _steps, _stream, _stream_table
 from sgl_core.transfer.copy._calibrate import Calibrator
+from sgl_core.transfer.copy._decide import confirm_call
 from sgl_core.transfer.copy._steps import copy_slices, memmove_step, slices_shape, slices_step
 from sgl_core.transfer.copy._stream_table import piece_bytes, slice_ops
 
@@ -223,7 +224,9 @@ def _measured_candidates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return now[0]
 
     monkeypatch.setattr(_copy, "_workers", 1)
-    monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=tick, budget_s=1e9))
+    # every candidate ties on this clock: the sample decides (no real-call trial)
+    cal = Calibrator(timer=tick, budget_s=1e9, confirm_calls=0)
+    monkeypatch.setattr(_calibrate, "_default", cal)
     src = torch.randint(0, 255, (4 << 20,), dtype=torch.uint8)
     dst = torch.zeros_like(src)
     blocks = [(dst.data_ptr() + i * (64 << 10), src.data_ptr() + i * (64 << 10)) for i in range(64)]
@@ -234,9 +237,12 @@ def _measured_candidates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return list(choice.seconds)
 
 
-def _spy(monkeypatch: pytest.MonkeyPatch, costs: dict[str, float]) -> list[float]:
+def _spy(
+    monkeypatch: pytest.MonkeyPatch, costs: dict[str, float], confirm_calls: int = 0
+) -> list[float]:
     """A fake clock that ``memmove_each``/``copy_slices``/``stream_each`` advance by
-    ``costs`` (per call), as the process's calibrator."""
+    ``costs`` (per call, read at the call), as the process's calibrator (``confirm_calls``
+    0: the samples decide)."""
     now = [0.0]
     for name in costs:
         real = getattr(_steps, name)
@@ -248,7 +254,8 @@ def _spy(monkeypatch: pytest.MonkeyPatch, costs: dict[str, float]) -> list[float
         monkeypatch.setattr(_steps, name, spy)
     monkeypatch.setattr(_copy, "_workers", 1)
     monkeypatch.setattr(_steps, "AUTO_MIN_BYTES", 0)  # measure small steps too
-    monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=lambda: now[0], budget_s=1e9))
+    cal = Calibrator(timer=lambda: now[0], budget_s=1e9, confirm_calls=confirm_calls)
+    monkeypatch.setattr(_calibrate, "_default", cal)
     return now
 
 
@@ -283,6 +290,39 @@ def test_a_memmove_load_takes_the_streaming_copy_when_it_is_faster(
     assert load.choice == chosen
     step = memmove_step([0, 0], [0, 0], [2 << 20] * 2, 1)  # explicit: memmove, unmeasured,
     assert step.fn is _steps.memmove_each and len(step.parts) == 1  # on this thread only
+
+
+@needs_stream
+def test_a_load_step_confirms_a_close_sample_on_the_real_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A close sample (``stream1`` 0.9 against memmove's 1.0): the step takes the trial's
+    turns on its real calls, bit-exact each, and the real calls decide (memmove, 0.5
+    there); later steps of the key are built plain."""
+    costs = {"memmove_each": 1.0, "stream_each": 0.9}
+    now = _spy(monkeypatch, costs, confirm_calls=2)
+    src = torch.randint(0, 255, (4 << 20,), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    d = [dst.data_ptr() + i * (64 << 10) for i in range(64)]
+    s = [src.data_ptr() + i * (64 << 10) for i in range(64)]
+    step = memmove_step(d, s, [64 << 10] * 64, -1)
+    assert step.fn is confirm_call
+    (sample,) = copy_calibration()
+    assert sample.choice == "stream1" and sample.source == "measured"
+    costs["memmove_each"] = 0.5  # the whole loads rank them the other way
+    took = []
+    for _ in range(5):
+        dst.zero_()
+        start = now[0]
+        step.run()
+        took.append(now[0] - start)
+        assert torch.equal(dst, src)
+    assert took == pytest.approx([0.5, 0.9, 0.5, 0.9, 0.5])  # 1, stream1, 1, stream1; 1
+    (choice,) = copy_calibration()
+    assert choice.source == "confirmed" and choice.choice == "1"
+    assert set(choice.seconds) == {"1", "stream1"}  # 2 and stream2 were not close
+    again = memmove_step(d, s, [64 << 10] * 64, -1)
+    assert again.fn is _steps.memmove_each
 
 
 @needs_stream

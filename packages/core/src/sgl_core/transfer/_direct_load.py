@@ -175,8 +175,9 @@ def backup_path(
     Which one is faster depends on the machine's load (slices never start an OpenMP
     team; torch's run copies win on a quiet machine at some sizes), so with
     ``copy_threads`` AUTO a part of ``AUTO_MIN_BYTES`` or more is decided by the
-    calibrator, once per shape (one rank: the faster, no margin either way), and
-    each call reports its time, so a drop (load arriving) measures the shape again.
+    calibrator, once per shape (one rank: the faster, no margin either way; a close
+    sample confirmed on the first real backups), and each call reports its time, so a
+    drop (load arriving) measures the shape again.
     Explicit thread counts and small parts keep the slices.
     """
     if threads != AUTO or nbytes < AUTO_MIN_BYTES:
@@ -187,12 +188,13 @@ def backup_path(
     cal = default_calibrator()
     # one rank: neither is the riskier under load (both choose their own thread counts)
     paths = {"runs": runs, "slices": slices.run}
-    chosen = cal.current(key) or cal.choose(key, paths, nbytes, ranks={"runs": 0, "slices": 0})
-    copy = slices.run if chosen == "slices" else runs
+    ranks = {"runs": 0, "slices": 0}
+    chosen = cal.current(key) or cal.choose(key, paths, nbytes, ranks=ranks, confirm=True)
 
     def observed() -> None:
+        ran = cal.turn(key) or chosen  # a close sample is confirmed on the real backups
         start = cal.timer()
-        copy()
-        cal.observe(key, nbytes, cal.timer() - start)
+        (slices.run if ran == "slices" else runs)()
+        cal.observe(key, nbytes, cal.timer() - start, ran=ran)
 
     return observed

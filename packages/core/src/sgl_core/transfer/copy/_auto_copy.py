@@ -107,15 +107,21 @@ def _run(
 
         cands = {name: functools.partial(candidate, name) for name in names}
         nbytes = sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
-        chosen = cal.choose(key, cands, nbytes, ranks=thread_ranks(names))
-    if chosen == "0" and not _busy.team_fits():
+        chosen = cal.choose(key, cands, nbytes, ranks=thread_ranks(names), confirm=True)
+    ran = cal.turn(key) or chosen  # a close sample is confirmed on the key's real calls
+    if ran not in names:  # a trial's contender this call does not offer: the choice
+        cal.withdraw(key, ran)
+        ran = chosen
+    if ran == "0" and not _busy.team_fits():
         # ATen's team would wait for a busy core: the candidate the same measurement ranks
-        # first without it, this call only (its time is not the choice's: not observed)
+        # first without it, this call only (its time is not the choice's: not observed);
+        # a trial goes on without the team
+        cal.withdraw(key, "0")
         execute(cal.skip(key, "0", among=names, ranks=thread_ranks(names)))
         return
     start = cal.timer()
-    execute(chosen)
-    cal.observe(key, total, cal.timer() - start)
+    execute(ran)
+    cal.observe(key, total, cal.timer() - start, ran=ran)
 
 
 def _spans(sizes: Sequence[int]) -> list[tuple[int, int]]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 
+from sgl_core.transfer.copy import _decide
 from sgl_core.transfer.copy._busy import settle
 from sgl_core.transfer.copy._calibration_cache import (
     ENV_VAR,
@@ -18,6 +19,7 @@ from sgl_core.transfer.copy._calibration_cache import (
     DiskCache,
     host_id,
 )
+from sgl_core.transfer.copy._decide import Trial, Trials, contenders, decide
 
 __all__ = [
     "Calibrator",
@@ -31,39 +33,21 @@ __all__ = [
 ]
 
 
-def _decide(
-    seconds: Mapping[str, float],
-    order: Sequence[str],
-    margin: float,
-    ranks: Mapping[str, int] | None = None,
-) -> tuple[str, str]:
-    """The fastest candidate of the first rank whose fastest is within ``margin`` of the
-    fastest of all, and why. Without ``ranks`` each candidate is a rank of its own, in
-    ``order``; candidates of one rank compete on speed alone (the earlier on a tie)."""
-    best = min(seconds.values())
-    rank = ranks if ranks is not None else {c: i for i, c in enumerate(order)}
-    groups = [[c for c in order if rank[c] == r] for r in sorted({rank[c] for c in order})]
-    leaders = (min(group, key=lambda c: seconds[c]) for group in groups)
-    chosen = next(c for c in leaders if seconds[c] <= best * (1 + margin))
-    listed = ", ".join(f"{c}: {seconds[c] * 1e3:.3f} ms" for c in order)  # slowest rounds
-    fastest = min(order, key=lambda c: seconds[c])
-    why = "fastest" if chosen == fastest else f"preferred within {margin:.0%} of {fastest}"
-    return chosen, f"{chosen} ({why}; slowest rounds {listed})"
-
-
 @dataclasses.dataclass(eq=False, repr=False, kw_only=True)
 class Calibrator:
     """Measured choices per key; thread-safe (one lock, held while measuring).
 
-    ``rounds`` timed round-robin rounds after one untimed warm-up round, cut
-    short once ``budget_s`` is spent (every candidate keeps at least one
-    sample); a candidate's time is its slowest timed round. A candidate of a
-    later rank (``choose``'s ``ranks``; without them, later in ``order``) must beat
-    the earlier ranks by more than ``margin`` to be chosen; within a rank the fastest
-    wins. A real copy below ``drop`` x the figure (the best real copy since
-    the key was measured, at least half the sample's GB/s) is a strike;
-    ``strikes`` in a row, at least ``min_interval_s`` after the measurement,
-    make the key stale.
+    A candidate's time is its slowest of ``rounds`` rounds within ``budget_s``
+    (``slowest_rounds``). A candidate of a later rank (``choose``'s ``ranks``; without
+    them, later in ``order``) must beat the earlier ranks by more than ``margin``; within
+    a rank the fastest wins. A real copy below ``drop`` x the figure (the best real copy
+    since the key was measured, at least half the sample's GB/s) is a strike; ``strikes``
+    in a row, at least ``min_interval_s`` after the measurement, make the key stale.
+
+    A ``choose(..., confirm=True)`` whose sample leaves more than one candidate within
+    ``confirm_within`` of the fastest is confirmed on real calls: its caller runs
+    ``turn(key)`` and reports it (``observe(..., ran=)``) until each of those ran
+    ``confirm_calls`` times (0: the sample decides); the same rule then decides on them.
     """
 
     timer: Callable[[], float] = time.perf_counter
@@ -73,6 +57,8 @@ class Calibrator:
     drop: float = 0.25
     strikes: int = 3
     min_interval_s: float = 5.0
+    confirm_within: float = 0.5
+    confirm_calls: int = 2
     cache: DiskCache | None = None
     #: untimed before every candidate call (``_busy.settle`` for the process's calibrator):
     #: an OpenMP team's workers spin for milliseconds after it returns and would take a core
@@ -88,6 +74,8 @@ class Calibrator:
     _seen: dict[str, tuple[float, int]] = dataclasses.field(default_factory=dict, init=False)
     # key -> (the candidate run instead of the choice, calls that ran it): ``skip``
     _skipped: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict, init=False)
+    # the keys whose sample's choice is being confirmed on real calls
+    _trials: Trials = dataclasses.field(default_factory=Trials, init=False)
     _loaded: bool = dataclasses.field(default=False, init=False)
 
     def choices(self) -> list[CopyChoice]:
@@ -102,6 +90,7 @@ class Calibrator:
             self._stale.clear()
             self._seen.clear()
             self._skipped.clear()
+            self._trials.open.clear()
 
     def current(self, key: str) -> str | None:
         """The choice for ``key`` if one is known and not stale (nothing is measured)."""
@@ -117,6 +106,7 @@ class Calibrator:
         nbytes: int,
         cold: Callable[[], None] | None = None,
         ranks: Mapping[str, int] | None = None,
+        confirm: bool = False,
     ) -> str:
         """The candidate chosen for ``key`` (``candidates``, by preference, measured if new).
 
@@ -128,7 +118,11 @@ class Calibrator:
         ``cold``, when given, runs untimed before every candidate call and outside the
         budget: what makes a sample that repeats the same bytes see them as the real
         copy does (a per-layer load's step evicts the caches: the real loads go from
-        layer to layer, and a cache-hot repeat measured 2x their speed)."""
+        layer to layer, and a cache-hot repeat measured 2x their speed).
+
+        ``confirm``: the caller runs ``turn(key)`` on its real calls and reports them with
+        ``observe(..., ran=)``, so a close sample is confirmed there (the class's doc);
+        the choice is written to the disk cache once confirmed."""
         with self._lock:
             self._load_disk()
             known = self._choices.get(key)
@@ -137,24 +131,53 @@ class Calibrator:
             if ranks is not None and not ranks.keys() >= candidates.keys():
                 missing = sorted(candidates.keys() - ranks.keys())
                 raise ValueError(f"{key}: no rank for candidate(s) {', '.join(missing)}")
-            choice = self._measure(key, candidates, nbytes, cold, ranks)
+            with self._trials.measuring():
+                choice = self._measure(key, candidates, nbytes, cold, ranks)
             self._choices[key] = choice
             self._stale.pop(key, None)
             self._seen.pop(key, None)
-            if self.cache is not None:
-                self.cache.store(choice)
+            near = contenders(choice.seconds, choice.choice, self.confirm_within)
+            if confirm and near and self.confirm_calls > 0:
+                self._trials.open[key] = Trial(order=near, calls=self.confirm_calls, ranks=ranks)
+            else:
+                self._trials.open.pop(key, None)
+                if self.cache is not None:
+                    self.cache.store(choice)
             return choice.choice
 
-    def observe(self, key: str, nbytes: int, seconds: float) -> bool:
-        """Report one real copy of ``key``; True when this made the key stale.
+    def turn(self, key: str) -> str | None:
+        """The candidate this real call of ``key`` runs while its choice is confirmed
+        (report it: ``observe(..., ran=)``); None: run the choice (``Trials.turn``)."""
+        with self._lock:
+            return self._trials.turn(key)
+
+    def withdraw(self, key: str, name: str) -> None:
+        """``key``'s real-call trial goes on without ``name`` (it may not run now)."""
+        with self._lock:
+            self._settle(key, self._trials.withdraw(key, name))
+
+    def confirming(self) -> tuple[list[str], int]:
+        """The keys whose choice is being confirmed on real calls, and how many real
+        calls every trial recorded so far."""
+        with self._lock:
+            return sorted(self._trials.open), self._trials.recorded
+
+    def observe(self, key: str, nbytes: int, seconds: float, ran: str | None = None) -> bool:
+        """Report one real copy of ``key``; True when this made the key stale. ``ran``:
+        the candidate it ran (a trial's turn; another than the choice is not compared).
 
         The figure a copy is compared with is the best real copy of the key
         since it was measured (a sample is small and may sit in cache, so
         its own GB/s would overstate what a whole call reaches).
         """
         with self._lock:
+            if key in self._trials.open:
+                self._settle(key, self._trials.record(key, ran or "", nbytes, seconds))
+                return False
             known = self._choices.get(key)
             if known is None or key in self._stale or seconds <= 0:
+                return False
+            if ran is not None and ran != known.choice:
                 return False
             gbps = nbytes / seconds / 1e9
             # the figure: the best real copy since measured, and at least half the sample's
@@ -196,7 +219,7 @@ class Calibrator:
             rest.pop(without, None)
             if among is not None:
                 rest = {c: t for c, t in rest.items() if c in among}
-            instead = _decide(rest, list(rest), self.margin, ranks)[0] if rest else default
+            instead = decide(rest, list(rest), self.margin, ranks)[0] if rest else default
             calls = self._skipped.get(key, (instead, 0))[1] + 1
             self._skipped[key] = (instead, calls)
             return instead
@@ -221,31 +244,32 @@ class Calibrator:
             return CopyChoice(
                 key, only, {only: 1.0}, nbytes, "measured", f"{only} (only candidate)", self.timer()
             )
-        samples: dict[str, list[float]] = {c: [] for c in order}
-        spent = 0.0  # the candidates' own time (``cold`` is not charged to the budget)
-        for round_no in range(self.rounds + 1):
-            for name in order:
-                if cold is not None:
-                    cold()
-                if self.settle is not None:
-                    self.settle()
-                t0 = self.timer()
-                candidates[name]()
-                took = self.timer() - t0
-                spent += took
-                if round_no:  # round 0 warms up (threads, caches, allocations)
-                    samples[name].append(took)
-            if round_no and spent > self.budget_s:
-                break
-        # each candidate is charged its slowest timed round: a strategy that now and then
-        # waits for a busy core (an OpenMP team) must not win on one lucky round
-        seconds = {c: max(v) for c, v in samples.items()}
-        chosen, reason = _decide(seconds, order, self.margin, ranks)
+        seconds = _decide.slowest_rounds(
+            candidates, self.rounds, self.budget_s, self.timer, [cold, self.settle]
+        )
+        chosen, reason = decide(seconds, order, self.margin, ranks)
         stale = self._stale.get(key)
         source = "re-measured" if stale else "measured"
         if stale:
             reason += f"; re-measured: {stale}"
         return CopyChoice(key, chosen, seconds, nbytes, source, reason, self.timer())
+
+    def _settle(self, key: str, trial: Trial | None) -> None:
+        """After ``key``'s trial (None: not over), its real calls decide (``confirmed``; the
+        sample's choice stays when fewer than two contenders ran); the choice is cached."""
+        if trial is None:
+            return
+        sample = self._choices[key]
+        seconds, mean = trial.seconds()
+        choice = sample
+        if len(seconds) > 1:
+            chosen, why = _decide.confirmed(seconds, sample.choice, self.margin, trial.ranks)
+            reason = f"{why}; the sample chose {sample.reason}"
+            choice = CopyChoice(key, chosen, seconds, mean, "confirmed", reason, self.timer())
+        self._choices[key] = choice
+        self._seen.pop(key, None)
+        if self.cache is not None:
+            self.cache.store(choice)
 
     def _load_disk(self) -> None:
         loaded, self._loaded = self._loaded, True

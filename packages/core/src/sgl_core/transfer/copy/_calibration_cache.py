@@ -32,15 +32,15 @@ class CopyChoice:
 
     key: str
     choice: str
-    seconds: dict[str, float]  # each candidate's slowest timed round on the sample
-    nbytes: int  # bytes one run of the sample moves
-    source: str  # "measured", "re-measured" or "disk cache"
+    seconds: dict[str, float]  # each candidate's slowest sample round (confirmed: mean call)
+    nbytes: int  # bytes one run of the sample moves (confirmed: the mean real call's)
+    source: str  # "measured", "re-measured", "confirmed" (on real calls) or "disk cache"
     reason: str
     measured_at: float = 0.0  # the calibrator's clock when it was measured or loaded
 
     @property
     def gbps(self) -> float:
-        """The chosen candidate's throughput on the sample, GB/s."""
+        """The chosen candidate's throughput on the sample (or its real calls), GB/s."""
         return self.nbytes / max(self.seconds[self.choice], 1e-12) / 1e9
 
 
@@ -54,8 +54,9 @@ ENV_VAR = "SGLCORE_COPY_CALIBRATION"
 # by slices offer it, and a slices key's piece is what the streaming table cuts (a v3 key
 # could name a page_first and a layer_first backup at once); v5: candidates ranked by
 # thread count (a v4 choice kept memmove or ATen's team within 25% of a faster streaming
-# copy on as many threads)
-FORMAT = "sgl-core copy calibration v5"
+# copy on as many threads); v6: close samples confirmed on real calls (a v5 choice is a
+# sample's alone)
+FORMAT = "sgl-core copy calibration v6"
 
 
 def _cpu_model() -> str:
@@ -84,7 +85,7 @@ def _entry(key: str, raw: object, path: Path, now: float) -> CopyChoice | None:
         return None
     clean = {str(name): float(value) for name, value in seconds.items()}
     listed = ", ".join(f"{c}: {t * 1e3:.3f} ms" for c, t in clean.items())
-    reason = f"{choice} (read from {path}; slowest rounds {listed})"
+    reason = f"{choice} (read from {path}; measured {listed})"
     return CopyChoice(key, choice, clean, nbytes, "disk cache", reason, now)
 
 

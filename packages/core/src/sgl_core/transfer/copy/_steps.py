@@ -18,6 +18,7 @@ from sgl_core.transfer.copy import _copy, _evict
 from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates, thread_ranks
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import _memmove_all, _pool
+from sgl_core.transfer.copy._decide import confirm_call
 from sgl_core.transfer.copy._pieces import index_chunk, numpy_rows, split_parts
 from sgl_core.transfer.copy._stream import stream_copy, stream_each
 from sgl_core.transfer.copy._stream_table import (
@@ -105,16 +106,17 @@ def _resolve(
         builds.update({f"stream{t}": functools.partial(stream, t) for t in counts})
     cal = default_calibrator()
     chosen = cal.current(key)
-    if chosen in builds:
+    if chosen in builds and cal.turn(key) is None:
         return builds[chosen]()
-    # unknown, stale, or a candidate this process does not offer: measure the built steps
-    # (building one, e.g. the streaming copy's address table, is not what a load repeats)
-    steps = {name: b() for name, b in builds.items()}
-    # a sample smaller than the caches would repeat cache-hot bytes (a per-layer load)
-    cold = _evict.evict_caches if nbytes < _evict.scratch_bytes() else None
+    steps = {name: b() for name, b in builds.items()}  # measured built: a load repeats them
     runs = {name: st.run for name, st in steps.items()}
-    chosen = cal.choose(key, runs, nbytes, cold, thread_ranks(runs))
-    return steps[chosen]
+    if chosen not in builds:  # unknown, stale, or a candidate this process does not offer
+        # a sample smaller than the caches would repeat cache-hot bytes (a per-layer load)
+        cold = _evict.evict_caches if nbytes < _evict.scratch_bytes() else None
+        chosen = cal.choose(key, runs, nbytes, cold, thread_ranks(runs), confirm=True)
+    # a close sample: the real loads take the trial's turns (``confirm_call``)
+    trial = Step(confirm_call, ((cal, key, nbytes, runs, chosen),))
+    return steps[chosen] if cal.turn(key) is None else trial
 
 
 def _split(items: Sequence[Any], threads: int) -> tuple[tuple[Any, ...], ...]:

@@ -1,0 +1,478 @@
+"""A close copy calibration confirmed on the key's own real calls (issue #27): which
+candidates contend, how turns alternate, what a timed call may record, the verdict, the
+disk cache, and an AUTO copy that runs the turns.
+
+No timed assertions: durations are scripted on fake clocks; the copies are checked for
+their bytes and for which candidate ran.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from sgl_core.cli._hicache import settle_calibration
+from sgl_core.transfer.copy import _auto_copy, _busy, _calibrate
+from sgl_core.transfer.copy._auto_copy import _bucket, thread_ranks
+from sgl_core.transfer.copy._calibrate import Calibrator, DiskCache
+from sgl_core.transfer.copy._copy import copy_blocks
+from sgl_core.transfer.copy._decide import (
+    Trial,
+    Trials,
+    confirm_call,
+    confirmed,
+    contenders,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def cost(
+        self, seconds: float, ran: list[str] | None = None, name: str = ""
+    ) -> Callable[[], None]:
+        def run() -> None:
+            self.now += seconds
+            if ran is not None:
+                ran.append(name)
+
+        return run
+
+
+# ---------------------------------------------------------------- contenders, Trial
+
+
+def test_contenders_are_the_candidates_within_the_bound_of_the_fastest() -> None:
+    seconds = {"1": 1.5, "2": 1.0, "0": 1.75, "stream1": 4.0}
+    assert contenders(seconds, "2", 0.5) == ["1", "2"]  # 1.5 is exactly 1.5 x 1.0: in
+    assert contenders(seconds, "2", 0.75) == ["1", "2", "0"]  # in the sample's order
+    assert contenders(seconds, "stream1", 0.5) == ["1", "2", "stream1"]  # the choice always
+    assert contenders(seconds, "2", 0.25) == []  # one left: nothing to confirm
+    assert contenders({"1": 1.0}, "1", 10.0) == []
+
+
+def test_a_trial_alternates_its_contenders_and_ends_after_each_ran_its_calls() -> None:
+    trial = Trial(order=["a", "b", "c"], calls=2)
+    ran = []
+    for _ in range(6):
+        assert not trial.done()
+        name = trial.turn()
+        ran.append(name)
+        trial.record(name, 100, 1.0)
+    assert ran == ["a", "b", "c"] * 2 and trial.done()
+
+
+def test_a_trial_ignores_other_names_and_empty_calls() -> None:
+    trial = Trial(order=["a", "b"], calls=1)
+    assert not trial.record("z", 100, 1.0)
+    assert not trial.record("a", 100, 0.0)
+    assert not trial.record("a", 0, 1.0)
+    assert not trial.record("a", 100, -1.0)
+    assert trial.timed == {"a": [], "b": []} and trial.turn() == "a"
+    assert trial.record("a", 1, 1e-9)
+    assert trial.timed["a"] == [(1, 1e-9)] and trial.turn() == "b"
+
+
+def test_a_withdrawn_contender_leaves_the_trial() -> None:
+    trial = Trial(order=["a", "b", "c"], calls=1)
+    trial.record("a", 100, 1.0)
+    trial.withdraw("a")
+    trial.withdraw("z")  # not a contender: nothing changes
+    assert trial.order == ["b", "c"] and trial.timed == {"b": [], "c": []}
+    assert not trial.done() and trial.turn() == "b"
+    trial.withdraw("c")
+    assert trial.done()  # one left
+
+
+def test_the_seconds_of_the_mean_call_weigh_bigger_calls_more() -> None:
+    trial = Trial(order=["a", "b", "c"], calls=2)
+    trial.record("a", 100, 1.0)
+    trial.record("a", 300, 2.0)  # 3 s for 400 bytes
+    trial.record("b", 200, 1.0)
+    seconds, mean = trial.seconds()
+    assert mean == 200  # (100 + 300 + 200) // 3 calls
+    assert seconds == pytest.approx({"a": 3.0 / 400 * 200, "b": 1.0})  # c never ran
+    assert list(seconds) == ["a", "b"]
+    assert Trial(order=["a"], calls=1).seconds() == ({}, 0)
+
+
+# ---------------------------------------------------------------- Trials
+
+
+def _open(trials: Trials, key: str, order: list[str]) -> None:
+    trials.open[key] = Trial(order=order, calls=1)
+
+
+def test_a_call_counts_only_after_its_own_turn() -> None:
+    trials = Trials()
+    _open(trials, "k", ["a", "b"])
+    assert trials.record("k", "a", 10, 1.0) is None  # no turn asked: not recorded
+    assert trials.open["k"].timed == {"a": [], "b": []} and trials.recorded == 0
+    assert trials.turn("k") == "a"
+    assert trials.record("k", "a", 10, 1.0) is None
+    assert trials.open["k"].timed["a"] == [(10, 1.0)] and trials.recorded == 1
+    assert trials.record("k", "b", 10, 1.0) is None  # that turn was used: not recorded
+    assert trials.turn("k") == "b"
+    done = trials.record("k", "b", 10, 2.0)
+    assert done is not None and done.timed == {"a": [(10, 1.0)], "b": [(10, 2.0)]}
+    assert "k" not in trials.open and trials.recorded == 2
+    assert trials.turn("k") is None and trials.record("k", "a", 10, 1.0) is None
+
+
+def test_a_call_with_a_nested_trial_call_inside_is_not_recorded() -> None:
+    """A stacked backup's path (outer) runs its slices step (inner, confirmed too): the
+    outer call's time holds an inner contender's, so only the inner one counts."""
+    trials = Trials()
+    _open(trials, "outer", ["runs", "slices"])
+    _open(trials, "inner", ["1", "2"])
+    assert trials.turn("outer") == "runs"
+    assert trials.turn("inner") == "1"
+    trials.record("inner", "1", 10, 1.0)
+    trials.record("outer", "runs", 10, 3.0)
+    assert trials.open["outer"].timed == {"runs": [], "slices": []}
+    assert trials.open["inner"].timed["1"] == [(10, 1.0)]
+    assert trials.turn("outer") == "runs"  # asked again: this time nothing nested
+    trials.record("outer", "runs", 10, 2.0)
+    assert trials.open["outer"].timed["runs"] == [(10, 2.0)]
+    assert trials.turn("outer") == "slices"
+    assert trials.turn("inner") == "2"
+    trials.record("inner", "2", 10, 0.0)  # ignored (no time): it voids nothing
+    done = trials.record("outer", "slices", 10, 2.0)  # each ran once: over
+    assert done is not None and done.timed["slices"] == [(10, 2.0)] and trials.recorded == 3
+
+
+def test_another_threads_calls_do_not_void_this_threads_turn() -> None:
+    trials = Trials()
+    _open(trials, "k", ["a", "b"])
+    _open(trials, "j", ["x", "y"])
+    assert trials.turn("k") == "a"
+
+    def other() -> None:
+        assert trials.turn("j") == "x"
+        trials.record("j", "x", 10, 1.0)
+        trials.record("k", "b", 10, 1.0)  # no turn of k on that thread: not recorded
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    worker.join()
+    trials.record("k", "a", 10, 1.0)
+    assert trials.open["k"].timed == {"a": [(10, 1.0)], "b": []}
+    assert trials.open["j"].timed["x"] == [(10, 1.0)] and trials.recorded == 2
+
+
+def test_no_turn_is_given_while_the_thread_measures() -> None:
+    trials = Trials()
+    _open(trials, "k", ["a", "b"])
+    with trials.measuring():
+        with trials.measuring():
+            assert trials.turn("k") is None
+        assert trials.turn("k") is None
+    assert trials.turn("k") == "a"
+
+
+def test_withdrawing_the_last_but_one_contender_closes_the_trial() -> None:
+    trials = Trials()
+    assert trials.withdraw("k", "a") is None  # no trial
+    _open(trials, "k", ["a", "b", "c"])
+    assert trials.withdraw("k", "a") is None and trials.open["k"].order == ["b", "c"]
+    done = trials.withdraw("k", "b")
+    assert done is not None and done.order == ["c"] and "k" not in trials.open
+
+
+# ---------------------------------------------------------------- the calibrator
+
+
+def _close_sample(clock: Clock, cal: Calibrator, confirm: bool = True) -> str:
+    """ "x" 1.0 s and "y" 1.2 s a sample (one rank each): "x" chosen, "y" within 50%."""
+    return cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(1.2)}, 100, confirm=confirm)
+
+
+def _real_call(clock: Clock, cal: Calibrator, costs: dict[str, float], nbytes: int = 100) -> str:
+    name = cal.turn("k") or cal.current("k") or ""
+    start = clock()
+    clock.now += costs[name]
+    cal.observe("k", nbytes, clock() - start, ran=name)
+    return name
+
+
+def test_a_close_sample_is_decided_by_the_real_calls(clock: Clock, tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path / "cal.json")
+    cal = Calibrator(timer=clock, budget_s=1e9, cache=cache)
+    assert _close_sample(clock, cal) == "x"
+    assert cal.confirming() == (["k"], 0) and cal.current("k") == "x"
+    assert cache.load() == {}  # written once confirmed
+    costs = {"x": 3.0, "y": 1.0}  # the whole calls rank them the other way
+    ran = [_real_call(clock, cal, costs) for _ in range(5)]
+    assert ran == ["x", "y", "x", "y", "y"]
+    assert cal.confirming() == ([], 4) and cal.current("k") == "y"
+    (choice,) = cal.choices()
+    assert choice.source == "confirmed" and choice.choice == "y"
+    assert choice.seconds == pytest.approx({"x": 3.0, "y": 1.0}) and choice.nbytes == 100
+    assert choice.measured_at == pytest.approx(clock.now - 1.0)  # settled, then one call
+    assert choice.reason.startswith("y (fastest; real calls x: 3000.000 ms, y: 1000.000 ms)")
+    assert "the sample chose x (fastest; slowest rounds" in choice.reason
+    stored = json.loads((tmp_path / "cal.json").read_text())["entries"]["k"]
+    assert stored["choice"] == "y" and stored["seconds"] == pytest.approx({"x": 3.0, "y": 1.0})
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def test_the_real_calls_keep_the_margin_for_a_later_rank(clock: Clock) -> None:
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    _close_sample(clock, cal)
+    for _ in range(4):  # y is 15% faster on the real calls: within the 25% margin
+        _real_call(clock, cal, {"x": 1.0, "y": 0.85})
+    (choice,) = cal.choices()
+    assert choice.choice == "x" and "preferred within 25% of y; real calls" in choice.reason
+
+
+@pytest.mark.parametrize(("y", "choice"), [(0.75, "y"), (0.8, "x"), (0.9, "x")])
+def test_the_sample_stays_unless_the_real_calls_beat_it_by_the_margin(
+    clock: Clock, y: float, choice: str
+) -> None:
+    """One rank: the real calls' fastest must be more than 25% faster than the sample's
+    choice to overrule it (x 1.0 s: 0.8 s is exactly 25% faster and does not)."""
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    cands = {"x": clock.cost(1.0), "y": clock.cost(1.125)}
+    assert cal.choose("k", cands, 100, ranks={"x": 1, "y": 1}, confirm=True) == "x"
+    for _ in range(4):
+        _real_call(clock, cal, {"x": 1.0, "y": y})
+    (got,) = cal.choices()
+    assert got.choice == choice and got.source == "confirmed"
+    if choice == "x":
+        assert got.reason.startswith("x (kept within 25% of y; real calls x: 1000.000 ms")
+
+
+def test_confirmed_keeps_the_sample_only_where_it_ran() -> None:
+    """``confirmed`` as the trial calls it: a sample's choice that was withdrawn (not
+    timed) cannot stay; one within the margin of the real calls' choice does."""
+    seconds = {"1": 1.0, "2": 0.5}
+    assert confirmed(seconds, "0", 0.25, None)[0] == "2"  # "0" never ran: decide's choice
+    assert confirmed(seconds, "1", 0.25, None)[0] == "2"  # 1.0 > 0.5 x 1.25
+    assert confirmed({"1": 0.625, "2": 0.5}, "1", 0.25, None)[0] == "1"  # exactly: stays
+    assert confirmed({"1": 1.0, "2": 0.9}, "2", 0.25, None) == (
+        "2",
+        "2 (kept within 25% of 1; real calls 1: 1000.000 ms, 2: 900.000 ms)",
+    )  # decide would keep the earlier rank within the margin: the sample's 2 stays
+    assert confirmed(seconds, "2", 0.25, None) == (
+        "2",
+        "2 (fastest; real calls 1: 1000.000 ms, 2: 500.000 ms)",
+    )
+
+
+def test_no_trial_without_confirm_or_calls_or_a_close_runner_up(clock: Clock) -> None:
+    plain = Calibrator(timer=clock, budget_s=1e9)
+    _close_sample(clock, plain, confirm=False)
+    assert plain.confirming() == ([], 0) and plain.turn("k") is None
+    off = Calibrator(timer=clock, budget_s=1e9, confirm_calls=0)
+    _close_sample(clock, off)
+    assert off.confirming() == ([], 0) and off.choices()[0].source == "measured"
+    far = Calibrator(timer=clock, budget_s=1e9, confirm_within=0.1)
+    _close_sample(clock, far)  # 1.2 is not within 10% of 1.0
+    assert far.confirming() == ([], 0)
+
+
+def test_the_calls_per_contender_are_the_calibrators(clock: Clock) -> None:
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=3)
+    _close_sample(clock, cal)
+    ran = [_real_call(clock, cal, {"x": 1.0, "y": 2.0}) for _ in range(7)]
+    assert ran == ["x", "y"] * 3 + ["x"] and cal.choices()[0].source == "confirmed"
+
+
+def test_a_trial_with_one_contender_left_keeps_the_sample(clock: Clock, tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path / "cal.json")
+    cal = Calibrator(timer=clock, budget_s=1e9, cache=cache)
+    _close_sample(clock, cal)
+    _real_call(clock, cal, {"x": 5.0, "y": 1.0})  # x timed once
+    cal.withdraw("k", "y")
+    (choice,) = cal.choices()
+    assert cal.confirming() == ([], 1) and choice.source == "measured" and choice.choice == "x"
+    assert choice.seconds == pytest.approx({"x": 1.0, "y": 1.2})  # the sample's
+    assert cache.load()["k"].choice == "x"  # cached once the trial ended
+    cal.withdraw("k", "x")  # no trial: nothing happens
+    assert cal.current("k") == "x"
+
+
+def test_observe_compares_only_the_choices_own_calls(clock: Clock) -> None:
+    cal = Calibrator(timer=clock, budget_s=1e9, strikes=1, min_interval_s=0.0)
+    cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(5.0)}, 100, confirm=True)
+    assert cal.confirming() == ([], 0)  # y is not within 50%
+    assert not cal.observe("k", 100, 1e3, ran="y")  # another candidate: not a strike
+    assert cal.current("k") == "x"
+    assert cal.observe("k", 100, 1e3, ran="x")  # the choice, 1000x slower: stale
+    assert cal.current("k") is None
+
+
+def test_a_trial_call_is_no_strike(clock: Clock) -> None:
+    cal = Calibrator(timer=clock, budget_s=1e9, strikes=1, min_interval_s=0.0)
+    _close_sample(clock, cal)
+    assert cal.turn("k") == "x"
+    assert not cal.observe("k", 100, 1e3, ran="x")  # recorded in the trial, not compared
+    assert cal.current("k") == "x" and cal._seen == {}
+
+
+def test_forget_ends_every_trial(clock: Clock) -> None:
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    _close_sample(clock, cal)
+    cal.forget()
+    assert cal.confirming() == ([], 0) and cal.turn("k") is None
+
+
+def test_a_new_measurement_without_a_close_runner_up_ends_the_trial(clock: Clock) -> None:
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    _close_sample(clock, cal)
+    cal._stale["k"] = "test"  # measured again: y is now far behind
+    cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(9.0)}, 100, confirm=True)
+    assert cal.confirming() == ([], 0) and cal.current("k") == "x"
+
+
+def test_a_sample_does_not_take_a_trials_turns(clock: Clock) -> None:
+    """A candidate measured by one key may run a copy another key is confirming: that key
+    gives no turn inside the measurement (its choice runs, unrecorded)."""
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    _close_sample(clock, cal)
+    inner: list[str | None] = []
+
+    def outer_candidate() -> None:
+        inner.append(cal.turn("k"))
+        clock.now += 1.0
+
+    cal.choose("outer", {"a": outer_candidate, "b": clock.cost(1.0)}, 1, confirm=True)
+    assert inner == [None] * 4 and cal.turn("k") == "x"
+
+
+# ---------------------------------------------------------------- callers
+
+
+def test_confirm_call_runs_the_turns_then_the_verdict(clock: Clock) -> None:
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    _close_sample(clock, cal)
+    ran: list[str] = []
+    runs = {"x": clock.cost(3.0, ran, "x"), "y": clock.cost(1.0, ran, "y")}
+    for _ in range(6):
+        confirm_call(cal, "k", 100, runs, "x")
+    assert ran == ["x", "y", "x", "y", "y", "y"] and cal.current("k") == "y"
+    cal.forget()  # nothing known: the step's own sample choice
+    confirm_call(cal, "k", 100, runs, "x")
+    assert ran[-1] == "x"
+
+
+def test_confirm_call_withdraws_a_contender_it_does_not_hold(clock: Clock) -> None:
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    _close_sample(clock, cal)
+    ran: list[str] = []
+    confirm_call(cal, "k", 100, {"y": clock.cost(1.0, ran, "y")}, "y")
+    assert ran == ["y"] and cal.confirming() == ([], 0)  # x withdrawn: one left, ended
+    assert cal.choices()[0].source == "measured"  # y was not timed as a turn: the sample
+
+
+@pytest.fixture
+def cal(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> Calibrator:
+    fresh = Calibrator(timer=clock, budget_s=1e9)
+    monkeypatch.setattr(_calibrate, "_default", fresh)
+    return fresh
+
+
+def _blocks() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(5)
+    src = [torch.randint(0, 1 << 30, (4, 70000), generator=g, dtype=torch.int32) for _ in range(2)]
+    return [torch.zeros_like(s) for s in src], src
+
+
+def _priced_blocks(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock, price: Callable[[int, int], float]
+) -> list[tuple[int, int]]:
+    """``copy_blocks`` under AUTO charged ``price(threads, blocks)`` on ``clock``; the
+    (threads, blocks) of each call."""
+    calls: list[tuple[int, int]] = []
+
+    def spy(dst: list[torch.Tensor], src: list[torch.Tensor], *, threads: int = 0) -> None:
+        calls.append((threads, len(dst)))
+        clock.now += price(threads, len(dst))
+        copy_blocks(dst, src, threads=threads)
+
+    monkeypatch.setattr(_auto_copy, "copy_blocks", spy)
+    return calls
+
+
+def test_an_auto_copy_confirms_a_close_sample_on_its_calls(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock, cal: Calibrator
+) -> None:
+    """The sample copies one block, where one thread is within the margin of two; a whole
+    call copies two, where two threads (fixed cost, cheap blocks) win clearly."""
+    monkeypatch.setattr(_auto_copy._copy, "_workers", 1)
+
+    def price(threads: int, blocks: int) -> float:
+        return {1: 1.0 * blocks, 2: 0.6 + 0.3 * blocks, 0: 5.0 * blocks}[threads]
+
+    calls = _priced_blocks(monkeypatch, clock, price)
+    dst, src = _blocks()
+    for _ in range(5):
+        for d in dst:
+            d.zero_()
+        copy_blocks(dst, src, threads=-1)
+        assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
+    whole = [t for t, n in calls if n == 2]
+    assert whole == [1, 2, 1, 2, 2]
+    key = f"copy cpu->cpu {_bucket(dst[0].numel() * 4)} contiguous"
+    (choice,) = cal.choices()
+    assert choice.key == key and choice.source == "confirmed" and choice.choice == "2"
+    assert choice.nbytes == 2 * dst[0].numel() * 4
+    assert "the sample chose 1 (preferred within 25% of 2" in choice.reason
+
+
+def test_a_busy_machine_withdraws_the_team_from_a_trial(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock, cal: Calibrator
+) -> None:
+    monkeypatch.setattr(_auto_copy._copy, "_workers", 1)
+    monkeypatch.setattr(_busy, "team_fits", lambda: False)
+
+    def price(threads: int, blocks: int) -> float:
+        return {1: 1.3, 2: 1.2, 0: 1.0}[threads] * blocks  # the team first, all close
+
+    calls = _priced_blocks(monkeypatch, clock, price)
+    dst, src = _blocks()
+    for _ in range(5):
+        copy_blocks(dst, src, threads=-1)
+        assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
+    whole = [t for t, n in calls if n == 2]
+    # turns 1, 2, then the team's: withdrawn, and the sample's runner-up without it runs
+    # (1, within the margin of 2), unrecorded; then turns 1, 2 again
+    assert whole == [1, 2, 1, 1, 2]
+    assert cal.skipped() == {f"copy cpu->cpu {_bucket(280000 * 4)} contiguous": ("1", 1)}
+    (choice,) = cal.choices()
+    assert choice.source == "confirmed" and set(choice.seconds) == {"1", "2"}
+    assert thread_ranks(choice.seconds) == {"1": 1, "2": 2}
+    # real calls: 1 at 2.6 s, 2 at 2.4 s; decide would keep 1 (the earlier rank, within
+    # the margin), but the sample's 2 is within the margin of it: 2 stays
+    assert choice.choice == "2" and choice.reason.startswith("2 (kept within 25% of 1;")
+
+
+def test_settling_runs_rounds_while_trials_record_calls(clock: Clock, cal: Calibrator) -> None:
+    _close_sample(clock, cal)  # 2 contenders x 2 calls
+    rounds: list[str] = []
+
+    def one_round() -> None:
+        rounds.append(_real_call(clock, cal, {"x": 1.0, "y": 2.0}))
+
+    assert settle_calibration(one_round, rounds=10) == 4 and rounds == ["x", "y", "x", "y"]
+    assert settle_calibration(one_round, rounds=10) == 0  # nothing open: no round
+    _close_sample(clock, Calibrator(timer=clock))  # another calibrator's trial: not ours
+    cal._stale["k"] = "again"
+    _close_sample(clock, cal)
+    assert settle_calibration(one_round, rounds=3) == 3  # the bound
+    stuck: list[int] = []
+    assert settle_calibration(lambda: stuck.append(1), rounds=10) == 1  # nothing recorded
+    assert stuck == [1]
