@@ -364,3 +364,24 @@ def test_an_explicit_copy_threads_wins(fresh: FakeClock) -> None:
     assert copy_calibration() == []
     _round_trip(CopyTuning())  # an explicit tuning with copy_threads AUTO asks the calibrator
     assert copy_calibration() != []
+
+
+def test_a_real_copy_exactly_at_the_drop_is_no_strike(clock: FakeClock) -> None:
+    """The figure is at least half the sample's GB/s (2 GB/s here: 1 GB/s); a copy at
+    exactly ``drop`` x that (0.25 GB/s) is no strike, one below it is."""
+    cal = Calibrator(timer=clock, drop=0.25, strikes=1, min_interval_s=0.0, budget_s=10)
+    cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(4.0)}, 2_000_000_000)
+    assert not cal.observe("k", 250_000_000, 1.0)
+    assert cal.current("k") == "x"
+    assert cal.observe("k", 200_000_000, 1.0)  # 0.2 GB/s < 0.25: stale
+    assert cal.current("k") is None
+
+
+def test_a_good_copy_clears_the_strikes(clock: FakeClock) -> None:
+    cal = Calibrator(timer=clock, drop=0.25, strikes=2, min_interval_s=0.0, budget_s=10)
+    cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(4.0)}, 1_000_000_000)
+    assert not cal.observe("k", 1, 1.0)  # strike 1
+    assert not cal.observe("k", 1_000_000_000, 1.0)  # as fast as measured: strikes cleared
+    assert not cal.observe("k", 1, 1.0)  # strike 1 again, not 2
+    assert cal.current("k") == "x"
+    assert cal.observe("k", 1, 1.0)  # strike 2: stale

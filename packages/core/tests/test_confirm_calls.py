@@ -19,7 +19,7 @@ import torch
 from sgl_core.cli._hicache import settle_calibration
 from sgl_core.transfer.copy import _auto_copy, _busy, _calibrate
 from sgl_core.transfer.copy._auto_copy import _bucket, thread_ranks
-from sgl_core.transfer.copy._calibrate import Calibrator, DiskCache
+from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice, DiskCache
 from sgl_core.transfer.copy._copy import copy_blocks
 from sgl_core.transfer.copy._decide import (
     Trial,
@@ -103,6 +103,13 @@ def test_the_seconds_of_the_mean_call_weigh_bigger_calls_more() -> None:
     assert seconds == pytest.approx({"a": 3.0 / 400 * 200, "b": 1.0})  # c never ran
     assert list(seconds) == ["a", "b"]
     assert Trial(order=["a"], calls=1).seconds() == ({}, 0)
+    one = Trial(order=["a", "b"], calls=2)
+    one.record("a", 101, 2.0)
+    assert one.seconds() == ({"a": 2.0}, 101)  # one call: its own bytes
+    one.record("a", 100, 2.0)
+    seconds, mean = one.seconds()
+    assert mean == 100 and isinstance(mean, int)  # 201 // 2: whole bytes
+    assert seconds == pytest.approx({"a": 4.0 / 201 * 100})
 
 
 # ---------------------------------------------------------------- Trials
@@ -192,8 +199,11 @@ def test_withdrawing_the_last_but_one_contender_closes_the_trial() -> None:
 
 
 def _close_sample(clock: Clock, cal: Calibrator, confirm: bool = True) -> str:
-    """ "x" 1.0 s and "y" 1.2 s a sample (one rank each): "x" chosen, "y" within 50%."""
-    return cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(1.2)}, 100, confirm=confirm)
+    """x 1.0 s and y 1.2 s a sample (one rank each): x chosen, y within 50%."""
+    cands = {"x": clock.cost(1.0), "y": clock.cost(1.2)}
+    if not confirm:  # choose's default
+        return cal.choose("k", cands, 100)
+    return cal.choose("k", cands, 100, confirm=True)
 
 
 def _real_call(clock: Clock, cal: Calibrator, costs: dict[str, float], nbytes: int = 100) -> str:
@@ -262,6 +272,7 @@ def test_confirmed_keeps_the_sample_only_where_it_ran() -> None:
     assert confirmed(seconds, "0", 0.25, None)[0] == "2"  # "0" never ran: decide's choice
     assert confirmed(seconds, "1", 0.25, None)[0] == "2"  # 1.0 > 0.5 x 1.25
     assert confirmed({"1": 0.625, "2": 0.5}, "1", 0.25, None)[0] == "1"  # exactly: stays
+    assert confirmed({"1": 0.5, "2": 0.625}, "2", 0.25, None)[0] == "2"  # exactly: stays
     assert confirmed({"1": 1.0, "2": 0.9}, "2", 0.25, None) == (
         "2",
         "2 (kept within 25% of 1; real calls 1: 1000.000 ms, 2: 900.000 ms)",
@@ -282,6 +293,22 @@ def test_no_trial_without_confirm_or_calls_or_a_close_runner_up(clock: Clock) ->
     far = Calibrator(timer=clock, budget_s=1e9, confirm_within=0.1)
     _close_sample(clock, far)  # 1.2 is not within 10% of 1.0
     assert far.confirming() == ([], 0)
+
+
+def test_the_samples_choice_contends_even_outside_the_bound(clock: Clock) -> None:
+    """x, the earlier rank, is chosen within the 25% margin of y; with a 10% bound only y
+    is near the fastest, and x contends anyway (a trial without the choice would be none)."""
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_within=0.1)
+    cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(0.875)}, 100, confirm=True)
+    assert cal.current("k") == "x" and cal.confirming() == (["k"], 0)
+    assert cal._trials.open["k"].order == ["x", "y"]
+
+
+def test_one_call_per_contender_is_a_trial(clock: Clock) -> None:
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=1)
+    _close_sample(clock, cal)
+    ran = [_real_call(clock, cal, {"x": 1.0, "y": 2.0}) for _ in range(3)]
+    assert ran == ["x", "y", "x"] and cal.choices()[0].source == "confirmed"
 
 
 def test_the_calls_per_contender_are_the_calibrators(clock: Clock) -> None:
@@ -385,17 +412,11 @@ def cal(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> Calibrator:
     return fresh
 
 
-def _blocks() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    g = torch.Generator().manual_seed(5)
-    src = [torch.randint(0, 1 << 30, (4, 70000), generator=g, dtype=torch.int32) for _ in range(2)]
-    return [torch.zeros_like(s) for s in src], src
-
-
 def _priced_blocks(
     monkeypatch: pytest.MonkeyPatch, clock: Clock, price: Callable[[int, int], float]
-) -> list[tuple[int, int]]:
-    """``copy_blocks`` under AUTO charged ``price(threads, blocks)`` on ``clock``; the
-    (threads, blocks) of each call."""
+) -> tuple[list[tuple[int, int]], list[torch.Tensor], list[torch.Tensor]]:
+    """Two 1.1 MB blocks (and their zeroed destinations), and ``copy_blocks`` under AUTO
+    charged ``price(threads, blocks)`` on ``clock``: the (threads, blocks) of each call."""
     calls: list[tuple[int, int]] = []
 
     def spy(dst: list[torch.Tensor], src: list[torch.Tensor], *, threads: int = 0) -> None:
@@ -404,7 +425,9 @@ def _priced_blocks(
         copy_blocks(dst, src, threads=threads)
 
     monkeypatch.setattr(_auto_copy, "copy_blocks", spy)
-    return calls
+    g = torch.Generator().manual_seed(5)
+    src = [torch.randint(0, 1 << 30, (4, 70000), generator=g, dtype=torch.int32) for _ in "ab"]
+    return calls, [torch.zeros_like(s) for s in src], src
 
 
 def test_an_auto_copy_confirms_a_close_sample_on_its_calls(
@@ -417,8 +440,7 @@ def test_an_auto_copy_confirms_a_close_sample_on_its_calls(
     def price(threads: int, blocks: int) -> float:
         return {1: 1.0 * blocks, 2: 0.6 + 0.3 * blocks, 0: 5.0 * blocks}[threads]
 
-    calls = _priced_blocks(monkeypatch, clock, price)
-    dst, src = _blocks()
+    calls, dst, src = _priced_blocks(monkeypatch, clock, price)
     for _ in range(5):
         for d in dst:
             d.zero_()
@@ -442,8 +464,7 @@ def test_a_busy_machine_withdraws_the_team_from_a_trial(
     def price(threads: int, blocks: int) -> float:
         return {1: 1.3, 2: 1.2, 0: 1.0}[threads] * blocks  # the team first, all close
 
-    calls = _priced_blocks(monkeypatch, clock, price)
-    dst, src = _blocks()
+    calls, dst, src = _priced_blocks(monkeypatch, clock, price)
     for _ in range(5):
         copy_blocks(dst, src, threads=-1)
         assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
@@ -458,6 +479,23 @@ def test_a_busy_machine_withdraws_the_team_from_a_trial(
     # real calls: 1 at 2.6 s, 2 at 2.4 s; decide would keep 1 (the earlier rank, within
     # the margin), but the sample's 2 is within the margin of it: 2 stays
     assert choice.choice == "2" and choice.reason.startswith("2 (kept within 25% of 1;")
+
+
+def test_a_contender_a_call_does_not_offer_is_withdrawn(cal: Calibrator) -> None:
+    """A gather whose rows the streaming copy may not copy offers no ``stream*``: the
+    trial's ``stream1`` turn is withdrawn there and the call runs the choice."""
+    key = "gather cpu->cpu test"
+    cal._choices[key] = CopyChoice(key, "1", {"1": 1.0, "stream1": 0.9}, 1, "measured", "")
+    cal._trials.open[key] = Trial(order=["stream1", "1"], calls=2)
+    ran: list[int] = []
+
+    def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
+        raise AssertionError("measured again")
+
+    _auto_copy._run(key, 1 << 20, sample, ran.append, streams=None)
+    assert ran == [1]
+    assert cal.confirming() == ([], 0)  # one contender left: over, the sample stands
+    assert cal.choices()[0].source == "measured" and cal.current(key) == "1"
 
 
 def test_settling_runs_rounds_while_trials_record_calls(clock: Clock, cal: Calibrator) -> None:

@@ -307,6 +307,8 @@ def test_a_load_step_confirms_a_close_sample_on_the_real_loads(
     s = [src.data_ptr() + i * (64 << 10) for i in range(64)]
     step = memmove_step(d, s, [64 << 10] * 64, -1)
     assert step.fn is confirm_call
+    # another layer's step of the key, built while it is confirmed: it takes turns too
+    assert memmove_step(d, s, [64 << 10] * 64, -1).fn is confirm_call
     (sample,) = copy_calibration()
     assert sample.choice == "stream1" and sample.source == "measured"
     costs["memmove_each"] = 0.5  # the whole loads rank them the other way

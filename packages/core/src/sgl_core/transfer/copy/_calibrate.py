@@ -47,7 +47,8 @@ class Calibrator:
     A ``choose(..., confirm=True)`` whose sample leaves more than one candidate within
     ``confirm_within`` of the fastest is confirmed on real calls: its caller runs
     ``turn(key)`` and reports it (``observe(..., ran=)``) until each of those ran
-    ``confirm_calls`` times (0: the sample decides); the same rule then decides on them.
+    ``confirm_calls`` times (0: the sample decides); then the real calls overrule the
+    sample's choice only with one more than ``margin`` faster (``_decide.confirmed``).
     """
 
     timer: Callable[[], float] = time.perf_counter
@@ -266,8 +267,7 @@ class Calibrator:
             chosen, why = _decide.confirmed(seconds, sample.choice, self.margin, trial.ranks)
             reason = f"{why}; the sample chose {sample.reason}"
             choice = CopyChoice(key, chosen, seconds, mean, "confirmed", reason, self.timer())
-        self._choices[key] = choice
-        self._seen.pop(key, None)
+        self._choices[key] = choice  # (nothing seen yet: a trial's calls are not compared)
         if self.cache is not None:
             self.cache.store(choice)
 
