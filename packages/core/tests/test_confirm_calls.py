@@ -384,25 +384,49 @@ def test_a_sample_does_not_take_a_trials_turns(clock: Clock) -> None:
 
 
 def test_confirm_call_runs_the_turns_then_the_verdict(clock: Clock) -> None:
+    """After the trial the step keeps the verdict and asks the calibrator nothing more (a
+    load must not wait for its lock, held while another thread measures)."""
     cal = Calibrator(timer=clock, budget_s=1e9)
     _close_sample(clock, cal)
     ran: list[str] = []
     runs = {"x": clock.cost(3.0, ran, "x"), "y": clock.cost(1.0, ran, "y")}
-    for _ in range(6):
-        confirm_call(cal, "k", 100, runs, "x")
-    assert ran == ["x", "y", "x", "y", "y", "y"] and cal.current("k") == "y"
-    cal.forget()  # nothing known: the step's own sample choice
-    confirm_call(cal, "k", 100, runs, "x")
-    assert ran[-1] == "x"
+    settled: list[str] = []
+    for _ in range(5):
+        confirm_call(cal, "k", 100, runs, "x", settled)
+    assert ran == ["x", "y", "x", "y", "y"] and settled == ["y"]
+    cal.forget()  # the calibrator is not asked again: the kept verdict runs
+    confirm_call(cal, "k", 100, runs, "x", settled)
+    assert ran[-1] == "y"
+    fresh: list[str] = []
+    confirm_call(cal, "k", 100, runs, "x", fresh)  # nothing known: the step's sample choice
+    assert ran[-1] == "x" and fresh == ["x"]
+
+
+def test_confirm_call_keeps_nothing_while_the_trial_runs(clock: Clock) -> None:
+    """Inside another key's measurement no turn is given, and the trial is not over: the
+    call runs the sample's choice and keeps nothing."""
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    _close_sample(clock, cal)
+    ran: list[str] = []
+    runs = {"x": clock.cost(1.0, ran, "x"), "y": clock.cost(1.2, ran, "y")}
+    settled: list[str] = []
+
+    def outer() -> None:
+        confirm_call(cal, "k", 100, runs, "x", settled)
+
+    cal.choose("outer", {"a": outer, "b": clock.cost(9.0)}, 1)
+    assert set(ran) == {"x"} and settled == [] and cal.confirming() == (["k"], 0)
 
 
 def test_confirm_call_withdraws_a_contender_it_does_not_hold(clock: Clock) -> None:
     cal = Calibrator(timer=clock, budget_s=1e9)
     _close_sample(clock, cal)
     ran: list[str] = []
-    confirm_call(cal, "k", 100, {"y": clock.cost(1.0, ran, "y")}, "y")
+    settled: list[str] = []
+    confirm_call(cal, "k", 100, {"y": clock.cost(1.0, ran, "y")}, "y", settled)
     assert ran == ["y"] and cal.confirming() == ([], 0)  # x withdrawn: one left, ended
     assert cal.choices()[0].source == "measured"  # y was not timed as a turn: the sample
+    assert settled == ["y"]
 
 
 @pytest.fixture

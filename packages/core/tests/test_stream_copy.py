@@ -320,6 +320,12 @@ def test_a_load_step_confirms_a_close_sample_on_the_real_loads(
         took.append(now[0] - start)
         assert torch.equal(dst, src)
     assert took == pytest.approx([0.5, 0.9, 0.5, 0.9, 0.5])  # 1, stream1, 1, stream1; 1
+    with monkeypatch.context() as patch:  # the step keeps its verdict: nothing is asked
+        patch.setattr(_calibrate.default_calibrator(), "turn", None)
+        dst.zero_()
+        start = now[0]
+        step.run()
+    assert torch.equal(dst, src) and now[0] - start == pytest.approx(0.5)
     (choice,) = copy_calibration()
     assert choice.source == "confirmed" and choice.choice == "1"
     assert set(choice.seconds) == {"1", "stream1"}  # 2 and stream2 were not close

@@ -245,6 +245,7 @@ class Confirming(Protocol):
     def current(self, key: str) -> str | None: ...
     def withdraw(self, key: str, name: str) -> None: ...
     def observe(self, key: str, nbytes: int, seconds: float, ran: str | None = None) -> bool: ...
+    def confirming(self) -> tuple[list[str], int]: ...
 
 
 def confirm_call(
@@ -253,16 +254,26 @@ def confirm_call(
     nbytes: int,
     runs: Mapping[str, Callable[[], None]],
     chosen: str,
+    settled: list[str],
 ) -> None:
     """One real call of a copy whose candidates were built once (a per-layer load's step):
     while ``key``'s choice is confirmed, the trial's turn, timed and reported; after, the
-    choice the trial made (``chosen``, the sample's, if that is not among ``runs``)."""
+    choice the trial made (``chosen``, the sample's, if that is not among ``runs``), kept
+    in ``settled`` (the step's own list, empty at first): from then on the calibrator is
+    not asked, so a load never waits for its lock (held while another thread measures)."""
+    if settled:
+        runs[settled[0]]()
+        return
     ran = cal.turn(key)
     if ran is not None and ran not in runs:  # not built here: the trial goes on without it
         cal.withdraw(key, ran)
         ran = None
-    if ran is None:
-        runs.get(cal.current(key) or chosen, runs[chosen])()
+    if ran is None:  # the trial is over, or this thread measures a sample
+        name = cal.current(key) or chosen
+        name = name if name in runs else chosen
+        if key not in cal.confirming()[0]:
+            settled.append(name)
+        runs[name]()
         return
     start = cal.timer()
     runs[ran]()

@@ -115,7 +115,7 @@ def _resolve(
         cold = _evict.evict_caches if nbytes < _evict.scratch_bytes() else None
         chosen = cal.choose(key, runs, nbytes, cold, thread_ranks(runs), confirm=True)
     # a close sample: the real loads take the trial's turns (``confirm_call``)
-    trial = Step(confirm_call, ((cal, key, nbytes, runs, chosen),))
+    trial = Step(confirm_call, ((cal, key, nbytes, runs, chosen, []),))
     return steps[chosen] if cal.turn(key) is None else trial
 
 
