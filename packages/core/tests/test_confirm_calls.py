@@ -21,13 +21,8 @@ from sgl_core.transfer.copy import _auto_copy, _busy, _calibrate
 from sgl_core.transfer.copy._auto_copy import _bucket, thread_ranks
 from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice, DiskCache
 from sgl_core.transfer.copy._copy import copy_blocks
-from sgl_core.transfer.copy._decide import (
-    Trial,
-    Trials,
-    confirm_call,
-    confirmed,
-    contenders,
-)
+from sgl_core.transfer.copy._decide import Trial, Trials, confirmed, contenders
+from sgl_core.transfer.copy._turns import confirm_call
 
 
 class Clock:
@@ -188,11 +183,46 @@ def test_no_turn_is_given_while_the_thread_measures() -> None:
 
 def test_withdrawing_the_last_but_one_contender_closes_the_trial() -> None:
     trials = Trials()
-    assert trials.withdraw("k", "a") is None  # no trial
+    assert trials.withdraw("k", "a", "a") is None  # no trial
     _open(trials, "k", ["a", "b", "c"])
-    assert trials.withdraw("k", "a") is None and trials.open["k"].order == ["b", "c"]
-    done = trials.withdraw("k", "b")
+    assert trials.withdraw("k", "a", "c") is None and trials.open["k"].order == ["b", "c"]
+    done = trials.withdraw("k", "b", "c")
     assert done is not None and done.order == ["c"] and "k" not in trials.open
+
+
+def test_withdrawing_the_samples_choice_ends_the_trial_empty() -> None:
+    """Without the sample's choice the others do not decide among themselves: the trial
+    ends with nothing timed (the calibrator keeps the sample's choice)."""
+    trials = Trials()
+    _open(trials, "k", ["a", "b", "c"])
+    assert trials.turn("k") == "a"
+    trials.record("k", "a", 10, 1.0)
+    done = trials.withdraw("k", "c", "c")
+    assert done is not None and done.order == [] and done.timed == {}
+    assert done.seconds() == ({}, 0) and "k" not in trials.open
+
+
+def test_a_withdrawn_turn_is_void_and_a_mark_names_its_contender() -> None:
+    trials = Trials()
+    _open(trials, "k", ["a", "b", "c"])
+    assert trials.turn("k") == "a"
+    trials.withdraw("k", "c", None)  # this thread's turn of k is void
+    trials.record("k", "a", 10, 1.0)
+    assert trials.open["k"].timed["a"] == [] and trials.recorded == 0
+    assert trials.turn("k") == "a"
+    trials.record("k", "b", 10, 1.0)  # not the contender the turn named
+    assert trials.open["k"].timed == {"a": [], "b": []} and trials.recorded == 0
+
+
+def test_nothing_is_recorded_while_the_thread_measures() -> None:
+    """A mark left by a turn that was never reported (a skipped or failed call) does not
+    let a call made inside a sample count."""
+    trials = Trials()
+    _open(trials, "k", ["a", "b"])
+    assert trials.turn("k") == "a"
+    with trials.measuring():
+        trials.record("k", "a", 10, 1.0)
+    assert trials.open["k"].timed["a"] == [] and trials.recorded == 0
 
 
 # ---------------------------------------------------------------- the calibrator
@@ -332,6 +362,22 @@ def test_a_trial_with_one_contender_left_keeps_the_sample(clock: Clock, tmp_path
     assert cal.current("k") == "x"
 
 
+def test_a_withdrawn_sample_choice_stands(clock: Clock, tmp_path: Path) -> None:
+    """The team (the sample's choice) cannot run now: the trial ends and the sample's
+    choice stands, cached; the other contenders do not decide among themselves (a
+    passing busy moment must not become the lasting choice)."""
+    cache = DiskCache(tmp_path / "cal.json")
+    cal = Calibrator(timer=clock, budget_s=1e9, cache=cache)
+    cands = {"1": clock.cost(1.25), "2": clock.cost(1.125), "0": clock.cost(1.0)}
+    assert cal.choose("k", cands, 100, ranks={"1": 0, "2": 0, "0": 0}, confirm=True) == "0"
+    assert cal.turn("k") == "1"
+    cal.observe("k", 100, 2.0, ran="1")
+    cal.withdraw("k", "0")
+    (choice,) = cal.choices()
+    assert cal.confirming() == ([], 1) and choice.choice == "0" and choice.source == "measured"
+    assert cache.load()["k"].choice == "0"
+
+
 def test_observe_compares_only_the_choices_own_calls(clock: Clock) -> None:
     cal = Calibrator(timer=clock, budget_s=1e9, strikes=1, min_interval_s=0.0)
     cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(5.0)}, 100, confirm=True)
@@ -384,8 +430,9 @@ def test_a_sample_does_not_take_a_trials_turns(clock: Clock) -> None:
 
 
 def test_confirm_call_runs_the_turns_then_the_verdict(clock: Clock) -> None:
-    """After the trial the step keeps the verdict and asks the calibrator nothing more (a
-    load must not wait for its lock, held while another thread measures)."""
+    """After the trial the step keeps the verdict, drops the other candidates and asks the
+    calibrator nothing more (a load must not wait for its lock, held while another thread
+    measures)."""
     cal = Calibrator(timer=clock, budget_s=1e9)
     _close_sample(clock, cal)
     ran: list[str] = []
@@ -393,13 +440,37 @@ def test_confirm_call_runs_the_turns_then_the_verdict(clock: Clock) -> None:
     settled: list[str] = []
     for _ in range(5):
         confirm_call(cal, "k", 100, runs, "x", settled)
-    assert ran == ["x", "y", "x", "y", "y"] and settled == ["y"]
+    assert ran == ["x", "y", "x", "y", "y"] and settled == ["y"] and list(runs) == ["y"]
     cal.forget()  # the calibrator is not asked again: the kept verdict runs
     confirm_call(cal, "k", 100, runs, "x", settled)
     assert ran[-1] == "y"
     fresh: list[str] = []
-    confirm_call(cal, "k", 100, runs, "x", fresh)  # nothing known: the step's sample choice
-    assert ran[-1] == "x" and fresh == ["x"]
+    again = {"x": clock.cost(3.0, ran, "x"), "y": clock.cost(1.0, ran, "y")}
+    confirm_call(cal, "k", 100, again, "x", fresh)  # nothing known: the step's sample choice
+    assert ran[-1] == "x" and fresh == ["x"] and list(again) == ["x"]
+
+
+def test_a_contender_that_raises_leaves_the_trial(clock: Clock) -> None:
+    """A real call that raises withdraws its contender (else every later turn would hand
+    it out again) and the error reaches the caller; the trial goes on without it."""
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    cands = {"x": clock.cost(1.0), "y": clock.cost(1.1), "z": clock.cost(1.2)}
+    cal.choose("k", cands, 100, confirm=True)
+
+    def broken() -> None:
+        raise RuntimeError("y fails on real calls")
+
+    ran: list[str] = []
+    runs = {"x": clock.cost(1.0, ran, "x"), "y": broken, "z": clock.cost(1.2, ran, "z")}
+    settled: list[str] = []
+    errors = 0
+    for _ in range(6):
+        try:
+            confirm_call(cal, "k", 100, runs, "x", settled)
+        except RuntimeError:
+            errors += 1
+    assert errors == 1 and ran == ["x", "z", "x", "z", "x"]
+    assert cal.choices()[0].source == "confirmed" and set(cal.choices()[0].seconds) == {"x", "z"}
 
 
 def test_confirm_call_keeps_nothing_while_the_trial_runs(clock: Clock) -> None:
@@ -522,6 +593,26 @@ def test_a_contender_a_call_does_not_offer_is_withdrawn(cal: Calibrator) -> None
     assert cal.choices()[0].source == "measured" and cal.current(key) == "1"
 
 
+def test_a_team_skipped_inside_a_sample_leaves_the_trial_alone(cal: Calibrator) -> None:
+    """A call inside another key's measurement gets no turn: its choice, the team, is
+    skipped on a busy machine, but no trial turn of the team was given, so nothing is
+    withdrawn (withdrawing the sample's choice would end the trial)."""
+    key = "copy cpu->cpu test"
+    cal._choices[key] = CopyChoice(key, "0", {"1": 1.2, "2": 1.1, "0": 1.0}, 1, "measured", "")
+    cal._trials.open[key] = Trial(order=["1", "2", "0"], calls=2)
+    ran: list[int] = []
+
+    def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
+        raise AssertionError("measured again")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_busy, "team_fits", lambda: False)
+        with cal._trials.measuring():
+            _auto_copy._run(key, 1 << 20, sample, ran.append)
+    assert ran == [1] and cal.confirming() == ([key], 0)  # skip's pick: 1, within 25% of 2
+    assert cal._trials.open[key].order == ["1", "2", "0"]
+
+
 def test_settling_runs_rounds_while_trials_record_calls(clock: Clock, cal: Calibrator) -> None:
     _close_sample(clock, cal)  # 2 contenders x 2 calls
     rounds: list[str] = []
@@ -538,3 +629,7 @@ def test_settling_runs_rounds_while_trials_record_calls(clock: Clock, cal: Calib
     stuck: list[int] = []
     assert settle_calibration(lambda: stuck.append(1), rounds=10) == 1  # nothing recorded
     assert stuck == [1]
+    cal._choices["j"] = CopyChoice("j", "b", {"a": 1.0, "b": 1.0}, 1, "measured", "")
+    cal._trials.open["j"] = Trial(order=["a", "b"], calls=2)
+    # a round that only ends a trial (a withdrawal) is progress too: the next round runs
+    assert settle_calibration(lambda: cal.withdraw("j", "a"), rounds=10) == 2

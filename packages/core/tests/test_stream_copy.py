@@ -22,9 +22,9 @@ from sgl_core.backend import CopyTuning, copy_calibration
 from sgl_core.testing import device_rows, fill_device_random, page_indices
 from sgl_core.transfer.copy import _calibrate, _copy, _steps, _stream, _stream_table
 from sgl_core.transfer.copy._calibrate import Calibrator
-from sgl_core.transfer.copy._decide import confirm_call
 from sgl_core.transfer.copy._steps import copy_slices, memmove_step, slices_shape, slices_step
 from sgl_core.transfer.copy._stream_table import piece_bytes, slice_ops
+from sgl_core.transfer.copy._turns import confirm_call
 
 needs_stream = pytest.mark.skipif(
     _stream.stream_copy() is None, reason=f"streaming copy: {_stream.stream_copy_status()}"

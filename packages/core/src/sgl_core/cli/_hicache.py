@@ -213,15 +213,15 @@ def settle_calibration(run_round: Callable[[], object], rounds: int = SETTLE_ROU
     """Run ``run_round`` (the case's ``sgl`` backup and load, untimed) while a copy
     calibration is confirmed on real calls (``Calibrator.turn``), so the timed rounds see
     the settled choices: at most ``rounds`` times, and not again after a round that
-    recorded no trial call (a key whose path the settled choices no longer take stays
-    open). The rounds run."""
+    recorded no trial call and ended no trial (a key whose path the settled choices no
+    longer take stays open). The rounds run."""
     cal = default_calibrator()
     for done in range(rounds):
-        keys, before = cal.confirming()
-        if not keys:
+        before = cal.confirming()
+        if not before[0]:
             return done
         run_round()
-        if cal.confirming()[1] == before:
+        if cal.confirming() == before:  # no call recorded, no trial ended
             return done + 1
     return rounds
 

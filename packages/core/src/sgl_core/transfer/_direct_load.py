@@ -28,6 +28,7 @@ from sgl_core.transfer.copy._steps import (
 )
 from sgl_core.transfer.copy._stream import stream_copy
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
+from sgl_core.transfer.copy._turns import timed_turn
 
 __all__ = ["Plan", "backup_path", "backup_slices", "load_steps", "slices_may_copy"]
 
@@ -193,8 +194,6 @@ def backup_path(
 
     def observed() -> None:
         ran = cal.turn(key) or chosen  # a close sample is confirmed on the real backups
-        start = cal.timer()
-        (slices.run if ran == "slices" else runs)()
-        cal.observe(key, nbytes, cal.timer() - start, ran=ran)
+        timed_turn(cal, key, nbytes, ran, slices.run if ran == "slices" else runs)
 
     return observed

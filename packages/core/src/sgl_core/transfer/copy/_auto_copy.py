@@ -20,6 +20,7 @@ from sgl_core.transfer.copy._copy import copy_blocks, memmove_blocks
 from sgl_core.transfer.copy._pieces import index_chunk
 from sgl_core.transfer.copy._stream_gather import GatherStreams, gather_streams
 from sgl_core.transfer.copy._tuning import AUTO_MIN_BYTES
+from sgl_core.transfer.copy._turns import timed_turn
 
 __all__ = [
     "AUTO_MIN_BYTES",
@@ -108,20 +109,20 @@ def _run(
         cands = {name: functools.partial(candidate, name) for name in names}
         nbytes = sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
         chosen = cal.choose(key, cands, nbytes, ranks=thread_ranks(names), confirm=True)
-    ran = cal.turn(key) or chosen  # a close sample is confirmed on the key's real calls
-    if ran not in names:  # a trial's contender this call does not offer: the choice
-        cal.withdraw(key, ran)
-        ran = chosen
+    given = cal.turn(key)  # a close sample is confirmed on the key's real calls
+    if given is not None and given not in names:  # a contender this call does not offer
+        cal.withdraw(key, given)
+        given = None
+    ran = given or chosen
     if ran == "0" and not _busy.team_fits():
         # ATen's team would wait for a busy core: the candidate the same measurement ranks
         # first without it, this call only (its time is not the choice's: not observed);
-        # a trial goes on without the team
-        cal.withdraw(key, "0")
+        # a trial's turn of the team is withdrawn
+        if given is not None:
+            cal.withdraw(key, "0")
         execute(cal.skip(key, "0", among=names, ranks=thread_ranks(names)))
         return
-    start = cal.timer()
-    execute(ran)
-    cal.observe(key, total, cal.timer() - start, ran=ran)
+    timed_turn(cal, key, total, ran, functools.partial(execute, ran))
 
 
 def _spans(sizes: Sequence[int]) -> list[tuple[int, int]]:

@@ -153,9 +153,12 @@ class Calibrator:
             return self._trials.turn(key)
 
     def withdraw(self, key: str, name: str) -> None:
-        """``key``'s real-call trial goes on without ``name`` (it may not run now)."""
+        """``key``'s real-call trial goes on without ``name`` (it may not run now); without
+        the sample's choice it ends, and that choice stands (``Trials.withdraw``)."""
         with self._lock:
-            self._settle(key, self._trials.withdraw(key, name))
+            known = self._choices.get(key)
+            sample = None if known is None else known.choice
+            self._settle(key, self._trials.withdraw(key, name, sample))
 
     def confirming(self) -> tuple[list[str], int]:
         """The keys whose choice is being confirmed on real calls, and how many real

@@ -1,6 +1,6 @@
 """How a calibration decides (``decide``: ranks and margin), and a close one confirmed on
-the key's own real calls (``contenders``, :class:`Trial`; docs/design.md, "Copy threads,
-calibrated").
+the key's own real calls (``contenders``, :class:`Trial`, :class:`Trials`, ``confirmed``;
+the callers' side: ``_turns``; docs/design.md, "Copy threads, calibrated").
 
 A calibrator's sample is about 1 MiB of the call, timed in a few milliseconds; a whole
 call can rank the candidates otherwise (a page-1 backup's row gather: the sample took one
@@ -15,18 +15,8 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Protocol
 
-__all__ = [
-    "Confirming",
-    "Trial",
-    "Trials",
-    "confirm_call",
-    "confirmed",
-    "contenders",
-    "decide",
-    "slowest_rounds",
-]
+__all__ = ["Trial", "Trials", "confirmed", "contenders", "decide", "slowest_rounds"]
 
 
 def slowest_rounds(
@@ -171,20 +161,22 @@ class Trial:
 class Trials:
     """The keys under a real-call trial, and what each thread's real calls may record.
 
-    A timed call counts for its turn only if the same thread asked for the turn (``turn``)
-    and recorded no other trial's call since: a trial's turn nested inside it (a stacked
-    backup's slices step, itself confirmed) made its time another's too. No turn is given
-    while the thread measures a sample (``measuring``): a trial runs on real calls only,
-    and a sample that ran a trial's turns would time them as well. Not locked: the
-    calibrator calls it under its lock.
+    A timed call counts only for the turn the same thread was given (``turn``: that key
+    and contender), and only if the thread recorded no other trial's call since: a
+    trial's turn nested inside it (a stacked backup's slices step, itself confirmed) made
+    its time another's too. No turn is given and nothing is recorded while the thread
+    measures a sample (``measuring``): a trial runs on real calls only, and a sample that
+    ran a trial's turns would time them as well. Not locked: the calibrator calls it
+    under its lock.
     """
 
     open: dict[str, Trial] = dataclasses.field(default_factory=dict)
     recorded: int = 0  # calls recorded, every key and thread
     _local: threading.local = dataclasses.field(default_factory=threading.local)
 
-    def _state(self) -> tuple[dict[str, int], int, int]:
-        """This thread's turns out (key -> its count of records then), records, depth."""
+    def _state(self) -> tuple[dict[str, tuple[int, str]], int, int]:
+        """This thread's turns out (key -> its count of records then, the contender),
+        records, depth."""
         local = self._local
         if not hasattr(local, "marks"):
             local.marks, local.records, local.depth = {}, 0, 0
@@ -206,25 +198,34 @@ class Trials:
         marks, records, depth = self._state()
         if trial is None or depth:
             return None
-        marks[key] = records
-        return trial.turn()
+        name = trial.turn()
+        marks[key] = (records, name)
+        return name
 
     def record(self, key: str, name: str, nbytes: int, seconds: float) -> Trial | None:
         """A timed real call of ``key``'s turn ``name``; the trial, removed, once done."""
         trial = self.open.get(key)
         if trial is None:
             return None
-        marks, records, _ = self._state()
-        if marks.pop(key, None) == records and trial.record(name, nbytes, seconds):
+        marks, records, depth = self._state()
+        mark = marks.pop(key, None)
+        if not depth and mark == (records, name) and trial.record(name, nbytes, seconds):
             self._local.records = records + 1
             self.recorded += 1
         return self._close(key, trial)
 
-    def withdraw(self, key: str, name: str) -> Trial | None:
-        """``key``'s trial goes on without ``name``; the trial, removed, once done."""
+    def withdraw(self, key: str, name: str, sample: str | None) -> Trial | None:
+        """``key``'s trial goes on without ``name`` (and this thread's turn of it is void);
+        without ``sample``, the sample's choice, it ends: that choice stands (a passing
+        state, e.g. busy cores, must not make the others the lasting choice). The trial,
+        removed, once done."""
         trial = self.open.get(key)
         if trial is None:
             return None
+        self._state()[0].pop(key, None)
+        if name == sample:
+            trial.order.clear()
+            trial.timed.clear()
         trial.withdraw(name)
         return self._close(key, trial)
 
@@ -233,48 +234,3 @@ class Trials:
             return None
         del self.open[key]
         return trial
-
-
-class Confirming(Protocol):
-    """What ``confirm_call`` asks of a calibrator (``Calibrator``, which imports this
-    module, is one)."""
-
-    timer: Callable[[], float]
-
-    def turn(self, key: str) -> str | None: ...
-    def current(self, key: str) -> str | None: ...
-    def withdraw(self, key: str, name: str) -> None: ...
-    def observe(self, key: str, nbytes: int, seconds: float, ran: str | None = None) -> bool: ...
-    def confirming(self) -> tuple[list[str], int]: ...
-
-
-def confirm_call(
-    cal: Confirming,
-    key: str,
-    nbytes: int,
-    runs: Mapping[str, Callable[[], None]],
-    chosen: str,
-    settled: list[str],
-) -> None:
-    """One real call of a copy whose candidates were built once (a per-layer load's step):
-    while ``key``'s choice is confirmed, the trial's turn, timed and reported; after, the
-    choice the trial made (``chosen``, the sample's, if that is not among ``runs``), kept
-    in ``settled`` (the step's own list, empty at first): from then on the calibrator is
-    not asked, so a load never waits for its lock (held while another thread measures)."""
-    if settled:
-        runs[settled[0]]()
-        return
-    ran = cal.turn(key)
-    if ran is not None and ran not in runs:  # not built here: the trial goes on without it
-        cal.withdraw(key, ran)
-        ran = None
-    if ran is None:  # the trial is over, or this thread measures a sample
-        name = cal.current(key) or chosen
-        name = name if name in runs else chosen
-        if key not in cal.confirming()[0]:
-            settled.append(name)
-        runs[name]()
-        return
-    start = cal.timer()
-    runs[ran]()
-    cal.observe(key, nbytes, cal.timer() - start, ran=ran)

@@ -18,7 +18,6 @@ from sgl_core.transfer.copy import _copy, _evict
 from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates, thread_ranks
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import _memmove_all, _pool
-from sgl_core.transfer.copy._decide import confirm_call
 from sgl_core.transfer.copy._pieces import index_chunk, numpy_rows, split_parts
 from sgl_core.transfer.copy._stream import stream_copy, stream_each
 from sgl_core.transfer.copy._stream_table import (
@@ -30,6 +29,7 @@ from sgl_core.transfer.copy._stream_table import (
     slice_ops,
 )
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
+from sgl_core.transfer.copy._turns import confirm_call
 
 __all__ = [
     "Step",
@@ -106,7 +106,7 @@ def _resolve(
         builds.update({f"stream{t}": functools.partial(stream, t) for t in counts})
     cal = default_calibrator()
     chosen = cal.current(key)
-    if chosen in builds and cal.turn(key) is None:
+    if chosen in builds and key not in cal.confirming()[0]:
         return builds[chosen]()
     steps = {name: b() for name, b in builds.items()}  # measured built: a load repeats them
     runs = {name: st.run for name, st in steps.items()}
@@ -114,9 +114,8 @@ def _resolve(
         # a sample smaller than the caches would repeat cache-hot bytes (a per-layer load)
         cold = _evict.evict_caches if nbytes < _evict.scratch_bytes() else None
         chosen = cal.choose(key, runs, nbytes, cold, thread_ranks(runs), confirm=True)
-    # a close sample: the real loads take the trial's turns (``confirm_call``)
-    trial = Step(confirm_call, ((cal, key, nbytes, runs, chosen, []),))
-    return steps[chosen] if cal.turn(key) is None else trial
+    trial = Step(confirm_call, ((cal, key, nbytes, runs, chosen, []),))  # a close sample
+    return trial if key in cal.confirming()[0] else steps[chosen]
 
 
 def _split(items: Sequence[Any], threads: int) -> tuple[tuple[Any, ...], ...]:
