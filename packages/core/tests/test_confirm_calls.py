@@ -150,6 +150,12 @@ def test_a_call_with_a_nested_trial_call_inside_is_not_recorded() -> None:
     trials.record("inner", "2", 10, 0.0)  # ignored (no time): it voids nothing
     done = trials.record("outer", "slices", 10, 2.0)  # each ran once: over
     assert done is not None and done.timed["slices"] == [(10, 2.0)] and trials.recorded == 3
+    _open(trials, "outer", ["runs", "slices"])  # nested again, after three records
+    assert trials.turn("outer") == "runs"
+    assert trials.turn("inner") == "2"
+    trials.record("inner", "2", 10, 1.0)
+    trials.record("outer", "runs", 10, 3.0)
+    assert trials.open["outer"].timed["runs"] == [] and trials.recorded == 4
 
 
 def test_another_threads_calls_do_not_void_this_threads_turn() -> None:
@@ -396,6 +402,14 @@ def test_a_trial_call_is_no_strike(clock: Clock) -> None:
     assert cal.current("k") == "x" and cal._seen == {}
 
 
+def test_withdrawing_from_an_unknown_key_does_nothing(clock: Clock) -> None:
+    """E.g. a candidate that raised after another thread forgot every choice: the
+    withdrawal must not raise over the copy's own error."""
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal.withdraw("never measured", "x")
+    assert cal.choices() == [] and cal.confirming() == ([], 0)
+
+
 def test_forget_ends_every_trial(clock: Clock) -> None:
     cal = Calibrator(timer=clock, budget_s=1e9)
     _close_sample(clock, cal)
@@ -611,6 +625,26 @@ def test_a_team_skipped_inside_a_sample_leaves_the_trial_alone(cal: Calibrator) 
             _auto_copy._run(key, 1 << 20, sample, ran.append)
     assert ran == [1] and cal.confirming() == ([key], 0)  # skip's pick: 1, within 25% of 2
     assert cal._trials.open[key].order == ["1", "2", "0"]
+
+
+def test_a_team_choice_is_kept_in_the_trial_after_an_unoffered_turn(cal: Calibrator) -> None:
+    """The turn names a streaming candidate this call does not offer: that one is
+    withdrawn and the call runs the choice, the team; on a busy machine the team is
+    skipped for this call, but its place in the trial stays (it was not its turn)."""
+    key = "gather cpu->cpu test"
+    seconds = {"stream1": 1.1, "1": 1.2, "0": 1.0}
+    cal._choices[key] = CopyChoice(key, "0", seconds, 1, "measured", "")
+    cal._trials.open[key] = Trial(order=["stream1", "1", "0"], calls=2)
+    ran: list[int] = []
+
+    def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
+        raise AssertionError("measured again")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_busy, "team_fits", lambda: False)
+        _auto_copy._run(key, 1 << 20, sample, ran.append, streams=None)
+    assert ran == [1] and cal.confirming() == ([key], 0)
+    assert cal._trials.open[key].order == ["1", "0"]
 
 
 def test_settling_runs_rounds_while_trials_record_calls(clock: Clock, cal: Calibrator) -> None:
