@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sgl_core.cli._hicache import settle_calibration
-from sgl_core.transfer.copy import _auto_copy, _busy, _calibrate
+from sgl_core.transfer.copy import _auto_copy, _busy, _calibrate, _copy
 from sgl_core.transfer.copy._auto_copy import _bucket, thread_ranks
 from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice, DiskCache
 from sgl_core.transfer.copy._copy import copy_blocks
@@ -544,7 +544,7 @@ def test_an_auto_copy_confirms_a_close_sample_on_its_calls(
 ) -> None:
     """The sample copies one block, where one thread is within the margin of two; a whole
     call copies two, where two threads (fixed cost, cheap blocks) win clearly."""
-    monkeypatch.setattr(_auto_copy._copy, "_workers", 1)
+    monkeypatch.setattr(_copy, "_workers", 1)
 
     def price(threads: int, blocks: int) -> float:
         return {1: 1.0 * blocks, 2: 0.6 + 0.3 * blocks, 0: 5.0 * blocks}[threads]
@@ -567,7 +567,7 @@ def test_an_auto_copy_confirms_a_close_sample_on_its_calls(
 def test_a_busy_machine_withdraws_the_team_from_a_trial(
     monkeypatch: pytest.MonkeyPatch, clock: Clock, cal: Calibrator
 ) -> None:
-    monkeypatch.setattr(_auto_copy._copy, "_workers", 1)
+    monkeypatch.setattr(_copy, "_workers", 1)
     monkeypatch.setattr(_busy, "team_fits", lambda: False)
 
     def price(threads: int, blocks: int) -> float:
@@ -590,19 +590,31 @@ def test_a_busy_machine_withdraws_the_team_from_a_trial(
     assert choice.choice == "2" and choice.reason.startswith("2 (kept within 25% of 1;")
 
 
+def _open_run(
+    cal: Calibrator, key: str, choice: str, seconds: dict[str, float], order: list[str]
+) -> Callable[[], list[int]]:
+    """``key`` measured (``choice``, ``seconds``) with a trial of ``order`` open; a runner of
+    ``_auto_copy._run`` for it (never measuring again) returning the thread counts run."""
+    cal._choices[key] = CopyChoice(key, choice, seconds, 1, "measured", "")
+    cal._trials.open[key] = Trial(order=order, calls=2)
+
+    def no_sample() -> tuple[list[int], Callable[[int, int, int], None]]:
+        raise AssertionError("measured again")
+
+    def run() -> list[int]:  # no streams: the streaming copy may not copy these rows
+        ran: list[int] = []
+        _auto_copy._run(key, 1 << 20, no_sample, ran.append)
+        return ran
+
+    return run
+
+
 def test_a_contender_a_call_does_not_offer_is_withdrawn(cal: Calibrator) -> None:
     """A gather whose rows the streaming copy may not copy offers no ``stream*``: the
     trial's ``stream1`` turn is withdrawn there and the call runs the choice."""
     key = "gather cpu->cpu test"
-    cal._choices[key] = CopyChoice(key, "1", {"1": 1.0, "stream1": 0.9}, 1, "measured", "")
-    cal._trials.open[key] = Trial(order=["stream1", "1"], calls=2)
-    ran: list[int] = []
-
-    def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
-        raise AssertionError("measured again")
-
-    _auto_copy._run(key, 1 << 20, sample, ran.append, streams=None)
-    assert ran == [1]
+    run = _open_run(cal, key, "1", {"1": 1.0, "stream1": 0.9}, ["stream1", "1"])
+    assert run() == [1]
     assert cal.confirming() == ([], 0)  # one contender left: over, the sample stands
     assert cal.choices()[0].source == "measured" and cal.current(key) == "1"
 
@@ -612,17 +624,11 @@ def test_a_team_skipped_inside_a_sample_leaves_the_trial_alone(cal: Calibrator) 
     skipped on a busy machine, but no trial turn of the team was given, so nothing is
     withdrawn (withdrawing the sample's choice would end the trial)."""
     key = "copy cpu->cpu test"
-    cal._choices[key] = CopyChoice(key, "0", {"1": 1.2, "2": 1.1, "0": 1.0}, 1, "measured", "")
-    cal._trials.open[key] = Trial(order=["1", "2", "0"], calls=2)
-    ran: list[int] = []
-
-    def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
-        raise AssertionError("measured again")
-
+    run = _open_run(cal, key, "0", {"1": 1.2, "2": 1.1, "0": 1.0}, ["1", "2", "0"])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_busy, "team_fits", lambda: False)
         with cal._trials.measuring():
-            _auto_copy._run(key, 1 << 20, sample, ran.append)
+            ran = run()
     assert ran == [1] and cal.confirming() == ([key], 0)  # skip's pick: 1, within 25% of 2
     assert cal._trials.open[key].order == ["1", "2", "0"]
 
@@ -633,16 +639,10 @@ def test_a_team_choice_is_kept_in_the_trial_after_an_unoffered_turn(cal: Calibra
     skipped for this call, but its place in the trial stays (it was not its turn)."""
     key = "gather cpu->cpu test"
     seconds = {"stream1": 1.1, "1": 1.2, "0": 1.0}
-    cal._choices[key] = CopyChoice(key, "0", seconds, 1, "measured", "")
-    cal._trials.open[key] = Trial(order=["stream1", "1", "0"], calls=2)
-    ran: list[int] = []
-
-    def sample() -> tuple[list[int], Callable[[int, int, int], None]]:
-        raise AssertionError("measured again")
-
+    run = _open_run(cal, key, "0", seconds, ["stream1", "1", "0"])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_busy, "team_fits", lambda: False)
-        _auto_copy._run(key, 1 << 20, sample, ran.append, streams=None)
+        ran = run()
     assert ran == [1] and cal.confirming() == ([key], 0)
     assert cal._trials.open[key].order == ["1", "0"]
 
