@@ -20,7 +20,7 @@ from sgl_core.transfer.copy._copy import copy_blocks, memmove_blocks
 from sgl_core.transfer.copy._pieces import index_chunk
 from sgl_core.transfer.copy._stream_gather import GatherStreams, gather_streams
 from sgl_core.transfer.copy._tuning import AUTO_MIN_BYTES
-from sgl_core.transfer.copy._turns import timed_turn
+from sgl_core.transfer.copy._turns import offered_turn, timed_turn
 
 __all__ = [
     "AUTO_MIN_BYTES",
@@ -109,10 +109,7 @@ def _run(
         cands = {name: functools.partial(candidate, name) for name in names}
         nbytes = sum(sizes[spans[0][0] : spans[-1][1]]) // len(spans)
         chosen = cal.choose(key, cands, nbytes, ranks=thread_ranks(names), confirm=True)
-    given = cal.turn(key)  # a close sample is confirmed on the key's real calls
-    if given is not None and given not in names:  # a contender this call does not offer
-        cal.withdraw(key, given)
-        given = None
+    given = offered_turn(cal, key, names)  # a close sample is confirmed on real calls
     ran = given or chosen
     if ran == "0" and not _busy.team_fits():
         # ATen's team would wait for a busy core: the candidate the same measurement ranks

@@ -226,7 +226,8 @@ class Trials:
         if name == sample:
             trial.order.clear()
             trial.timed.clear()
-        trial.withdraw(name)
+        else:
+            trial.withdraw(name)
         return self._close(key, trial)
 
     def _close(self, key: str, trial: Trial) -> Trial | None:

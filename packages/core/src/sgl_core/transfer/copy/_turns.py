@@ -5,10 +5,10 @@ calibrated").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Protocol
 
-__all__ = ["Confirming", "confirm_call", "timed_turn"]
+__all__ = ["Confirming", "confirm_call", "offered_turn", "timed_turn"]
 
 
 class Confirming(Protocol):
@@ -22,6 +22,17 @@ class Confirming(Protocol):
     def withdraw(self, key: str, name: str) -> None: ...
     def observe(self, key: str, nbytes: int, seconds: float, ran: str | None = None) -> bool: ...
     def confirming(self) -> tuple[list[str], int]: ...
+
+
+def offered_turn(cal: Confirming, key: str, offered: Container[str]) -> str | None:
+    """``key``'s turn for this call (None: run the choice); a contender the call does not
+    offer (not built, no streaming copy for these rows) is withdrawn, and the trial goes
+    on without it while this call runs the choice."""
+    ran = cal.turn(key)
+    if ran is not None and ran not in offered:
+        cal.withdraw(key, ran)
+        return None
+    return ran
 
 
 def timed_turn(cal: Confirming, key: str, nbytes: int, ran: str, run: Callable[[], None]) -> None:
@@ -54,10 +65,7 @@ def confirm_call(
     if settled:
         runs[settled[0]]()
         return
-    ran = cal.turn(key)
-    if ran is not None and ran not in runs:  # not built here: the trial goes on without it
-        cal.withdraw(key, ran)
-        ran = None
+    ran = offered_turn(cal, key, runs)
     if ran is not None:
         timed_turn(cal, key, nbytes, ran, runs[ran])
         return
