@@ -118,6 +118,7 @@ AREAS: dict[str, Area] = {
         ),
         tests=(
             CORE + "test_stream_copy.py",
+            CORE + "test_stream_order.py",
             CORE + "test_load_steps.py",
             CORE + "test_cold_calibration.py",
             CORE + "test_copy_threads.py",
@@ -135,6 +136,7 @@ AREAS: dict[str, Area] = {
                     "_byte_copyable",
                     "_unit_blocks",
                     "_units_table",
+                    "_stretches",
                     "slice_ops",
                     "piece_bytes",
                     "_runs_continue",

@@ -425,13 +425,16 @@ def test_a_backup_builds_its_streaming_table_inside_each_timed_call(
 ) -> None:
     """A load's steps are kept, so its slices table is built once, with the step; a
     backup builds its steps per call, so its table is built inside every run (what the
-    calibrator times with it). By-address backups are not offered the streaming copy."""
+    calibrator times with it), in the source's order (a load's in item order:
+    test_stream_order.py). By-address backups are not offered the streaming copy."""
     _spy(monkeypatch, {"copy_slices": 1.0, "memmove_each": 1.0, "stream_each": 0.1})
     built: list[int] = []
+    orders: set[bool] = set()
 
-    def counted(*args: Any) -> Any:
+    def counted(dst: Any, src: Any, runs: Any, by_source: bool = False) -> Any:
         built.append(1)
-        return slice_ops(*args)
+        orders.add(by_source)
+        return slice_ops(dst, src, runs, by_source=by_source)
 
     monkeypatch.setattr(_steps, "slice_ops", counted)
     src, dst = np.ones((64, 1024), dtype=np.uint8), np.zeros((64, 1024), dtype=np.uint8)
@@ -443,6 +446,7 @@ def test_a_backup_builds_its_streaming_table_inside_each_timed_call(
     # stream1 and stream2 built once each; a backup's measured runs built theirs too
     assert (measured, len(built)) == ((2, 2) if what == "load" else (measured, measured + 2))
     assert what == "load" or measured > 2
+    assert orders == {what == "backup"}
     d = [dst.ctypes.data + i * 1024 for i in range(64)]
     s = [src.ctypes.data + i * 1024 for i in range(64)]
     memmove_step(d, s, [1024] * 64, -1, what).run()

@@ -55,8 +55,9 @@ ENV_VAR = "SGLCORE_COPY_CALIBRATION"
 # could name a page_first and a layer_first backup at once); v5: candidates ranked by
 # thread count (a v4 choice kept memmove or ATen's team within 25% of a faster streaming
 # copy on as many threads); v6: close samples confirmed on real calls (a v5 choice is a
-# sample's alone)
-FORMAT = "sgl-core copy calibration v6"
+# sample's alone); v7: a backup's streaming table in source order (a v6 stacked backup
+# may keep torch's run copies against the slower item-order table)
+FORMAT = "sgl-core copy calibration v7"
 
 
 def _cpu_model() -> str:

@@ -209,7 +209,7 @@ def _stream_built(
 ) -> None:
     """``copy_slices(dst, src, runs)`` by the streaming copy on ``t`` threads, its table
     built first."""
-    _stream_step(slice_ops(dst, src, runs), t).run()
+    _stream_step(slice_ops(dst, src, runs, by_source=True), t).run()
 
 
 def gather_chunks(

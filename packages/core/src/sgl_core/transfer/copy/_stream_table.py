@@ -81,38 +81,69 @@ def _units_table(
     src: np.ndarray[Any, Any],
     d_units: np.ndarray[Any, Any],
     s_units: np.ndarray[Any, Any],
+    by_source: bool,
 ) -> np.ndarray[Any, np.dtype[np.uint64]]:
     """``dst[d_units[i]] = src[s_units[i]]`` for every i as the streaming copy's table: each
     unit cut into the pieces contiguous on both sides (the greatest common divisor of the
-    two sides' blocks), in item order. Both sides' units hold the same bytes
-    (``_byte_copyable``); unchecked: the units must lie inside both arrays."""
+    two sides' blocks), in item order, or ``by_source`` in the source's order (``slice_ops``).
+    Both sides' units hold the same bytes (``_byte_copyable``); unchecked: the units must
+    lie inside both arrays."""
     (d_block, d_offs), (s_block, s_offs) = _unit_blocks(dst), _unit_blocks(src)
     piece = math.gcd(d_block, s_block)
-    table = np.empty((d_units.size * (d_offs.size * d_block // piece), 3), dtype=np.uint64)
-    sides = ((dst, d_block, d_offs, d_units), (src, s_block, s_offs, s_units))
-    for col, (arr, block, offs, units) in enumerate(sides):
-        cut = (offs[:, None] + np.arange(block // piece, dtype=np.int64) * piece).ravel()
-        addr = arr.ctypes.data + units[:, None] * arr.strides[0] + cut[None, :]
+    d_cut, s_cut = (
+        (offs[:, None] + np.arange(block // piece, dtype=np.int64) * piece).ravel()
+        for block, offs in ((d_block, d_offs), (s_block, s_offs))
+    )
+    stretches = 1
+    if by_source:
+        within, order = np.argsort(s_cut), np.argsort(s_units)  # any order of equal keys
+        d_cut, s_cut = d_cut[within], s_cut[within]
+        d_units, s_units = d_units[order], s_units[order]
+        stretches = _stretches(s_cut, piece)
+    table = np.empty((d_units.size * d_cut.size, 3), dtype=np.uint64)
+    for col, (arr, cut, units) in enumerate(((dst, d_cut, d_units), (src, s_cut, s_units))):
+        # (stretch, unit, piece within the stretch); one stretch: unit-major
+        at = units[None, :, None] * arr.strides[0] + cut.reshape(stretches, 1, -1)
+        addr = arr.ctypes.data + at
         table[:, col] = addr.ravel().astype(np.uint64)
     table[:, 2] = piece
     return table
 
 
+def _stretches(cut: np.ndarray[Any, Any], piece: int) -> int:
+    """How many contiguous stretches of one length a unit's ascending source piece offsets
+    ``cut`` make (a stacked backup's unit: one per layer), or 1 where their lengths
+    differ."""
+    ends = np.flatnonzero(np.diff(cut) != piece) + 1  # where the next stretch starts
+    count = ends.size + 1
+    even = cut.size % count == 0 and np.array_equal(ends, np.arange(1, count) * (cut.size // count))
+    return count if even else 1
+
+
 def slice_ops(
-    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], runs: Sequence[tuple[int, int, int]]
+    dst: np.ndarray[Any, Any],
+    src: np.ndarray[Any, Any],
+    runs: Sequence[tuple[int, int, int]],
+    by_source: bool = False,
 ) -> np.ndarray[Any, np.dtype[np.uint64]]:
     """``copy_slices(dst, src, runs)`` as the streaming copy's (dst, src, len) table
-    (``_units_table``). Unchecked: the runs must lie inside both arrays (``slices_step``
-    checks their extent)."""
+    (``_units_table``). ``by_source`` (a backup): the pieces in the source's order, units
+    by their source position and a unit's pieces by source offset, and where a unit's
+    source is several contiguous stretches of one length (a stacked backup's layers) every
+    unit's first stretch, then every unit's second: the reads then sweep the source's
+    buffers one at a time, where item order reads a stretch of every layer per unit, more
+    concurrent streams than the hardware prefetchers follow (the streaming stores need no
+    order; BENCHMARKS.md). Unchecked: the runs must lie inside both arrays
+    (``slices_step`` checks their extent)."""
     starts = np.array([(b, a) for a, b, _ in runs], dtype=np.int64).reshape(-1, 2)
     counts = np.array([n for _, _, n in runs], dtype=np.int64)
-    spans = _run_spans(dst, src, starts, counts)
+    spans = _run_spans(dst, src, starts, counts, by_source)
     if spans is not None:
         return spans
     firsts = np.repeat(counts.cumsum() - counts, counts)  # each unit's run's first unit
     within = np.arange(int(counts.sum()), dtype=np.int64) - firsts
     d_units, s_units = (np.repeat(starts[:, col], counts) + within for col in (0, 1))
-    return _units_table(dst, src, d_units, s_units)
+    return _units_table(dst, src, d_units, s_units, by_source)
 
 
 def piece_bytes(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], run_units: int) -> int:
@@ -138,20 +169,27 @@ def _run_spans(
     src: np.ndarray[Any, Any],
     starts: np.ndarray[Any, Any],
     counts: np.ndarray[Any, Any],
+    by_source: bool,
 ) -> np.ndarray[Any, np.dtype[np.uint64]] | None:
     """The table of runs whose units continue each other's blocks on both sides (axis 0's
     stride is the unit's block, as for the token rows of a ``layer_first`` pool): one
     piece per (run, block) of ``count`` blocks' bytes, not one per (unit, block), e.g.
     61 pieces of 73 KiB for a 64-token run of 61 layers where ``_units_table`` cuts 3904
-    of 1152 bytes. None where a side's units do not continue its blocks."""
+    of 1152 bytes; run-major, or ``by_source`` block-major with the runs in source order
+    (``slice_ops``). None where a side's units do not continue its blocks."""
     (d_block, d_offs), (s_block, s_offs) = _unit_blocks(dst), _unit_blocks(src)
     if not _runs_continue(dst, src, d_block, s_block):
         return None
+    if by_source:
+        blocks, runs = np.argsort(s_offs), np.argsort(starts[:, 1])
+        d_offs, s_offs, starts, counts = d_offs[blocks], s_offs[blocks], starts[runs], counts[runs]
     table = np.empty((starts.shape[0] * d_offs.size, 3), dtype=np.uint64)
     for col, (arr, offs) in enumerate(((dst, d_offs), (src, s_offs))):
-        addr = arr.ctypes.data + starts[:, col, None] * d_block + offs[None, :]
+        at = arr.ctypes.data + starts[:, col] * d_block
+        addr = (offs[:, None] + at[None, :]) if by_source else (at[:, None] + offs[None, :])
         table[:, col] = addr.ravel().astype(np.uint64)
-    table[:, 2] = np.repeat(counts * d_block, d_offs.size).astype(np.uint64)
+    sizes = counts * d_block
+    table[:, 2] = np.tile(sizes, d_offs.size) if by_source else np.repeat(sizes, d_offs.size)
     return table
 
 
@@ -167,7 +205,7 @@ def rows_ops(
     destination rows must be distinct (``gather_step`` checks the range)."""
     if d_rows.shape != s_rows.shape or d_rows.ndim != 1:
         raise ValueError(f"row index arrays of shapes {d_rows.shape} and {s_rows.shape}")
-    return _units_table(dst, src, d_rows.astype(np.int64), s_rows.astype(np.int64))
+    return _units_table(dst, src, d_rows.astype(np.int64), s_rows.astype(np.int64), False)
 
 
 def rows_table(
