@@ -95,6 +95,7 @@ AREAS: dict[str, Area] = {
             CORE + "test_faults_transfer.py",
             CORE + "test_mutation_copy.py",
             CORE + "test_copy_threads.py",
+            CORE + "test_shared_copy.py",
         ),
         functions=(
             "sgl_core.transfer.copy._pieces.x_merge_runs__*",
@@ -102,6 +103,7 @@ AREAS: dict[str, Area] = {
             "sgl_core.transfer.copy._copy.x_memmove_blocks__*",
             "sgl_core.transfer.copy._copy.x_copy_pieces__*",
             "sgl_core.transfer.copy._copy.x__spread__*",
+            "sgl_core.transfer.copy._copy.x__share__*",
             # pieces cover every byte of a block exactly once (the calibrated copy threads)
             *(
                 f"sgl_core.transfer.copy._pieces.x_{name}__*"
@@ -176,6 +178,7 @@ AREAS: dict[str, Area] = {
             CORE + "test_calibrate.py",
             CORE + "test_confirm_calls.py",
             CORE + "test_stream_gather.py",
+            CORE + "test_shared_copy.py",
         ),
         functions=(
             "sgl_core.transfer.copy._busy.x_*",

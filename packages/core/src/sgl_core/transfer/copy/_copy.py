@@ -129,6 +129,42 @@ def _spread(threads: int, count: int, part: Callable[[int, int], None]) -> None:
             future.result()
 
 
+def _share(threads: int, count: int, part: Callable[[int, int], None], ranges: int) -> None:
+    """``part(a, b)`` over ``[0, count)`` cut into ``ranges`` ranges that the calling thread
+    and ``threads - 1`` copy threads take one at a time, so a thread that starts late or
+    runs slower takes fewer (a stacked backup's two fixed halves ended 3-4 ms apart in a
+    ~20 ms call, BENCHMARKS.md); a copy thread that has not started
+    when every range is taken is cancelled, not waited for. After an error no new range is
+    taken, and every started one ends before it is raised."""
+    cut = split_parts(count, max(ranges, threads))
+    if threads < 2 or len(cut) < 2:
+        part(0, count)
+        return
+    lock, taken = threading.Lock(), [0]
+
+    def take() -> None:
+        while True:
+            with lock:
+                i = taken[0]
+                taken[0] += 1
+            if i >= len(cut):
+                return
+            try:
+                part(*cut[i])
+            except BaseException:
+                with lock:
+                    taken[0] = len(cut)
+                raise
+
+    futures = [_pool().submit(take) for _ in range(threads - 1)]
+    try:
+        take()
+    finally:
+        for future in futures:
+            if not future.cancel():
+                future.result()
+
+
 def copy_pieces(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], threads: int) -> None:
     """``dst[i].copy_(src[i])`` as pieces below ATen's grain (no piece starts an
     OpenMP team), over ``threads`` threads in order, one ``_foreach_copy_`` each."""

@@ -20,6 +20,7 @@ from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import _memmove_all, _pool
 from sgl_core.transfer.copy._pieces import index_chunk, numpy_rows, split_parts
 from sgl_core.transfer.copy._stream import stream_copy, stream_each
+from sgl_core.transfer.copy._stream_gather import stream_shared
 from sgl_core.transfer.copy._stream_table import (
     _blocks_overlap,
     _byte_copyable,
@@ -207,9 +208,9 @@ def slices_step(
 def _stream_built(
     dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], runs: list[tuple[int, int, int]], t: int
 ) -> None:
-    """``copy_slices(dst, src, runs)`` by the streaming copy on ``t`` threads, its table
-    built first."""
-    _stream_step(slice_ops(dst, src, runs, by_source=True), t).run()
+    """``copy_slices(dst, src, runs)`` by the streaming copy on ``t`` threads taking its
+    table's ranges in turn, the table built first."""
+    stream_shared(slice_ops(dst, src, runs, by_source=True), t, stream_each)
 
 
 def gather_chunks(

@@ -1,5 +1,6 @@
 """A CPU gather/scatter of rows (``gather_rows`` under ``AUTO``, e.g. a page-1 backup) as
-the streaming copy: one (dst, src, len) table entry per row and pair, built per call
+the streaming copy: one (dst, src, len) table entry per row and pair, built per call; and
+how a stacked backup's table is shared out over the copy threads (``stream_shared``)
 (docs/design.md, "The streaming copy").
 """
 
@@ -13,7 +14,7 @@ import torch
 
 from sgl_core.transfer.copy import _copy, _stream, _stream_table
 
-__all__ = ["GatherStreams", "gather_streams"]
+__all__ = ["GatherStreams", "SHARE_BYTES", "gather_streams", "stream_shared"]
 
 #: ``(run(threads, a, b), full(threads))``: rows ``[a, b)`` of the first pair, every row
 #: of every pair, as the streaming copy over ``threads`` threads.
@@ -48,6 +49,7 @@ def gather_streams(
         return None
 
     def spread(ops: np.ndarray[Any, Any], threads: int) -> None:
+        # a fixed split: taking ranges (``stream_shared``) measured no faster here
         _copy._spread(threads, ops.shape[0], lambda a, b: _stream.stream_each(ops[a:b]))
 
     def run(threads: int, a: int, b: int) -> None:
@@ -57,3 +59,22 @@ def gather_streams(
         spread(np.concatenate([build(slice(None)) for build in builds]), threads)
 
     return run, full
+
+
+#: A shared streaming copy's ranges move about this many bytes each
+SHARE_BYTES = 4 << 20
+
+
+def stream_shared(
+    ops: np.ndarray[Any, np.dtype[np.uint64]],
+    threads: int,
+    copy: Callable[[np.ndarray[Any, np.dtype[np.uint64]]], None],
+) -> None:
+    """``copy(ops)`` (``_stream.stream_each``, as the caller names it) on ``threads``
+    threads that take ranges of the table of about ``SHARE_BYTES`` each in turn
+    (``_copy._share``), for a stacked backup's table, built per call
+    (``_steps._stream_built``). A per-layer load keeps its fixed split (a ~0.3 ms call:
+    taking ranges measured slower there), and so does a row gather (a page-1 backup: no
+    faster), BENCHMARKS.md."""
+    ranges = int(ops[:, 2].sum()) // SHARE_BYTES if ops.shape[0] else 0
+    _copy._share(threads, ops.shape[0], lambda a, b: copy(ops[a:b]), ranges)

@@ -100,14 +100,15 @@ def _units_table(
         d_cut, s_cut = d_cut[within], s_cut[within]
         d_units, s_units = d_units[order], s_units[order]
         stretches = _stretches(s_cut, piece)
-    table = np.empty((d_units.size * d_cut.size, 3), dtype=np.uint64)
+    # (stretch, unit, piece within the stretch); one stretch: unit-major
+    table = np.empty((stretches, d_units.size, d_cut.size // stretches, 3), dtype=np.uint64)
     for col, (arr, cut, units) in enumerate(((dst, d_cut, d_units), (src, s_cut, s_units))):
-        # (stretch, unit, piece within the stretch); one stretch: unit-major
-        at = units[None, :, None] * arr.strides[0] + cut.reshape(stretches, 1, -1)
-        addr = arr.ctypes.data + at
-        table[:, col] = addr.ravel().astype(np.uint64)
-    table[:, 2] = piece
-    return table
+        at = arr.ctypes.data + units * arr.strides[0]  # small operands, summed in place
+        np.add(
+            at[None, :, None], cut.reshape(stretches, 1, -1), out=table[..., col], casting="unsafe"
+        )
+    table[..., 2] = piece
+    return table.reshape(-1, 3)
 
 
 def _stretches(cut: np.ndarray[Any, Any], piece: int) -> int:
