@@ -149,3 +149,21 @@ def test_stream_shared_cuts_ranges_of_about_share_bytes() -> None:
     calls.clear()
     _stream_gather.stream_shared(ops[:2], 2, counted)
     assert sorted(calls) == [1, 1]  # under SHARE_BYTES: one range per thread
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_one_task_per_copy_thread_asked_for(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """``threads`` threads in all: the caller and ``threads - 1`` tasks on the pool."""
+    submitted: list[object] = []
+    pool = _copy._pool()
+
+    class Counting:
+        def submit(self, fn: Any, *args: Any) -> Any:
+            submitted.append(fn)
+            return pool.submit(fn, *args)
+
+    monkeypatch.setattr(_copy, "_pool", Counting)
+    got, part = _recorder()
+    _copy._share(threads, 100, part, 10)
+    assert len(submitted) == threads - 1
+    assert sorted(a for a, _, _ in got) == list(range(0, 100, 10))

@@ -76,5 +76,5 @@ def stream_shared(
     (``_steps._stream_built``). A per-layer load keeps its fixed split (a ~0.3 ms call:
     taking ranges measured slower there), and so does a row gather (a page-1 backup: no
     faster), BENCHMARKS.md."""
-    ranges = int(ops[:, 2].sum()) // SHARE_BYTES if ops.shape[0] else 0
+    ranges = int(ops[:, 2].sum()) // SHARE_BYTES  # an empty table sums to 0
     _copy._share(threads, ops.shape[0], lambda a, b: copy(ops[a:b]), ranges)
