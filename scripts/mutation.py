@@ -71,10 +71,14 @@ AREAS: dict[str, Area] = {
             CORE + "test_faults_transfer.py",
             CORE + "test_conformance_torch.py",
             CORE + "test_mutation_validation.py",
+            CORE + "test_unique_check.py",
+            CORE + "test_caller_indices.py",
         ),
         functions=(
             "sgl_core.kv._validation.x_check_index_bounds__*",
             "sgl_core.kv._validation.x_check_unique__*",
+            "sgl_core.kv._validation.x_index_values__*",
+            "sgl_core.kv._validation.x_check_page_runs__*",
             "sgl_core.kv._validation.x_check_layer_id__*",
             "sgl_core.kv.host._host_slots.xǁHostSlotsǁfree__*",
             "sgl_core.kv.host._host_slots.xǁHostSlotsǁalloc__*",
@@ -96,9 +100,13 @@ AREAS: dict[str, Area] = {
             CORE + "test_mutation_copy.py",
             CORE + "test_copy_threads.py",
             CORE + "test_shared_copy.py",
+            CORE + "test_caller_indices.py",
+            CORE + "test_unique_check.py",
         ),
         functions=(
             "sgl_core.transfer.copy._pieces.x_merge_runs__*",
+            "sgl_core.transfer.copy._pieces.x_index_array__*",
+            "sgl_core.transfer.copy._pieces.x_distinct_count__*",
             "sgl_core.transfer.copy._pieces.xǁIndexRunsǁ*",
             "sgl_core.transfer.copy._copy.x_memmove_blocks__*",
             "sgl_core.transfer.copy._copy.x_copy_pieces__*",
@@ -124,6 +132,7 @@ AREAS: dict[str, Area] = {
             CORE + "test_load_steps.py",
             CORE + "test_cold_calibration.py",
             CORE + "test_copy_threads.py",
+            CORE + "test_caller_indices.py",
         ),
         functions=(
             *(
@@ -155,6 +164,7 @@ AREAS: dict[str, Area] = {
                     "slices_shape",
                     "slices_step",
                     "_stream_built",
+                    "_take_parts",
                     "gather_step",
                 )
             ),

@@ -69,6 +69,19 @@ def test_gather_step_takes_strided_rows_and_falls_back_where_rows_are_not_blocks
         )
 
 
+def test_gather_step_from_a_one_row_source() -> None:
+    """A source of one row (a one-page pool of page 1) takes ``take_rows`` too, into the
+    destination rows asked for and no other; the caller's indices keep their values."""
+    src = torch.tensor([[7, -8, 9 << 40]], dtype=torch.int64)
+    dst = torch.zeros(4, 3, dtype=torch.int64)
+    d_idx, s_idx = torch.tensor([2]), torch.tensor([0])
+    step = gather_step(dst, src, d_idx, s_idx, torch.empty(1, 3, dtype=torch.int64), 1)
+    assert step.fn.__name__ == "take_rows"
+    step.run()
+    assert torch.equal(dst[2], src[0]) and int(dst[[0, 1, 3]].abs().sum()) == 0
+    assert d_idx.tolist() == [2] and s_idx.tolist() == [0]
+
+
 @pytest.mark.parametrize("side", ["source", "destination"])
 @pytest.mark.parametrize("bad", [-1, 40])
 def test_take_step_refuses_indices_outside_its_rows(side: str, bad: int) -> None:

@@ -125,6 +125,9 @@ def test_check_page_runs_edges() -> None:
         check_page_runs(i64(0, 1, 3, 2), 4, "idx")  # on a boundary, not consecutive
     with pytest.raises(errors.PageAlignmentError):
         check_page_runs(i64(0, 1, 2, 3, 4, 6, 5, 7), 4, "idx")  # second page bad only
+    check_page_runs(i64(6, 7, 0, 1), 2, "idx")
+    with pytest.raises(errors.PageAlignmentError):
+        check_page_runs(i64(6, 7, 1, 2), 2, "idx")  # pages of two: the second off a boundary
 
 
 def test_check_layer_id_edges() -> None:

@@ -107,6 +107,8 @@ def test_gathers_the_streaming_copy_may_not_do_are_not_offered() -> None:
     twice = d_idx.clone()
     twice[5] = twice[6]
     assert gather_streams(dst, src, twice, s_idx) is None  # a destination row twice
+    assert gather_streams(dst, src, twice[5:7], s_idx[:2]) is None  # two rows, the same
+    assert gather_streams(dst, src, twice[4:6], s_idx[:2]) is not None
     for bad in (-1, 700):
         out = s_idx.clone()
         out[3] = bad

@@ -44,6 +44,7 @@ from sgl_core.backend import (
     finish,
     gather_rows,
     gather_step,
+    index_array,
     memmove_step,
     merge_runs,
     numpy_rows,
@@ -74,8 +75,10 @@ def plan_pages(
     host_indices: torch.Tensor, device_indices: torch.Tensor, page_size: int
 ) -> PagePlan:
     """Page numbers of page-aligned token runs, merged where both sides step by one page."""
-    host_pages = host_indices[::page_size].to("cpu") // page_size
-    device_pages = device_indices[::page_size].to("cpu") // page_size
+    host_pages, device_pages = (  # numpy: no OpenMP team for a large batch (index_array)
+        torch.from_numpy(index_array(t[::page_size].to("cpu")) // page_size)
+        for t in (host_indices, device_indices)
+    )
     return PagePlan(host_pages, device_pages, merge_runs(host_pages, device_pages))
 
 

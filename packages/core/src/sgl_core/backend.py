@@ -69,7 +69,7 @@ from sgl_core.transfer.copy._calibrate import (
 )
 from sgl_core.transfer.copy._copy import byte_view, shutdown_copy_threads, widen_rows
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows
-from sgl_core.transfer.copy._pieces import IndexRuns, merge_runs
+from sgl_core.transfer.copy._pieces import IndexRuns, index_array, merge_runs
 from sgl_core.transfer.copy._steps import (
     Step,
     finish,
@@ -154,6 +154,7 @@ __all__ = [
     "finish",
     "gather_rows",
     "gather_step",
+    "index_array",
     "is_mha_device_pool",
     "layout_facts",
     "memmove_step",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from sgl_core.errors import (
     PoolMismatchError,
     ShapeMismatchError,
 )
+from sgl_core.transfer.copy._pieces import distinct_count, index_array
 
 __all__ = [
     "as_index_tensor",
@@ -34,6 +36,7 @@ __all__ = [
     "check_value_rows",
     "check_value_tensor",
     "differing_fields",
+    "index_values",
 ]
 
 
@@ -98,11 +101,19 @@ def check_index_pair(
     return a, b
 
 
+def index_values(indices: torch.Tensor) -> Any:
+    """CPU indices as a numpy view (``index_array``: no ATen op, so no OpenMP team that
+    could wait for a busy core), an accelerator's as they are: the checks below use
+    only what both offer (``min``, ``max``, ``reshape``, slicing, arithmetic, ``all``)."""
+    return index_array(indices) if indices.device.type == "cpu" else indices
+
+
 def check_index_bounds(indices: torch.Tensor, limit: int, argument: str) -> None:
     """Every index in ``[0, limit)``."""
     if indices.numel() == 0:
         return
-    low, high = (int(v) for v in torch.aminmax(indices))
+    values = index_values(indices)
+    low, high = int(values.min()), int(values.max())
     if low < 0 or high >= limit:
         bad = low if low < 0 else high
         raise IndexOutOfRangeError(f"{argument} holds {bad}, outside the valid range [0, {limit})")
@@ -111,18 +122,19 @@ def check_index_bounds(indices: torch.Tensor, limit: int, argument: str) -> None
 def check_unique(indices: torch.Tensor, argument: str, limit: int | None = None) -> None:
     """No index appears twice (a destination written twice loses data).
 
-    With ``limit`` (indices already known to be in ``[0, limit)``), a scatter
-    into a mask replaces the sort that ``torch.unique`` needs.
+    CPU indices are counted with numpy (``distinct_count``), which starts no
+    OpenMP team: ATen's ``index_put_`` starts one even for a few thousand
+    indices, and beside one busy process a backup call's check waited 3-6 ms
+    for the busy core (BENCHMARKS.md, "Validation without an OpenMP team").
+    An accelerator's indices are counted where they are (``torch.unique``).
     """
     n = indices.numel()
     if n < 2:
         return
-    if limit is not None and limit <= 64 * n:
-        seen = torch.zeros(limit, dtype=torch.bool, device=indices.device)
-        seen[indices] = True
-        distinct = int(seen.sum())
+    if indices.device.type == "cpu":
+        distinct = distinct_count(index_array(indices), limit)
     else:
-        distinct = torch.unique(indices).numel()
+        distinct = int(torch.unique(indices).numel())
     if distinct != n:
         raise DuplicateIndexError(f"{argument} contains duplicate indices")
 
@@ -136,8 +148,9 @@ def check_page_runs(indices: torch.Tensor, page_size: int, argument: str) -> Non
         )
     if n == 0 or page_size == 1:
         return
-    pages = indices.view(-1, page_size)
-    aligned = bool(((pages[:, 0] % page_size == 0) & (pages.diff(dim=1) == 1).all(dim=1)).all())
+    pages = index_values(indices).reshape(-1, page_size)
+    starts, steps = pages[:, 0] % page_size == 0, pages[:, 1:] - pages[:, :-1] == 1
+    aligned = bool(starts.all()) and bool(steps.all())
     if not aligned:
         raise PageAlignmentError(
             f"{argument} must be whole pages: runs p*{page_size} .. p*{page_size}+{page_size - 1}"

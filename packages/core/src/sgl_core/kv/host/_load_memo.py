@@ -1,7 +1,7 @@
 """When a per-layer load may skip re-validation: the memo of the last checked load.
 
 The policy (same pool, io backend and index tensor objects, unchanged
-versions and storage; CPU index values compared by memcmp; no device
+versions and storage; CPU index values compared by value (numpy); no device
 read-back) is docs/design.md section 7, "Per-layer loads validate once per
 batch"; :class:`CheckedLoad` holds what the first load of a batch checked.
 """
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from sgl_core.kv._enums import IOBackend
 from sgl_core.transfer._transfer import Transfer
+from sgl_core.transfer.copy._pieces import index_array
 
 __all__ = ["CheckedLoad", "IndexStamp", "reads_contents", "tensor_signature"]
 
@@ -50,7 +52,9 @@ class IndexStamp:
         self.shape = tuple(t.shape)
         self.stride = t.stride()
         self.dtype = t.dtype
-        self.values = t.clone() if reads_contents(t.device) else None
+        # numpy: a copy and a compare start no OpenMP team (a large batch's torch.equal
+        # did, per layer; BENCHMARKS.md, "Validation without an OpenMP team")
+        self.values = index_array(t).copy() if reads_contents(t.device) else None
 
     def matches(self, given: object) -> bool:
         if given is not self.tensor:
@@ -66,7 +70,7 @@ class IndexStamp:
             or t.dtype != self.dtype
         ):
             return False
-        return self.values is None or bool(torch.equal(t, self.values))
+        return self.values is None or bool(np.array_equal(index_array(t), self.values))
 
 
 class CheckedLoad:

@@ -22,6 +22,9 @@ import torch
 __all__ = [
     "GRAIN",
     "IndexRuns",
+    "MASK_SPAN",
+    "distinct_count",
+    "index_array",
     "index_chunk",
     "merge_runs",
     "numpy_rows",
@@ -129,16 +132,15 @@ def merge_runs(src: torch.Tensor, dst: torch.Tensor, unit: int = 1) -> IndexRuns
     n = src.numel()
     if n == 0:
         return IndexRuns([], [], [])
-    src_cpu = src.to("cpu", torch.int64)
-    dst_cpu = dst.to("cpu", torch.int64)
     if n == 1:
-        return IndexRuns([int(src_cpu[0])], [int(dst_cpu[0])], [unit])
-    breaks = (src_cpu[1:] - src_cpu[:-1] != unit) | (dst_cpu[1:] - dst_cpu[:-1] != unit)
-    starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.nonzero(breaks).flatten() + 1])
-    ends = torch.cat([starts[1:], torch.tensor([n], dtype=torch.int64)])
-    return IndexRuns(
-        src_cpu[starts].tolist(), dst_cpu[starts].tolist(), ((ends - starts) * unit).tolist()
-    )
+        return IndexRuns([int(src[0])], [int(dst[0])], [unit])
+    # numpy, not torch: an ATen index of a few thousand items starts an OpenMP team, which
+    # waits for a busy core (BENCHMARKS.md, "Validation without an OpenMP team")
+    s, d = (index_array(t.to("cpu")) for t in (src, dst))
+    starts = np.flatnonzero((np.diff(s) != unit) | (np.diff(d) != unit)) + 1
+    starts = np.concatenate(([0], starts))
+    lengths = np.diff(starts, append=n) * unit
+    return IndexRuns(s[starts].tolist(), d[starts].tolist(), lengths.tolist())
 
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # bit copies: any item type
@@ -155,3 +157,27 @@ def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
     flat = np.frombuffer(memoryview(raw).cast("B"), dtype=_BITS.get(item, np.dtype(f"V{item}")))
     strides = tuple(st * item for st in t.stride())
     return np.lib.stride_tricks.as_strided(flat, t.shape, strides, writeable=True)
+
+
+def index_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A numpy view of a CPU tensor of integers (indices) with their dtype, by address as
+    ``numpy_rows``: ``Tensor.numpy()`` would make the caller's storage unresizable for
+    good, and numpy's DLPack import refuses pinned memory."""
+    return numpy_rows(t).view(np.dtype(str(t.dtype).removeprefix("torch.")))
+
+
+#: ``distinct_count``'s mask of ``limit`` flags replaces a sort where ``limit`` is at most
+#: this many times the value count.
+MASK_SPAN = 64
+
+
+def distinct_count(values: np.ndarray[Any, Any], limit: int | None = None) -> int:
+    """The number of distinct values in the non-empty 1-D integer array ``values`` (numpy:
+    no OpenMP team). With ``limit`` (every value known to be in ``[0, limit)``) a scatter
+    into a mask replaces the sort where the mask is small (``MASK_SPAN``)."""
+    if limit is not None and limit <= MASK_SPAN * values.size:
+        seen = np.zeros(limit, dtype=np.bool_)
+        seen[values] = True
+        return int(np.count_nonzero(seen))
+    ordered = np.sort(values)
+    return 1 + int(np.count_nonzero(ordered[1:] != ordered[:-1]))

@@ -18,7 +18,7 @@ from sgl_core.transfer.copy import _copy, _evict
 from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates, thread_ranks
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import _memmove_all, _pool
-from sgl_core.transfer.copy._pieces import index_chunk, numpy_rows, split_parts
+from sgl_core.transfer.copy._pieces import index_array, index_chunk, numpy_rows, split_parts
 from sgl_core.transfer.copy._stream import stream_copy, stream_each
 from sgl_core.transfer.copy._stream_gather import stream_shared
 from sgl_core.transfer.copy._stream_table import (
@@ -65,8 +65,7 @@ class Step:
         """Submit ``parts[1:]`` to the copy threads (none for a one-thread step)."""
         if len(self.parts) < 2:
             return []
-        pool = _pool()
-        return [pool.submit(self.fn, *p) for p in self.parts[1:]]
+        return [_pool().submit(self.fn, *p) for p in self.parts[1:]]
 
     def run(self) -> None:
         """Every part (what a mover's load does inline, without this frame)."""
@@ -249,16 +248,17 @@ def _take_parts(
     count, row = int(d_idx.numel()), src[0].numel() if src.dim() > 1 else 0
     if not row or not src[0].is_contiguous() or src.stride(0) % row:
         return None
+    s_np, d_np = index_array(s_idx), index_array(d_idx).copy()  # a kept step keeps a copy
     # the flat view reaches past ``src`` and numpy wraps negative indices: refuse both here
-    for idx, n in ((s_idx, src.shape[0]), (d_idx, dst.shape[0])):
+    for idx, n in ((s_np, src.shape[0]), (d_np, dst.shape[0])):
         if count and not (int(idx.min()) >= 0 and int(idx.max()) < n):
             raise RuntimeError(_INTERNAL)
     start = src.storage_offset() % row
     rows = (src.untyped_storage().nbytes() // src.element_size() - start) // row
     flat = numpy_rows(src.as_strided((rows, row), (row, 1), start))
-    s_rows = (s_idx * (src.stride(0) // row) + src.storage_offset() // row).numpy()
+    s_rows = s_np * (src.stride(0) // row) + src.storage_offset() // row
     out = numpy_rows(staging[:count].view(count, row))
-    val, dst_np, d_np = out.reshape(count, *src.shape[1:]), numpy_rows(dst), d_idx.numpy()
+    val, dst_np = out.reshape(count, *src.shape[1:]), numpy_rows(dst)
 
     def build(t: int) -> Step:
         parts = _split((d_np, s_rows, out, val), t)

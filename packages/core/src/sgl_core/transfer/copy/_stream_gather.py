@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sgl_core.transfer.copy import _copy, _stream, _stream_table
+from sgl_core.transfer.copy import _copy, _pieces, _stream, _stream_table
 
 __all__ = ["GatherStreams", "SHARE_BYTES", "gather_streams", "stream_shared"]
 
@@ -22,7 +22,8 @@ GatherStreams = tuple[Callable[[int, int, int], None], Callable[[int], None]]
 
 
 def _in_range(idx: torch.Tensor, rows: int) -> bool:
-    return not idx.numel() or (int(idx.min()) >= 0 and int(idx.max()) < rows)
+    values = _pieces.index_array(idx)  # numpy: no OpenMP team (_pieces.merge_runs)
+    return not values.size or (int(values.min()) >= 0 and int(values.max()) < rows)
 
 
 def gather_streams(
@@ -45,7 +46,7 @@ def gather_streams(
         return None
     if not _in_range(s_idx, min(s.shape[0] for s in src)):
         return None
-    if torch.unique(d_idx).numel() != d_idx.numel():
+    if d_idx.numel() > 1 and _pieces.distinct_count(_pieces.index_array(d_idx)) != d_idx.numel():
         return None
 
     def spread(ops: np.ndarray[Any, Any], threads: int) -> None:

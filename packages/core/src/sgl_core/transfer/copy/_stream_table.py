@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sgl_core.transfer.copy._pieces import numpy_rows
+from sgl_core.transfer.copy._pieces import index_array, numpy_rows
 
 __all__ = [
     "STREAM_MIN_PIECE_BYTES",
@@ -213,8 +213,8 @@ def rows_table(
     dst: torch.Tensor, src: torch.Tensor, d_idx: torch.Tensor, s_idx: torch.Tensor
 ) -> Callable[[slice], np.ndarray[Any, np.dtype[np.uint64]]] | None:
     """``rows_ops`` of two CPU tensors' rows (numpy views by address) and index tensors,
-    as a builder of the table of the index pairs in a slice (the indices are copied when
-    it runs: ``Tensor.numpy()`` would make the caller's storage unresizable for good);
+    as a builder of the table of the index pairs in a slice (the indices read by address
+    when it runs, ``index_array``);
     None where the streaming copy may not copy these rows (``_byte_copyable``).
     Unchecked, as ``rows_ops``."""
     dst_np, src_np = numpy_rows(dst), numpy_rows(src)
@@ -222,7 +222,7 @@ def rows_table(
         return None
 
     def build(rows: slice) -> np.ndarray[Any, np.dtype[np.uint64]]:
-        d_rows, s_rows = (idx[rows].clone().numpy() for idx in (d_idx, s_idx))
+        d_rows, s_rows = (index_array(idx[rows]) for idx in (d_idx, s_idx))
         return rows_ops(dst_np, src_np, d_rows, s_rows)
 
     return build
