@@ -106,6 +106,7 @@ AREAS: dict[str, Area] = {
         functions=(
             "sgl_core.transfer.copy._pieces.x_merge_runs__*",
             "sgl_core.transfer.copy._pieces.x_index_array__*",
+            "sgl_core.transfer.copy._pieces.xǁ_Interfaceǁ*",
             "sgl_core.transfer.copy._pieces.x_distinct_count__*",
             "sgl_core.transfer.copy._pieces.xǁIndexRunsǁ*",
             "sgl_core.transfer.copy._copy.x_memmove_blocks__*",

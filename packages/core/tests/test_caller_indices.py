@@ -5,6 +5,9 @@ caller indices are views by address (used within the call) or copies (kept)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -93,3 +96,18 @@ def test_index_array_keeps_values_dtype_and_strides() -> None:
     small = torch.tensor([-1, 6], dtype=torch.int32)
     assert index_array(small).dtype == np.int32 and index_array(small).tolist() == [-1, 6]
     assert resizable(base) and resizable(small)
+
+
+def test_index_array_is_a_read_only_view_that_keeps_its_tensor() -> None:
+    t = torch.arange(512) * 3
+    alive = weakref.ref(t)
+    view = index_array(t)
+    with pytest.raises(ValueError, match="read-only"):
+        view[0] = 1
+    t[1] = -7  # a view, not a copy
+    del t
+    gc.collect()
+    assert alive() is not None and view[:3].tolist() == [0, -7, 6]
+    del view
+    gc.collect()
+    assert alive() is None

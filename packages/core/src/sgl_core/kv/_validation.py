@@ -124,8 +124,8 @@ def check_unique(indices: torch.Tensor, argument: str, limit: int | None = None)
 
     CPU indices are counted with numpy (``distinct_count``), which starts no
     OpenMP team: ATen's ``index_put_`` starts one even for a few thousand
-    indices, and beside one busy process a backup call's check waited 3-6 ms
-    for the busy core (BENCHMARKS.md, "Validation without an OpenMP team").
+    indices, and beside a busy process it waits for the busy core (BENCHMARKS.md,
+    "Validation without an OpenMP team").
     An accelerator's indices are counted where they are (``torch.unique``).
     """
     n = indices.numel()

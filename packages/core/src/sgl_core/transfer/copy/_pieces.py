@@ -159,11 +159,35 @@ def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
     return np.lib.stride_tricks.as_strided(flat, t.shape, strides, writeable=True)
 
 
+class _Interface:
+    """A read-only array interface of a CPU tensor's memory (numpy reads it with no
+    copy), holding the tensor so that the memory outlives the array."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t
+        item = t.element_size()
+        self.__array_interface__ = {
+            "data": (t.data_ptr(), True),  # read-only: we never write an engine's indices
+            "shape": tuple(t.shape),
+            "strides": tuple(st * item for st in t.stride()),
+            "typestr": _INT_TYPES[t.dtype],
+            "version": 3,
+        }
+
+
+_INT_TYPES = {
+    torch.int64: "<i8", torch.int32: "<i4", torch.int16: "<i2", torch.int8: "|i1",
+    torch.uint8: "|u1",
+}  # fmt: skip
+
+
 def index_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A numpy view of a CPU tensor of integers (indices) with their dtype, by address as
-    ``numpy_rows``: ``Tensor.numpy()`` would make the caller's storage unresizable for
-    good, and numpy's DLPack import refuses pinned memory."""
-    return numpy_rows(t).view(np.dtype(str(t.dtype).removeprefix("torch.")))
+    """A read-only numpy view of a CPU tensor of integers (indices) with their dtype, by
+    address: ``Tensor.numpy()`` would make the caller's storage unresizable for good, and
+    numpy's DLPack import refuses pinned memory."""
+    return np.asarray(_Interface(t))
 
 
 #: ``distinct_count``'s mask of ``limit`` flags replaces a sort where ``limit`` is at most
