@@ -107,6 +107,8 @@ AREAS: dict[str, Area] = {
             "sgl_core.transfer.copy._pieces.x_merge_runs__*",
             "sgl_core.transfer.copy._pieces.x_index_array__*",
             "sgl_core.transfer.copy._pieces.xǁ_Interfaceǁ*",
+            "sgl_core.transfer.copy._pieces.x_numpy_rows__*",
+            "sgl_core.transfer.copy._pieces.x_page_numbers__*",
             "sgl_core.transfer.copy._pieces.x_distinct_count__*",
             "sgl_core.transfer.copy._pieces.xǁIndexRunsǁ*",
             "sgl_core.transfer.copy._copy.x_memmove_blocks__*",

@@ -44,10 +44,10 @@ from sgl_core.backend import (
     finish,
     gather_rows,
     gather_step,
-    index_array,
     memmove_step,
     merge_runs,
     numpy_rows,
+    page_numbers,
     slices_may_copy,
     slices_shape,
     slices_step,
@@ -75,9 +75,8 @@ def plan_pages(
     host_indices: torch.Tensor, device_indices: torch.Tensor, page_size: int
 ) -> PagePlan:
     """Page numbers of page-aligned token runs, merged where both sides step by one page."""
-    host_pages, device_pages = (  # numpy: no OpenMP team for a large batch (index_array)
-        torch.from_numpy(index_array(t[::page_size].to("cpu")) // page_size)
-        for t in (host_indices, device_indices)
+    host_pages, device_pages = (
+        page_numbers(t[::page_size].to("cpu"), page_size) for t in (host_indices, device_indices)
     )
     return PagePlan(host_pages, device_pages, merge_runs(host_pages, device_pages))
 

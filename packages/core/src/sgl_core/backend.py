@@ -69,7 +69,7 @@ from sgl_core.transfer.copy._calibrate import (
 )
 from sgl_core.transfer.copy._copy import byte_view, shutdown_copy_threads, widen_rows
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows
-from sgl_core.transfer.copy._pieces import IndexRuns, index_array, merge_runs
+from sgl_core.transfer.copy._pieces import IndexRuns, merge_runs, page_numbers
 from sgl_core.transfer.copy._steps import (
     Step,
     finish,
@@ -154,7 +154,6 @@ __all__ = [
     "finish",
     "gather_rows",
     "gather_step",
-    "index_array",
     "is_mha_device_pool",
     "layout_facts",
     "memmove_step",
@@ -164,6 +163,7 @@ __all__ = [
     "mla_spec",
     "numpy_rows",
     "page_aligned_zeros",
+    "page_numbers",
     "parse_device",
     "publish_names",
     "shutdown_copy_threads",

@@ -23,7 +23,7 @@ from sgl_core.transfer._direct_load import Plan, backup_path, backup_slices, loa
 from sgl_core.transfer._transfer import HostPart, HostSide, PlanCache, Transfer
 from sgl_core.transfer.copy._copy import memmove_blocks, widen_rows
 from sgl_core.transfer.copy._engine import RunSide, copy_runs, gather_rows, run_options
-from sgl_core.transfer.copy._pieces import index_array, merge_runs
+from sgl_core.transfer.copy._pieces import merge_runs, page_numbers
 from sgl_core.transfer.copy._steps import Step, finish
 from sgl_core.transfer.copy._tuning import CopyTuning, tuning_for
 
@@ -142,13 +142,9 @@ class DirectMover:
         d_cpu = transfer.device_indices[:: self.unit].to("cpu")
         return Plan(
             runs=merge_runs(h_cpu, d_cpu, unit=self.unit),
-            host_idx=self._pages(h_cpu) if self.paged else h_cpu,
-            device_idx=self._pages(d_cpu) if self.paged else d_cpu,
+            host_idx=page_numbers(h_cpu, self.unit) if self.paged else h_cpu,
+            device_idx=page_numbers(d_cpu, self.unit) if self.paged else d_cpu,
         )
-
-    def _pages(self, first_tokens: torch.Tensor) -> torch.Tensor:
-        # numpy: no OpenMP team for a large batch (_pieces.merge_runs)
-        return torch.from_numpy(index_array(first_tokens) // self.unit)
 
     def _sizes(self, plan: Plan, c: int, count: int) -> tuple[int, int]:
         """Average bytes of one run of one row of part ``c``, and of one by-address block."""

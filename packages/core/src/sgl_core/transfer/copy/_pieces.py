@@ -11,7 +11,6 @@ block exactly once, in order.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ __all__ = [
     "index_chunk",
     "merge_runs",
     "numpy_rows",
+    "page_numbers",
     "split_parts",
     "split_pieces",
     "wide_dtype",
@@ -143,38 +143,31 @@ def merge_runs(src: torch.Tensor, dst: torch.Tensor, unit: int = 1) -> IndexRuns
     return IndexRuns(s[starts].tolist(), d[starts].tolist(), lengths.tolist())
 
 
-_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # bit copies: any item type
-
-
-def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A numpy view of a CPU tensor of integer items (the widened rows): same memory, by
-    address (``Tensor.numpy()`` would make the storage unresizable for good, and the pool
-    validates a resized storage instead); the view keeps ``t`` alive."""
-    item = t.element_size()
-    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1
-    raw = (ctypes.c_char * (span * item if t.numel() else 0)).from_address(t.data_ptr())
-    raw.keep = t  # type: ignore[attr-defined]
-    flat = np.frombuffer(memoryview(raw).cast("B"), dtype=_BITS.get(item, np.dtype(f"V{item}")))
-    strides = tuple(st * item for st in t.stride())
-    return np.lib.stride_tricks.as_strided(flat, t.shape, strides, writeable=True)
-
-
 class _Interface:
-    """A read-only array interface of a CPU tensor's memory (numpy reads it with no
-    copy), holding the tensor so that the memory outlives the array."""
+    """An array interface of a CPU tensor's memory (numpy views it with no copy), holding
+    the tensor so that the memory outlives the array."""
 
     __slots__ = ("__array_interface__", "tensor")
 
-    def __init__(self, t: torch.Tensor) -> None:
+    def __init__(self, t: torch.Tensor, typestr: str, writable: bool) -> None:
         self.tensor = t
         item = t.element_size()
         self.__array_interface__ = {
-            "data": (t.data_ptr(), True),  # read-only: we never write an engine's indices
+            "data": (t.data_ptr(), not writable),  # (address, read-only)
             "shape": tuple(t.shape),
             "strides": tuple(st * item for st in t.stride()),
-            "typestr": _INT_TYPES[t.dtype],
+            "typestr": typestr,
             "version": 3,
         }
+
+
+def numpy_rows(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A writable numpy view of a CPU tensor's items as unsigned integers of their size
+    (the widened rows; bit copies, any item type): same memory, by address
+    (``Tensor.numpy()`` would make the storage unresizable for good, and the pool
+    validates a resized storage instead); the view keeps ``t`` alive."""
+    item = t.element_size()
+    return np.asarray(_Interface(t, f"<u{item}" if item in (1, 2, 4, 8) else f"|V{item}", True))
 
 
 _INT_TYPES = {
@@ -185,9 +178,17 @@ _INT_TYPES = {
 
 def index_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
     """A read-only numpy view of a CPU tensor of integers (indices) with their dtype, by
-    address: ``Tensor.numpy()`` would make the caller's storage unresizable for good, and
-    numpy's DLPack import refuses pinned memory."""
-    return np.asarray(_Interface(t))
+    address as ``numpy_rows`` (we never write an engine's indices; numpy's DLPack import
+    would refuse pinned memory)."""
+    return np.asarray(_Interface(t, _INT_TYPES[t.dtype], False))
+
+
+def page_numbers(first_tokens: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The page of each token of the CPU tensor ``first_tokens`` (the first token of each
+    page of a page-aligned transfer), computed with numpy: an ATen op over more than
+    ``GRAIN`` indices would start an OpenMP team (BENCHMARKS.md, "Validation without an
+    OpenMP team")."""
+    return torch.from_numpy(index_array(first_tokens) // page_size)
 
 
 #: ``distinct_count``'s mask of ``limit`` flags replaces a sort where ``limit`` is at most
