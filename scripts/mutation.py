@@ -131,6 +131,7 @@ AREAS: dict[str, Area] = {
         ),
         tests=(
             CORE + "test_stream_copy.py",
+            CORE + "test_stream_kernels.py",
             CORE + "test_stream_order.py",
             CORE + "test_load_steps.py",
             CORE + "test_cold_calibration.py",
@@ -140,7 +141,14 @@ AREAS: dict[str, Area] = {
         functions=(
             *(
                 f"sgl_core.transfer.copy._stream.x_{name}__*"
-                for name in ("_map_code", "_load", "stream_copy", "stream_each")
+                for name in (
+                    "cpu_flags",
+                    "pick_kernel",
+                    "_map_code",
+                    "_load",
+                    "stream_copy",
+                    "stream_each",
+                )
             ),
             *(
                 f"sgl_core.transfer.copy._stream_table.x_{name}__*"
@@ -208,6 +216,7 @@ AREAS: dict[str, Area] = {
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁ_settle__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskip__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁ_measure__*",
+            "sgl_core.transfer.copy._calibrate.xǁCalibratorǁ_margin__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskipped__*",
             "sgl_core.transfer.copy._auto_copy.x__run__*",
             "sgl_core.transfer.copy._auto_copy.x_thread_ranks__*",

@@ -7,15 +7,17 @@ best-of and median:
 
 * ``memmove``: one ``ctypes.memmove`` per contiguous piece (what the shipped by-address
   path does);
-* ``nt1`` / ``nt2``: the gather below on one thread, or on this thread and one other.
+* ``nt1-<kernel>`` / ``nt2-<kernel>``: the gather below on one thread, or on this thread
+  and one other, once per kernel this CPU runs (``sse2``; ``avx2`` where listed).
 
 The gather is ``void gather(const uint64_t *ops, uint64_t n)`` over ``n`` (dst, src, len)
-triples: 16-byte unaligned loads and ``movntdq`` non-temporal stores in 64-byte steps
-while the destination is 16-byte aligned and 64 bytes or more remain, ``rep movsb`` for
-the rest, one ``sfence`` at the end. Its machine code is written into an anonymous
-mapping, which is then made read+execute (never writable and executable at once), and
-called through ctypes (which drops the GIL). ``--check-asm`` re-assembles ``ASM`` with
-GNU ``as`` and compares the bytes. Every run checks the gather's result bit-exact against
+triples: unaligned loads and non-temporal stores in 64-byte steps (16 bytes at a time in
+``sse2``, 32 in ``avx2``) while the destination is aligned for them and 64 bytes or more
+remain, ``rep movsb`` for the rest, one ``sfence`` at the end (the shipped kernels,
+``_stream_code``). Its machine code is written into an anonymous mapping, which is then
+made read+execute (never writable and executable at once), and called through ctypes
+(which drops the GIL). ``--check-asm`` re-assembles each kernel's source with GNU ``as``
+and compares the bytes. Every run checks each gather's result bit-exact against
 memmove's. x86-64 Linux only.
 
     PYTHONPATH=packages/core/src python scripts/nt_gather_probe.py 64 layer_first 6
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import platform
 import shutil
 import statistics
@@ -38,8 +41,9 @@ from pathlib import Path
 
 import torch
 
-# the shipped streaming copy's code (packages/core/.../copy/_stream.py): one source
-from sgl_core.transfer.copy._stream import ASM, CODE
+# the shipped streaming copy's kernels (packages/core/.../copy/_stream_code.py): one source
+from sgl_core.transfer.copy._stream import cpu_flags
+from sgl_core.transfer.copy._stream_code import KERNELS, Kernel
 
 LAYERS, ROW, TOKENS = 61, 1152, 4096
 _PROT_RW, _PROT_RX, _MAP_PRIVATE_ANON = 3, 5, 0x22
@@ -48,21 +52,23 @@ Pieces = list[tuple[int, int, int]]  # (dst, src, len), raw addresses
 
 
 def check_asm() -> None:
-    """Assemble ``ASM`` with ``as`` and require its .text to equal ``CODE``."""
+    """Assemble each kernel's source with ``as`` and require its .text to equal its code."""
     if shutil.which("as") is None or shutil.which("objcopy") is None:
         sys.exit("--check-asm needs GNU as and objcopy")
-    with tempfile.TemporaryDirectory() as tmp:
-        src, obj, raw = (Path(tmp) / n for n in ("g.s", "g.o", "g.bin"))
-        src.write_text(ASM, encoding="ascii")
-        subprocess.run(["as", "-o", str(obj), str(src)], check=True)
-        subprocess.run(["objcopy", "-O", "binary", "-j", ".text", str(obj), str(raw)], check=True)
-        if raw.read_bytes() != CODE:
-            sys.exit("CODE does not match ASM")
-    print("CODE matches ASM")
+    for kernel in KERNELS:
+        with tempfile.TemporaryDirectory() as tmp:
+            src, obj, raw = (Path(tmp) / n for n in ("g.s", "g.o", "g.bin"))
+            src.write_text(kernel.asm, encoding="ascii")
+            subprocess.run(["as", "-o", str(obj), str(src)], check=True)
+            cmd = ["objcopy", "-O", "binary", "-j", ".text", str(obj), str(raw)]
+            subprocess.run(cmd, check=True)
+            if raw.read_bytes() != kernel.code:
+                sys.exit(f"{kernel.name}: the code does not match its source")
+        print(f"{kernel.name}: the code matches its source")
 
 
-def load_gather() -> Gather:
-    """``CODE`` in a page mapped read+write, then switched to read+execute."""
+def load_gather(kernel: Kernel) -> Gather:
+    """``kernel``'s code in a page mapped read+write, then switched to read+execute."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
@@ -71,7 +77,7 @@ def load_gather() -> Gather:
     page = libc.mmap(None, 4096, _PROT_RW, _MAP_PRIVATE_ANON, -1, 0)
     if page in (None, ctypes.c_void_p(-1).value):
         sys.exit(f"mmap failed (errno {ctypes.get_errno()})")
-    ctypes.memmove(page, CODE, len(CODE))
+    ctypes.memmove(page, kernel.code, len(kernel.code))
     if libc.mprotect(page, 4096, _PROT_RX) != 0:
         sys.exit(f"mprotect(PROT_EXEC) refused (errno {ctypes.get_errno()})")
     fn: Gather = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)(page)
@@ -130,7 +136,8 @@ def main() -> None:
         sys.exit("x86-64 Linux only")
     if args.page < 1 or TOKENS % args.page or args.rounds < 2:
         sys.exit(f"page must divide {TOKENS}; rounds >= 2 (the first is a warm-up)")
-    gather = load_gather()
+    flags = cpu_flags()
+    gathers = {k.name: load_gather(k) for k in KERNELS if k.flag is None or k.flag in flags}
     torch.manual_seed(0)
     dev = torch.ones(LAYERS, 2 * TOKENS * ROW, dtype=torch.uint8)
     host = torch.randint(0, 256, (4 * TOKENS * LAYERS * ROW,), dtype=torch.uint8)
@@ -142,18 +149,18 @@ def main() -> None:
     scratch = torch.empty(64 << 20, dtype=torch.uint8)
     ref_src = torch.full((TOKENS * LAYERS * ROW,), 3, dtype=torch.uint8)
     ref_dst = torch.empty_like(ref_src)
-    helper = Helper(gather)
+    helpers = {name: Helper(gather) for name, gather in gathers.items()}
 
     def memmove() -> None:
         for ops in layers:
             for d, s, n in ops:
                 ctypes.memmove(d, s, n)
 
-    def nt1() -> None:
+    def nt1(gather: Gather) -> None:
         for _, addr, n in tables:
             gather(addr, n)
 
-    def nt2() -> None:
+    def nt2(gather: Gather, helper: Helper) -> None:
         for _, addr, n in tables:
             half = n // 2
             helper.job = (addr + 24 * half, n - half)
@@ -170,7 +177,10 @@ def main() -> None:
     def ref2() -> None:
         ref_dst.copy_(ref_src)
 
-    fns = {"ref1": ref1, "ref2": ref2, "memmove": memmove, "nt1": nt1, "nt2": nt2}
+    fns: dict[str, Callable[[], None]] = {"ref1": ref1, "ref2": ref2, "memmove": memmove}
+    for name, gather in gathers.items():
+        fns[f"nt1-{name}"] = functools.partial(nt1, gather)
+        fns[f"nt2-{name}"] = functools.partial(nt2, gather, helpers[name])
     times: dict[str, list[float]] = {k: [] for k in fns}
     for r in range(args.rounds):
         for name, fn in fns.items():
@@ -182,11 +192,13 @@ def main() -> None:
     dev.fill_(0)
     memmove()
     expect = dev.clone()
-    for fn in (nt1, nt2):
+    for name, fn in fns.items():
+        if not name.startswith("nt"):
+            continue
         dev.fill_(0)
         fn()
         if not torch.equal(dev, expect):
-            sys.exit(f"{fn.__name__}: result differs from memmove")
+            sys.exit(f"{name}: result differs from memmove")
     best = min(*times["ref1"], *times["ref2"])
     med = min(statistics.median(times["ref1"]), statistics.median(times["ref2"]))
     cells = [

@@ -469,13 +469,18 @@ def test_skip_picks_from_the_same_measurement_and_counts() -> None:
 
 def test_skip_ranks_as_choose_was_given_them() -> None:
     """The same ranks as the measurement's: ``stream2`` (rank 2, as fast as ``2``)
-    beside ``1`` and ``stream1`` (rank 1) is preferred only beyond the margin."""
-    cal = Calibrator(margin=0.25)
+    beside ``1`` and ``stream1`` (rank 1) is preferred only beyond the rank margin (in
+    order, the margin)."""
+    cal = Calibrator(margin=0.25, rank_margin=0.25)
     _measured(cal, "k", {"1": 3.0, "2": 2.0, "0": 1.0, "stream1": 2.3, "stream2": 1.9})
     ranks = thread_ranks(["1", "2", "0", "stream1", "stream2"])
     assert cal.skip("k", "0", ranks=ranks) == "stream1"  # rank 1's fastest, within 25%
     assert cal.skip("k", "0") == "2"  # in order: 1 and 2 come first; 2 is within 25% of 1.9
     assert cal.skip("k", "0", among=["1", "2", "0", "stream2"], ranks=ranks) == "stream2"
+    narrow = Calibrator(margin=0.25, rank_margin=0.1)  # stream1's 2.3 is not within 10%
+    _measured(narrow, "k", {"1": 3.0, "2": 2.0, "0": 1.0, "stream1": 2.3, "stream2": 1.9})
+    assert narrow.skip("k", "0", ranks=ranks) == "stream2"
+    assert narrow.skip("k", "0") == "2"  # in order: the margin, 25%
 
 
 def test_thread_ranks_are_thread_counts_with_the_team_last() -> None:

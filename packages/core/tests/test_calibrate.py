@@ -83,8 +83,8 @@ def test_an_earlier_candidate_within_the_margin_is_preferred(clock: FakeClock) -
 
 def test_ranks_ask_the_margin_of_later_ranks_only(clock: FakeClock) -> None:
     """Candidates of one rank compete on speed alone (a tie: the earlier); a later rank's
-    fastest must beat the earlier ranks' by more than the margin."""
-    cal = Calibrator(timer=clock, margin=0.25, budget_s=10)
+    fastest must beat the earlier ranks' by more than the rank margin."""
+    cal = Calibrator(timer=clock, rank_margin=0.25, budget_s=10)
     ranks = {"1": 1, "s1": 1, "2": 2, "s2": 2}
 
     def pick(key: str, costs: dict[str, float]) -> str:
@@ -102,8 +102,24 @@ def test_ranks_ask_the_margin_of_later_ranks_only(clock: FakeClock) -> None:
     exact = FakeClock()  # dyadic times on a fresh clock: exactly at the margin is within it
     costs = {"1": 1.5, "2": 1.125, "s1": 1.25, "s2": 1.0}
     cands = {name: exact.cost(cost) for name, cost in costs.items()}
-    edge = Calibrator(timer=exact, margin=0.25, budget_s=10)
+    edge = Calibrator(timer=exact, rank_margin=0.25, budget_s=10)
     assert edge.choose("e", cands, nbytes=1, ranks=ranks) == "s1"
+
+
+def test_ranks_ask_the_rank_margin_and_an_order_the_margin(clock: FakeClock) -> None:
+    """The same two times: with ranks (the CPU thread counts) the later rank needs more
+    than ``rank_margin``; in preference order (the CUDA paths) more than ``margin``. The
+    defaults: 10% between ranks, 25% in order."""
+    assert (Calibrator().rank_margin, Calibrator().margin) == (0.10, 0.25)
+    cal = Calibrator(timer=clock, margin=0.5, rank_margin=0.1, budget_s=10)
+    ranks = {"1": 1, "2": 2}
+    costs = {"1": 1.2, "2": 1.0}
+    assert cal.choose("r", {n: clock.cost(c) for n, c in costs.items()}, 1, ranks=ranks) == "2"
+    assert cal.choose("o", {n: clock.cost(c) for n, c in costs.items()}, 1) == "1"
+    assert "preferred within 50% of 2" in cal.choices()[0].reason
+    costs = {"1": 1.09, "2": 1.0}  # within 10%: the earlier rank
+    assert cal.choose("s", {n: clock.cost(c) for n, c in costs.items()}, 1, ranks=ranks) == "1"
+    assert "preferred within 10% of 2" in cal.choices()[2].reason
 
 
 def test_ranks_must_name_every_candidate(clock: FakeClock) -> None:

@@ -167,3 +167,16 @@ def test_each_phase_prints_the_calls_whose_team_was_skipped(
         "quiet": {"copy k": {"ran": "1", "calls": 2}},
         "loaded": {"copy k": {"ran": "2", "calls": 3}},
     }
+
+
+def test_the_run_names_the_streaming_copy_it_had(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header line and the JSON say which streaming copy kernel the run's copies were
+    offered (or why none)."""
+    monkeypatch.setattr(_hicache_cmd, "stream_copy_status", lambda: "available (k9)")
+    out = tmp_path / "h.json"
+    assert main(["hicache", *TINY, "--json", str(out)]) == 0
+    header = capsys.readouterr().out.splitlines()[1]
+    assert header.endswith("; streaming copy available (k9)")
+    assert json.loads(out.read_text())["stream_copy"] == "available (k9)"

@@ -288,9 +288,10 @@ def test_the_real_calls_keep_the_margin_for_a_later_rank(clock: Clock) -> None:
 def test_the_sample_stays_unless_the_real_calls_beat_it_by_the_margin(
     clock: Clock, y: float, choice: str
 ) -> None:
-    """One rank: the real calls' fastest must be more than 25% faster than the sample's
-    choice to overrule it (x 1.0 s: 0.8 s is exactly 25% faster and does not)."""
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    """One rank: the real calls' fastest must be more than the rank margin (25% here)
+    faster than the sample's choice to overrule it (x 1.0 s: 0.8 s is exactly 25% faster
+    and does not)."""
+    cal = Calibrator(timer=clock, budget_s=1e9, rank_margin=0.25)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.125)}
     assert cal.choose("k", cands, 100, ranks={"x": 1, "y": 1}, confirm=True) == "x"
     for _ in range(4):
@@ -299,6 +300,22 @@ def test_the_sample_stays_unless_the_real_calls_beat_it_by_the_margin(
     assert got.choice == choice and got.source == "confirmed"
     if choice == "x":
         assert got.reason.startswith("x (kept within 25% of y; real calls x: 1000.000 ms")
+
+
+@pytest.mark.parametrize(("ranks", "choice"), [({"x": 1, "y": 2}, "y"), (None, "x")])
+def test_the_real_calls_ask_the_keys_own_margin(
+    clock: Clock, ranks: dict[str, int] | None, choice: str
+) -> None:
+    """y 15% faster on the real calls: beyond the default rank margin (10%) it overrules
+    the sample's x where the key has ranks (a CPU thread count), within the default
+    margin (25%) it does not where the candidates are in preference order (a CUDA path)."""
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    cands = {"x": clock.cost(1.0), "y": clock.cost(1.05)}
+    assert cal.choose("k", cands, 100, ranks=ranks, confirm=True) == "x"
+    for _ in range(4):
+        _real_call(clock, cal, {"x": 1.0, "y": 0.85})
+    (got,) = cal.choices()
+    assert got.choice == choice and got.source == "confirmed"
 
 
 def test_confirmed_keeps_the_sample_only_where_it_ran() -> None:
@@ -516,7 +533,8 @@ def test_confirm_call_withdraws_a_contender_it_does_not_hold(clock: Clock) -> No
 
 @pytest.fixture
 def cal(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> Calibrator:
-    fresh = Calibrator(timer=clock, budget_s=1e9)
+    # the prices below are set around a 25% margin between thread counts
+    fresh = Calibrator(timer=clock, budget_s=1e9, rank_margin=0.25)
     monkeypatch.setattr(_calibrate, "_default", fresh)
     return fresh
 

@@ -27,6 +27,7 @@ from sgl_core.cli._hicache_plan import MODELS, plan_run
 from sgl_core.cli._report import Progress, Record, print_table, write_outputs
 from sgl_core.kv._enums import HostLayout
 from sgl_core.transfer.copy._calibrate import copy_calibration, default_calibrator
+from sgl_core.transfer.copy._stream import stream_copy_status
 
 __all__ = ["BUSY_CODE", "add_parser", "busy_processes", "run"]
 
@@ -188,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
         f"layout/io x page {sizes}; rows: backup, load\n"
         f"model {cfg.model}: {cfg.layers} layers x {row}; "
         f"{'quick' if plan.quick else 'full'}: {cfg.repeats} round(s) + {cfg.warmup} "
-        f"warm-up; torch threads {torch.get_num_threads()}"
+        f"warm-up; torch threads {torch.get_num_threads()}; "
+        f"streaming copy {stream_copy_status()}"
     )
     load_start = _load()
     started = time.perf_counter()
@@ -258,4 +260,5 @@ def run(args: argparse.Namespace) -> int:
         background_load=busy,
         copy_calibration=[dataclasses.asdict(c) for c in fitted],
         copy_team_skipped=skipped,
+        stream_copy=stream_copy_status(),
     )

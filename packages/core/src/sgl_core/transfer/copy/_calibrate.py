@@ -38,9 +38,13 @@ class Calibrator:
     """Measured choices per key; thread-safe (one lock, held while measuring).
 
     A candidate's time is its slowest of ``rounds`` rounds within ``budget_s``
-    (``slowest_rounds``). A candidate of a later rank (``choose``'s ``ranks``; without
-    them, later in ``order``) must beat the earlier ranks by more than ``margin``; within
-    a rank the fastest wins. A real copy below ``drop`` x the figure (the best real copy
+    (``slowest_rounds``). A candidate of a later rank must beat the earlier ranks by more
+    than the key's margin; within a rank the fastest wins. The margin is ``rank_margin``
+    where ``choose`` was given ``ranks`` (the CPU copies' thread counts, whose risk under
+    load the busy-core check, the drop and the real-call confirmation also watch) and
+    ``margin`` where each candidate is a rank of its own in preference order (the CUDA
+    paths, where a later one may cost what a copy's timing cannot see: SMs taken from
+    compute). A real copy below ``drop`` x the figure (the best real copy
     since the key was measured, at least half the sample's GB/s) is a strike; ``strikes``
     in a row, at least ``min_interval_s`` after the measurement, make the key stale.
 
@@ -48,13 +52,14 @@ class Calibrator:
     ``confirm_within`` of the fastest is confirmed on real calls: its caller runs
     ``turn(key)`` and reports it (``observe(..., ran=)``) until each of those ran
     ``confirm_calls`` times (0: the sample decides); then the real calls overrule the
-    sample's choice only with one more than ``margin`` faster (``_decide.confirmed``).
+    sample's choice only with one more than the key's margin faster (``_decide.confirmed``).
     """
 
     timer: Callable[[], float] = time.perf_counter
     rounds: int = 3
     budget_s: float = 0.01
     margin: float = 0.25
+    rank_margin: float = 0.10
     drop: float = 0.25
     strikes: int = 3
     min_interval_s: float = 5.0
@@ -223,7 +228,8 @@ class Calibrator:
             rest.pop(without, None)
             if among is not None:
                 rest = {c: t for c, t in rest.items() if c in among}
-            instead = decide(rest, list(rest), self.margin, ranks)[0] if rest else default
+            margin = self._margin(ranks)
+            instead = decide(rest, list(rest), margin, ranks)[0] if rest else default
             calls = self._skipped.get(key, (instead, 0))[1] + 1
             self._skipped[key] = (instead, calls)
             return instead
@@ -233,6 +239,11 @@ class Calibrator:
         and how many calls ran another candidate than the choice."""
         with self._lock:
             return dict(sorted(self._skipped.items()))
+
+    def _margin(self, ranks: Mapping[str, int] | None) -> float:
+        """What a later rank must beat the earlier ones by: ``rank_margin`` between the
+        ranks given, ``margin`` between candidates in preference order."""
+        return self.margin if ranks is None else self.rank_margin
 
     def _measure(
         self,
@@ -251,7 +262,7 @@ class Calibrator:
         seconds = _decide.slowest_rounds(
             candidates, self.rounds, self.budget_s, self.timer, [cold, self.settle]
         )
-        chosen, reason = decide(seconds, order, self.margin, ranks)
+        chosen, reason = decide(seconds, order, self._margin(ranks), ranks)
         stale = self._stale.get(key)
         source = "re-measured" if stale else "measured"
         if stale:
@@ -267,7 +278,8 @@ class Calibrator:
         seconds, mean = trial.seconds()
         choice = sample
         if len(seconds) > 1:
-            chosen, why = _decide.confirmed(seconds, sample.choice, self.margin, trial.ranks)
+            margin = self._margin(trial.ranks)
+            chosen, why = _decide.confirmed(seconds, sample.choice, margin, trial.ranks)
             reason = f"{why}; the sample chose {sample.reason}"
             choice = CopyChoice(key, chosen, seconds, mean, "confirmed", reason, self.timer())
         self._choices[key] = choice  # (nothing seen yet: a trial's calls are not compared)

@@ -56,8 +56,10 @@ ENV_VAR = "SGLCORE_COPY_CALIBRATION"
 # thread count (a v4 choice kept memmove or ATen's team within 25% of a faster streaming
 # copy on as many threads); v6: close samples confirmed on real calls (a v5 choice is a
 # sample's alone); v7: a backup's streaming table in source order (a v6 stacked backup
-# may keep torch's run copies against the slower item-order table)
-FORMAT = "sgl-core copy calibration v7"
+# may keep torch's run copies against the slower item-order table); v8: the streaming copy
+# moves 32 bytes a step where the CPU has AVX2, and a later thread-count rank must win by
+# 10% (a v7 choice was measured with the 16-byte kernel and kept one thread within 25%)
+FORMAT = "sgl-core copy calibration v8"
 
 
 def _cpu_model() -> str:

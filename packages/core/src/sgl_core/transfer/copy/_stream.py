@@ -4,115 +4,63 @@
 and leaves both sides in cache; a per-layer load writes bytes that no CPU reads soon, so
 on the 2-core dev VM a memmove per block reached 0.4-0.7x of a contiguous copy where the
 same blocks with streaming stores reached about 1x (BENCHMARKS.md, issue #27). Python has
-no streaming store and this project builds no C extension, so the copy is 156 bytes of
-x86-64 machine code (``ASM``; ``CODE`` is what GNU ``as`` makes of it, and a test
-re-assembles it where ``as`` is installed) placed in an anonymous mapping that is written
-while read+write and then switched to read+execute: never writable and executable at once.
+no streaming store and this project builds no C extension, so the copy is x86-64 machine
+code (``_stream_code``: a kernel per instruction set, each with its assembly source)
+placed in an anonymous mapping that is written while read+write and then switched to
+read+execute: never writable and executable at once.
 
-``gather(ops, n)`` copies ``n`` (dst, src, len) triples of uint64: 16-byte unaligned loads
-and ``movntdq`` stores in 64-byte steps while the destination is 16-byte aligned and 64 or
-more bytes remain, ``rep movsb`` for the rest (and for a destination that is not aligned),
-one ``sfence`` at the end, so every store is visible before it returns. Before each
-triple it prefetches the first 2 KiB of the source of the triple four ahead: a row of
-1152 bytes 70 KiB from the previous one (a ``page_first`` or page-1 copy) starts on a
-page the hardware prefetchers have not reached, and its latency is what such a copy
-waits for; longer blocks are streams they find themselves (prefetching whole 64 KiB
-blocks made those slower, BENCHMARKS.md). Blocks must not overlap (no memmove
-semantics): a load's device and host sides are different buffers.
+``gather(ops, n)`` copies ``n`` (dst, src, len) triples of uint64 with non-temporal
+stores in 64-byte steps where the destination is aligned for them, ``rep movsb`` for the
+rest, one ``sfence`` at the end. Before each triple it prefetches the first 2 KiB of the
+source of the triple four ahead: a row of 1152 bytes 70 KiB from the previous one (a
+``page_first`` or page-1 copy) starts on a page the hardware prefetchers have not
+reached, and its latency is what such a copy waits for; longer blocks are streams they
+find themselves (prefetching whole 64 KiB blocks made those slower, BENCHMARKS.md).
+Blocks must not overlap (no memmove semantics): a load's device and host sides are
+different buffers. The kernel is the first of ``KERNELS`` whose CPU flag
+``/proc/cpuinfo`` lists (``avx2``, else ``sse2``, which every x86-64 CPU runs), or the one
+``SGLCORE_STREAM_COPY`` names.
 
 It is a calibrated candidate, never forced: the copy steps (``_steps``) offer it next to
 the memmove thread counts, after them in preference order. It is unavailable (and the
 steps offer only memmove) off x86-64 Linux, where the mapping or ``PROT_EXEC`` is refused
-(SELinux ``execmem``, a seccomp filter, a hardened kernel), and with
-``SGLCORE_STREAM_COPY=0``; ``stream_copy_status()`` says which.
+(SELinux ``execmem``, a seccomp filter, a hardened kernel), with
+``SGLCORE_STREAM_COPY=0``, and where that names a kernel the CPU does not run;
+``stream_copy_status()`` says which.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sgl_core.transfer.copy._stream_code import KERNELS, Kernel
+
 __all__ = [
-    "ASM",
-    "CODE",
+    "CPUINFO",
     "ENV_VAR",
+    "cpu_flags",
+    "pick_kernel",
     "stream_copy",
     "stream_copy_status",
     "stream_each",
 ]
 
-#: ``0``/``off``/``false``/``no``: never offer the streaming copy (anything else: offer it)
+#: ``0``/``off``/``false``/``no``: never offer the streaming copy; a kernel's name
+#: (``avx2``, ``sse2``): that kernel only; anything else: the first kernel the CPU runs
 ENV_VAR = "SGLCORE_STREAM_COPY"
+#: Linux's list of the CPU's flags: the first ``flags`` line names what Linux enabled
+CPUINFO = Path("/proc/cpuinfo")
 
-ASM = """\
-    .intel_syntax noprefix
-    .globl gather
-gather:
-    mov r11, rdi
-    mov rdx, rsi
-    test rdx, rdx
-    jz 9f
-1:
-    cmp rdx, 4
-    jbe 4f
-    mov r8, [r11+104]
-    mov r9, [r11+112]
-    cmp r9, 2048
-    jbe 5f
-    mov r9d, 2048
-5:
-    prefetcht0 [r8]
-    add r8, 64
-    sub r9, 64
-    ja 5b
-4:
-    mov rdi, [r11]
-    mov rsi, [r11+8]
-    mov rcx, [r11+16]
-    add r11, 24
-    test dil, 15
-    jnz 3f
-    cmp rcx, 64
-    jb 3f
-2:
-    movdqu xmm0, [rsi]
-    movdqu xmm1, [rsi+16]
-    movdqu xmm2, [rsi+32]
-    movdqu xmm3, [rsi+48]
-    movntdq [rdi], xmm0
-    movntdq [rdi+16], xmm1
-    movntdq [rdi+32], xmm2
-    movntdq [rdi+48], xmm3
-    add rsi, 64
-    add rdi, 64
-    sub rcx, 64
-    cmp rcx, 64
-    jae 2b
-3:
-    rep movsb
-    dec rdx
-    jnz 1b
-9:
-    sfence
-    ret
-"""
-# Only caller-saved registers (rdi rsi rdx rcx r8 r9 r11 xmm0-3); the SysV ABI clears the
-# direction flag at every call, so ``rep movsb`` runs forward. Entry i+4's source is
-# at [r11+104] and its length at [r11+112] (24-byte entries); a prefetch never faults.
-CODE = bytes.fromhex(
-    "4989fb4889f24885d20f84890000004883fa0476254d8b43684d8b4b704981f9000800007606"
-    "41b900080000410f18084983c0404983e94077f2498b3b498b7308498b4b104983c31840f6c7"
-    "0f753e4883f9407238f30f6f06f30f6f4e10f30f6f5620f30f6f5e30660fe707660fe74f1066"
-    "0fe75720660fe75f304883c6404883c7404883e9404883f94073c8f3a448ffca0f8577ffffff"
-    "0faef8c3"
-)
 _PAGE = 4096
 _PROT_RW, _PROT_RX = 0x1 | 0x2, 0x1 | 0x4
 _MAP_PRIVATE_ANON = 0x02 | 0x20  # Linux values
@@ -125,8 +73,28 @@ _lock = threading.Lock()
 _loaded: tuple[Gather | None, str] | None = None  # (the function or None, why)
 
 
-def _map_code(libc: Any) -> Gather | str:
-    """``CODE`` in a fresh page via ``libc``'s mmap/mprotect: the function, or why not.
+def cpu_flags(path: Path = CPUINFO) -> frozenset[str]:
+    """The CPU flags of the first ``flags`` line of ``path`` (none where unreadable)."""
+    with contextlib.suppress(OSError), path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name.strip() == "flags":
+                return frozenset(value.split())
+    return frozenset()
+
+
+def pick_kernel(asked: str, flags: frozenset[str]) -> Kernel | str:
+    """The kernel to map for ``asked`` (``SGLCORE_STREAM_COPY``'s value, stripped and
+    lowered) on a CPU with ``flags``, or why none."""
+    named = [k for k in KERNELS if k.name == asked]
+    for kernel in named or KERNELS:
+        if kernel.flag is None or kernel.flag in flags:
+            return kernel
+    return f"{asked} asked for ({ENV_VAR}), and the CPU does not list {named[0].flag}"
+
+
+def _map_code(libc: Any, code: bytes) -> Gather | str:
+    """``code`` in a fresh page via ``libc``'s mmap/mprotect: the function, or why not.
     The page is never unmapped (one per process; the function is kept for good)."""
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
@@ -136,7 +104,7 @@ def _map_code(libc: Any) -> Gather | str:
     page = libc.mmap(None, _PAGE, _PROT_RW, _MAP_PRIVATE_ANON, -1, 0)
     if page is None or page == ctypes.c_void_p(-1).value:
         return f"mmap of a read+write page failed (errno {ctypes.get_errno()})"
-    ctypes.memmove(page, CODE, len(CODE))
+    ctypes.memmove(page, code, len(code))
     if libc.mprotect(page, _PAGE, _PROT_RX) != 0:
         return f"mprotect to read+execute refused (errno {ctypes.get_errno()})"
     fn: Gather = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)(page)
@@ -144,12 +112,18 @@ def _map_code(libc: Any) -> Gather | str:
 
 
 def _load() -> tuple[Gather | None, str]:
-    if os.environ.get(ENV_VAR, "").strip().lower() in _OFF:
+    asked = os.environ.get(ENV_VAR, "").strip().lower()
+    if asked in _OFF:
         return None, f"off ({ENV_VAR}={os.environ[ENV_VAR]})"
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"unavailable on {sys.platform} {platform.machine()} (x86-64 Linux only)"
-    got = _map_code(ctypes.CDLL(None, use_errno=True))
-    return (None, f"unavailable: {got}") if isinstance(got, str) else (got, "available")
+    kernel = pick_kernel(asked, cpu_flags())
+    if isinstance(kernel, str):
+        return None, f"unavailable: {kernel}"
+    got = _map_code(ctypes.CDLL(None, use_errno=True), kernel.code)
+    if isinstance(got, str):
+        return None, f"unavailable: {got}"
+    return got, f"available ({kernel.name})"
 
 
 def stream_copy() -> Gather | None:
