@@ -177,6 +177,6 @@ def test_the_run_names_the_streaming_copy_it_had(
     monkeypatch.setattr(_hicache_cmd, "stream_copy_status", lambda: "available (k9)")
     out = tmp_path / "h.json"
     assert main(["hicache", *TINY, "--json", str(out)]) == 0
-    header = capsys.readouterr().out.splitlines()[1]
-    assert header.endswith("; streaming copy available (k9)")
+    header = capsys.readouterr().out.splitlines()[2]
+    assert header == "streaming copy (CPU loads and backups): available (k9)"
     assert json.loads(out.read_text())["stream_copy"] == "available (k9)"

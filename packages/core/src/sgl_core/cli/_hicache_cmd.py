@@ -189,8 +189,8 @@ def run(args: argparse.Namespace) -> int:
         f"layout/io x page {sizes}; rows: backup, load\n"
         f"model {cfg.model}: {cfg.layers} layers x {row}; "
         f"{'quick' if plan.quick else 'full'}: {cfg.repeats} round(s) + {cfg.warmup} "
-        f"warm-up; torch threads {torch.get_num_threads()}; "
-        f"streaming copy {stream_copy_status()}"
+        f"warm-up; torch threads {torch.get_num_threads()}\n"
+        f"streaming copy (CPU loads and backups): {stream_copy_status()}"
     )
     load_start = _load()
     started = time.perf_counter()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["AVX2", "KERNELS", "SSE2", "Kernel"]
+__all__ = ["AVX2", "KERNELS", "Kernel", "SSE2"]
 
 
 class Kernel(NamedTuple):
