@@ -39,14 +39,11 @@ class Calibrator:
 
     A candidate's time is its slowest of ``rounds`` rounds within ``budget_s``
     (``slowest_rounds``). A candidate of a later rank must beat the earlier ranks by more
-    than the key's margin; within a rank the fastest wins. The margin is ``rank_margin``
-    where ``choose`` was given ``ranks`` (the CPU copies' thread counts, whose risk under
-    load the busy-core check, the drop and the real-call confirmation also watch) and
-    ``margin`` where each candidate is a rank of its own in preference order (the CUDA
-    paths, where a later one may cost what a copy's timing cannot see: SMs taken from
-    compute). A real copy below ``drop`` x the figure (the best real copy
-    since the key was measured, at least half the sample's GB/s) is a strike; ``strikes``
-    in a row, at least ``min_interval_s`` after the measurement, make the key stale.
+    than the key's margin (``rank_margin`` with ``choose``'s ``ranks``, the CPU thread
+    counts; ``margin`` in preference order, the CUDA paths); within a rank the fastest
+    wins. A real copy below ``drop`` x the figure (the best real copy since the key was
+    measured, at least half the sample's GB/s) is a strike; ``strikes`` in a row, at
+    least ``min_interval_s`` after the measurement, make the key stale.
 
     A ``choose(..., confirm=True)`` whose sample leaves more than one candidate within
     ``confirm_within`` of the fastest is confirmed on real calls: its caller runs
@@ -67,8 +64,7 @@ class Calibrator:
     confirm_calls: int = 2
     cache: DiskCache | None = None
     #: untimed before every candidate call (``_busy.settle`` for the process's calibrator):
-    #: an OpenMP team's workers spin for milliseconds after it returns and would take a core
-    #: from the candidate timed next (a 2-thread copy after one ran 35% slower)
+    #: an OpenMP team's workers spin after it returns and slow the candidate timed next
     settle: Callable[[], None] | None = None
     # reentrant: a candidate may itself be an AUTO copy that asks this calibrator (a stacked
     # backup's path choice times the torch run copies, which choose their thread count)
@@ -92,11 +88,8 @@ class Calibrator:
     def forget(self) -> None:
         """Drop every choice (the disk cache file stays)."""
         with self._lock:
-            self._choices.clear()
-            self._stale.clear()
-            self._seen.clear()
-            self._skipped.clear()
-            self._trials.open.clear()
+            for table in (self._choices, self._stale, self._seen, self._skipped, self._trials.open):
+                table.clear()
 
     def current(self, key: str) -> str | None:
         """The choice for ``key`` if one is known and not stale (nothing is measured)."""
@@ -116,10 +109,10 @@ class Calibrator:
     ) -> str:
         """The candidate chosen for ``key`` (``candidates``, by preference, measured if new).
 
-        ``ranks`` (every candidate's, lowest first) groups candidates of equal risk: the
-        margin is asked only of a later rank (e.g. more copy threads), while candidates
-        of one rank (one thread count) compete on speed alone. Without it, each
-        candidate is a rank of its own, in the mapping's order.
+        ``ranks`` (every candidate's, lowest first) groups candidates of equal risk: only
+        a later rank (more copy threads) must win, by ``rank_margin``; one rank's compete on
+        speed alone. Without them each candidate is a rank of its own, in the mapping's
+        order, and a later one must win by ``margin``.
 
         ``cold``, when given, runs untimed before every candidate call and outside the
         budget: what makes a sample that repeats the same bytes see them as the real
@@ -166,8 +159,7 @@ class Calibrator:
             self._settle(key, self._trials.withdraw(key, name, sample))
 
     def confirming(self) -> tuple[list[str], int]:
-        """The keys whose choice is being confirmed on real calls, and how many real
-        calls every trial recorded so far."""
+        """The keys confirmed on real calls now, and the real calls all trials recorded."""
         with self._lock:
             return sorted(self._trials.open), self._trials.recorded
 
@@ -175,9 +167,10 @@ class Calibrator:
         """Report one real copy of ``key``; True when this made the key stale. ``ran``:
         the candidate it ran (a trial's turn; another than the choice is not compared).
 
-        The figure a copy is compared with is the best real copy of the key
-        since it was measured (a sample is small and may sit in cache, so
-        its own GB/s would overstate what a whole call reaches).
+        The figure a copy is compared with is the best real copy of the key since it was
+        measured (a sample is small and may sit in cache, so its own GB/s would overstate
+        a whole call), and at least half the sample's (a choice slow from its first real
+        call on is noticed too).
         """
         with self._lock:
             if key in self._trials.open:
@@ -189,8 +182,6 @@ class Calibrator:
             if ran is not None and ran != known.choice:
                 return False
             gbps = nbytes / seconds / 1e9
-            # the figure: the best real copy since measured, and at least half the sample's
-            # (a choice that is slow from its first real call on is noticed too)
             seen, strikes = self._seen.get(key, (0.0, 0))
             best = max(seen, known.gbps / 2)
             if gbps >= best * self.drop:
@@ -217,8 +208,8 @@ class Calibrator:
         """The candidate to run for one call of ``key`` when its choice ``without`` can't
         run well now: the one ``choose`` would have picked from the same measurement
         without it (and, given ``among``, from those this call offers; ``ranks`` as
-        ``choose`` was given them), or ``default``
-        when there is none (``key`` unknown, or measured with ``without`` alone).
+        ``choose`` was given them), or ``default`` when there is none (``key`` unknown, or
+        measured with ``without`` alone).
         Counted per key (``skipped``); not a new choice: the next call asks again, and
         the call's time is not reported with ``observe``.
         """
@@ -228,8 +219,7 @@ class Calibrator:
             rest.pop(without, None)
             if among is not None:
                 rest = {c: t for c, t in rest.items() if c in among}
-            margin = self._margin(ranks)
-            instead = decide(rest, list(rest), margin, ranks)[0] if rest else default
+            instead = decide(rest, list(rest), self._margin(ranks), ranks)[0] if rest else default
             calls = self._skipped.get(key, (instead, 0))[1] + 1
             self._skipped[key] = (instead, calls)
             return instead
@@ -241,8 +231,7 @@ class Calibrator:
             return dict(sorted(self._skipped.items()))
 
     def _margin(self, ranks: Mapping[str, int] | None) -> float:
-        """What a later rank must beat the earlier ones by: ``rank_margin`` between the
-        ranks given, ``margin`` between candidates in preference order."""
+        """What a later rank must beat the earlier ones by (design.md: the rank margin)."""
         return self.margin if ranks is None else self.rank_margin
 
     def _measure(
@@ -278,8 +267,8 @@ class Calibrator:
         seconds, mean = trial.seconds()
         choice = sample
         if len(seconds) > 1:
-            margin = self._margin(trial.ranks)
-            chosen, why = _decide.confirmed(seconds, sample.choice, margin, trial.ranks)
+            margin, ranks = self._margin(trial.ranks), trial.ranks
+            chosen, why = _decide.confirmed(seconds, sample.choice, margin, ranks)
             reason = f"{why}; the sample chose {sample.reason}"
             choice = CopyChoice(key, chosen, seconds, mean, "confirmed", reason, self.timer())
         self._choices[key] = choice  # (nothing seen yet: a trial's calls are not compared)

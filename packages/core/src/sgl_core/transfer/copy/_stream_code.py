@@ -37,10 +37,10 @@ class Kernel(NamedTuple):
     code: bytes
 
 
-SSE2 = Kernel(
-    "sse2",
-    None,
-    """\
+#: Both kernels' start: the loop over the triples (rdx left; r11 the next one), the
+#: prefetch of the first 2 KiB of the source of the triple four ahead, and one triple
+#: read into rdi (dst), rsi (src) and rcx (len); label 9 ends the call
+_TRIPLE = """\
     .intel_syntax noprefix
     .globl gather
 gather:
@@ -66,6 +66,13 @@ gather:
     mov rsi, [r11+8]
     mov rcx, [r11+16]
     add r11, 24
+"""
+
+SSE2 = Kernel(
+    "sse2",
+    None,
+    _TRIPLE
+    + """\
     test dil, 15
     jnz 3f
     cmp rcx, 64
@@ -104,32 +111,8 @@ gather:
 AVX2 = Kernel(
     "avx2",
     "avx2",
-    """\
-    .intel_syntax noprefix
-    .globl gather
-gather:
-    mov r11, rdi
-    mov rdx, rsi
-    test rdx, rdx
-    jz 9f
-1:
-    cmp rdx, 4
-    jbe 4f
-    mov r8, [r11+104]
-    mov r9, [r11+112]
-    cmp r9, 2048
-    jbe 5f
-    mov r9d, 2048
-5:
-    prefetcht0 [r8]
-    add r8, 64
-    sub r9, 64
-    ja 5b
-4:
-    mov rdi, [r11]
-    mov rsi, [r11+8]
-    mov rcx, [r11+16]
-    add r11, 24
+    _TRIPLE
+    + """\
     cmp rcx, 64
     jb 3f
     test dil, 31
