@@ -123,6 +123,9 @@ def test_the_flags_are_the_first_flags_line(tmp_path: Path) -> None:
     assert _stream.cpu_flags(tmp_path / "missing") == frozenset()
     info.write_text("processor\t: 0\n", encoding="utf-8")
     assert _stream.cpu_flags(info) == frozenset()
+    # a byte that is not UTF-8 in another line, and a value holding a colon: read whole
+    info.write_bytes(b"model name\t: cpu \xff\xfe\nflags\t\t: fpu a:b avx2\n")
+    assert _stream.cpu_flags(info) == {"fpu", "a:b", "avx2"}
 
 
 def _loading(monkeypatch: pytest.MonkeyPatch, flags: set[str]) -> list[bytes]:
