@@ -65,10 +65,43 @@ def test_each_kernel_is_bit_exact_over_alignments_and_lengths(kernel: Kernel) ->
         ops.append((dst.ctypes.data + at, src.ctypes.data + s, n))
         want[at : at + n] = src[s : s + n]
     table = _stream_table.ops_table(*zip(*ops, strict=True))
+    before = dst.copy()
+    gather(table.ctypes.data, 0)  # no triple: nothing moves
+    assert np.array_equal(dst, before)
     gather(table.ctypes.data, table.shape[0])
     assert np.array_equal(dst, want)
-    gather(table.ctypes.data, 0)  # no triple: nothing moves
-    assert np.array_equal(dst, want)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=[k.name for k in KERNELS])
+def test_each_kernel_reads_no_table_entry_past_the_last(kernel: Kernel) -> None:
+    """The table's last entry ends where a page the process may not read begins: every
+    count from 0 to 11 copies its triples and reads nothing past them (the look-ahead
+    to the triple four ahead stops four from the end; a read past would fault)."""
+    gather = _mapped(kernel)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]  # fmt: skip
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = libc.mmap(None, 8192, 0x3, 0x22, -1, 0)
+    assert page not in (None, ctypes.c_void_p(-1).value)
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    try:
+        assert libc.mprotect(page + 4096, 4096, 0) == 0  # the second page: no access
+        src = np.arange(12 * 64, dtype=np.uint8)
+        for n in range(12):
+            dst = np.zeros(12 * 64, dtype=np.uint8)
+            ops = _stream_table.ops_table(
+                [dst.ctypes.data + 64 * i for i in range(n)],
+                [src.ctypes.data + 64 * i for i in range(n)],
+                [64] * n,
+            )
+            at = page + 4096 - ops.nbytes  # the table's end touches the guard page
+            ctypes.memmove(at, ops.ctypes.data, ops.nbytes)
+            gather(at, n)
+            assert np.array_equal(dst[: 64 * n], src[: 64 * n]) and not dst[64 * n :].any()
+    finally:
+        libc.munmap(page, 8192)
 
 
 @pytest.mark.skipif(shutil.which("as") is None or shutil.which("objcopy") is None, reason="no as")
@@ -109,7 +142,7 @@ def test_the_first_kernel_the_cpu_runs_is_picked_unless_one_is_named(
 
 def test_a_named_kernel_the_cpu_does_not_run_is_refused_with_why() -> None:
     why = _stream.pick_kernel("avx2", frozenset({"sse2", "avx"}))
-    assert why == f"avx2 asked for ({_stream.ENV_VAR}), and the CPU does not list avx2"
+    assert why == f"avx2 asked for ({_stream.ENV_VAR}), and the CPU's flags do not list avx2"
 
 
 def test_the_flags_are_the_first_flags_line(tmp_path: Path) -> None:
@@ -173,5 +206,5 @@ def test_a_named_kernel_the_cpu_lacks_leaves_the_copy_unavailable(
     assert _stream.stream_copy() is None
     assert mapped == []
     assert _stream.stream_copy_status() == (
-        f"unavailable: avx2 asked for ({_stream.ENV_VAR}), and the CPU does not list avx2"
+        f"unavailable: avx2 asked for ({_stream.ENV_VAR}), and the CPU's flags do not list avx2"
     )

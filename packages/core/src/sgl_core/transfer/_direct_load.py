@@ -177,7 +177,8 @@ def backup_path(
     team; torch's run copies win on a quiet machine at some sizes), so with
     ``copy_threads`` AUTO a part of ``AUTO_MIN_BYTES`` or more is decided by the
     calibrator, once per shape (one rank: the faster, no margin either way; a close
-    sample confirmed on the first real backups), and each call reports its time, so a
+    sample confirmed on the first real backups, where the sample's choice stays unless
+    the other is more than the rank margin faster), and each call reports its time, so a
     drop (load arriving) measures the shape again.
     Explicit thread counts and small parts keep the slices.
     """

@@ -231,7 +231,7 @@ class Calibrator:
             return dict(sorted(self._skipped.items()))
 
     def _margin(self, ranks: Mapping[str, int] | None) -> float:
-        """What a later rank must beat the earlier ones by (design.md: the rank margin)."""
+        """A key's margin: ranked keys (and their real-call confirmation) ``rank_margin``."""
         return self.margin if ranks is None else self.rank_margin
 
     def _measure(

@@ -90,7 +90,7 @@ def pick_kernel(asked: str, flags: frozenset[str]) -> Kernel | str:
     for kernel in named or KERNELS:
         if kernel.flag is None or kernel.flag in flags:
             return kernel
-    return f"{asked} asked for ({ENV_VAR}), and the CPU does not list {named[0].flag}"
+    return f"{asked} asked for ({ENV_VAR}), and the CPU's flags do not list {named[0].flag}"
 
 
 def _map_code(libc: Any, code: bytes) -> Gather | str:
