@@ -102,6 +102,7 @@ AREAS: dict[str, Area] = {
             CORE + "test_shared_copy.py",
             CORE + "test_caller_indices.py",
             CORE + "test_unique_check.py",
+            CORE + "test_stream_gather.py",
         ),
         functions=(
             "sgl_core.transfer.copy._pieces.x_merge_runs__*",
@@ -110,6 +111,7 @@ AREAS: dict[str, Area] = {
             "sgl_core.transfer.copy._pieces.x_numpy_rows__*",
             "sgl_core.transfer.copy._pieces.x_page_numbers__*",
             "sgl_core.transfer.copy._pieces.x_distinct_count__*",
+            "sgl_core.transfer.copy._pieces.x_in_range__*",
             "sgl_core.transfer.copy._pieces.xǁIndexRunsǁ*",
             "sgl_core.transfer.copy._copy.x_memmove_blocks__*",
             "sgl_core.transfer.copy._copy.x_copy_pieces__*",

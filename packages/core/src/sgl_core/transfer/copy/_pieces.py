@@ -23,6 +23,7 @@ __all__ = [
     "IndexRuns",
     "MASK_SPAN",
     "distinct_count",
+    "in_range",
     "index_array",
     "index_chunk",
     "merge_runs",
@@ -181,6 +182,12 @@ def index_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
     address as ``numpy_rows`` (we never write an engine's indices; numpy's DLPack import
     would refuse pinned memory)."""
     return np.asarray(_Interface(t, _INT_TYPES[t.dtype], False))
+
+
+def in_range(values: np.ndarray[Any, Any], limit: int) -> bool:
+    """Whether every value of the integer array ``values`` is in ``[0, limit)`` (an empty
+    one: yes); the copy kit's own re-check of indices it reads by address."""
+    return not values.size or (int(values.min()) >= 0 and int(values.max()) < limit)
 
 
 def page_numbers(first_tokens: torch.Tensor, page_size: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sgl_core.transfer.copy import _copy, _evict
+from sgl_core.transfer.copy import _copy, _evict, _pieces
 from sgl_core.transfer.copy._auto_copy import _bucket, thread_candidates, thread_ranks
 from sgl_core.transfer.copy._calibrate import default_calibrator
 from sgl_core.transfer.copy._copy import _memmove_all, _pool
@@ -251,7 +251,7 @@ def _take_parts(
     s_np, d_np = index_array(s_idx), index_array(d_idx).copy()  # a kept step keeps a copy
     # the flat view reaches past ``src`` and numpy wraps negative indices: refuse both here
     for idx, n in ((s_np, src.shape[0]), (d_np, dst.shape[0])):
-        if count and not (int(idx.min()) >= 0 and int(idx.max()) < n):
+        if not _pieces.in_range(idx, n):
             raise RuntimeError(_INTERNAL)
     start = src.storage_offset() % row
     rows = (src.untyped_storage().nbytes() // src.element_size() - start) // row

@@ -21,11 +21,6 @@ __all__ = ["GatherStreams", "SHARE_BYTES", "gather_streams", "stream_shared"]
 GatherStreams = tuple[Callable[[int, int, int], None], Callable[[int], None]]
 
 
-def _in_range(idx: torch.Tensor, rows: int) -> bool:
-    values = _pieces.index_array(idx)  # numpy: no OpenMP team (_pieces.merge_runs)
-    return not values.size or (int(values.min()) >= 0 and int(values.max()) < rows)
-
-
 def gather_streams(
     dst: Sequence[torch.Tensor],
     src: Sequence[torch.Tensor],
@@ -42,9 +37,9 @@ def gather_streams(
     builds = [b for b in pairs if b is not None]
     if len(builds) < len(pairs):
         return None
-    if not (_in_range(d_idx, min(d.shape[0] for d in dst))):
+    if not _pieces.in_range(_pieces.index_array(d_idx), min(d.shape[0] for d in dst)):
         return None
-    if not _in_range(s_idx, min(s.shape[0] for s in src)):
+    if not _pieces.in_range(_pieces.index_array(s_idx), min(s.shape[0] for s in src)):
         return None
     if d_idx.numel() > 1 and _pieces.distinct_count(_pieces.index_array(d_idx)) != d_idx.numel():
         return None
