@@ -191,6 +191,7 @@ AREAS: dict[str, Area] = {
         modules=(
             "sgl_core/transfer/copy/_busy.py",
             "sgl_core/transfer/copy/_calibrate.py",
+            "sgl_core/transfer/copy/_calibration_cache.py",
             "sgl_core/transfer/copy/_decide.py",
             "sgl_core/transfer/copy/_turns.py",
             "sgl_core/transfer/copy/_auto_copy.py",
@@ -220,6 +221,7 @@ AREAS: dict[str, Area] = {
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁ_measure__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁ_margin__*",
             "sgl_core.transfer.copy._calibrate.xǁCalibratorǁskipped__*",
+            "sgl_core.transfer.copy._calibration_cache.x_host_id__*",
             "sgl_core.transfer.copy._auto_copy.x__run__*",
             "sgl_core.transfer.copy._auto_copy.x_thread_ranks__*",
             "sgl_core.transfer.copy._stream_gather.x_*",

@@ -8,6 +8,7 @@ bytes and for which choice was recorded, never for their speed.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import torch
 import sgl_core
 from sgl_core.backend import CopyTuning
 from sgl_core.testing import device_rows, fill_device_random, page_indices
-from sgl_core.transfer.copy import _busy, _calibrate
+from sgl_core.transfer.copy import _busy, _calibrate, _calibration_cache
 from sgl_core.transfer.copy._calibrate import (
     ENV_VAR,
     FORMAT,
@@ -27,6 +28,7 @@ from sgl_core.transfer.copy._calibrate import (
     copy_calibration,
     host_id,
 )
+from sgl_core.transfer.copy._stream import stream_copy_status
 
 
 class FakeClock:
@@ -310,6 +312,32 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored(
     assert cal.choose("k", {"1": clock.cost(1.0), "2": clock.cost(5.0)}, nbytes=8) == "1"
     assert cal.choices()[0].source == "measured"
     assert set(DiskCache(path).load()) == {"k"}  # rewritten whole
+
+
+def test_the_host_document_names_what_a_cached_choice_depends_on() -> None:
+    """Its keys are the file format's (a file another process wrote must compare equal)."""
+    assert host_id() == {
+        "cpu": _calibration_cache._cpu_model(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "stream": stream_copy_status(),
+    }
+
+
+def test_a_cache_written_with_another_streaming_kernel_is_ignored(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, clock: FakeClock
+) -> None:
+    """The host names the streaming copy's kernel: choices measured with one (or with
+    none) do not apply to a process that maps another."""
+    path = tmp_path / "cal.json"
+    monkeypatch.setattr(_calibration_cache, "stream_copy_status", lambda: "available (avx2)")
+    cache = DiskCache(path)
+    cache.store(CopyChoice("k", "1", {"1": 1.0}, 8, "measured", "1"))
+    assert set(DiskCache(path).load()) == {"k"}
+    doc = json.loads(path.read_text())
+    assert doc["host"]["stream"] == "available (avx2)"
+    monkeypatch.setattr(_calibration_cache, "stream_copy_status", lambda: "available (sse2)")
+    assert DiskCache(path).load() == {}
 
 
 def test_an_unwritable_cache_path_only_loses_the_cache(tmp_path: Path, clock: FakeClock) -> None:

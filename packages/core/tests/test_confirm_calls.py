@@ -88,15 +88,15 @@ def test_a_withdrawn_contender_leaves_the_trial() -> None:
     assert trial.done()  # one left
 
 
-def test_the_seconds_of_the_mean_call_weigh_bigger_calls_more() -> None:
+def test_the_seconds_of_the_mean_call_are_each_contenders_median_per_byte() -> None:
     trial = Trial(order=["a", "b", "c"], calls=2)
-    trial.record("a", 100, 1.0)
-    trial.record("a", 300, 2.0)  # 3 s for 400 bytes
+    trial.record("a", 100, 1.0)  # 0.01 s a byte
+    trial.record("a", 300, 2.0)  # 0.00667 s a byte: an even count's median is the middle two's mean
     trial.record("b", 200, 1.0)
     seconds, mean = trial.seconds()
     assert mean == 200  # (100 + 300 + 200) // 3 calls
-    assert seconds == pytest.approx({"a": 3.0 / 400 * 200, "b": 1.0})  # c never ran
-    assert list(seconds) == ["a", "b"]
+    assert seconds == pytest.approx({"a": (1.0 / 100 + 2.0 / 300) / 2 * 200, "b": 1.0})
+    assert list(seconds) == ["a", "b"]  # c never ran
     assert Trial(order=["a"], calls=1).seconds() == ({}, 0)
     one = Trial(order=["a", "b"], calls=2)
     one.record("a", 101, 2.0)
@@ -104,7 +104,24 @@ def test_the_seconds_of_the_mean_call_weigh_bigger_calls_more() -> None:
     one.record("a", 100, 2.0)
     seconds, mean = one.seconds()
     assert mean == 100 and isinstance(mean, int)  # 201 // 2: whole bytes
-    assert seconds == pytest.approx({"a": 4.0 / 201 * 100})
+    assert seconds == pytest.approx({"a": (2.0 / 101 + 2.0 / 100) / 2 * 100})
+
+
+def test_one_slow_call_does_not_decide_a_trial_but_most_slow_calls_do() -> None:
+    trial = Trial(order=["a", "b"], calls=3)
+    for t in (1.0, 9.0, 1.0):  # one hiccup: a's mean (3.67) is b's worse, its median is not
+        trial.record("a", 100, t)
+        trial.record("b", 100, 2.0)
+    seconds, _ = trial.seconds()
+    assert seconds == pytest.approx({"a": 1.0, "b": 2.0})
+    assert confirmed(seconds, "b", 0.10, None)[0] == "a"
+    slow = Trial(order=["a", "b"], calls=3)
+    for t in (9.0, 1.0, 9.0):  # slow on two calls of three: a loses
+        slow.record("a", 100, t)
+        slow.record("b", 100, 2.0)
+    seconds, _ = slow.seconds()
+    assert seconds == pytest.approx({"a": 9.0, "b": 2.0})
+    assert confirmed(seconds, "a", 0.10, None)[0] == "b"
 
 
 # ---------------------------------------------------------------- Trials
@@ -257,9 +274,9 @@ def test_a_close_sample_is_decided_by_the_real_calls(clock: Clock, tmp_path: Pat
     assert cal.confirming() == (["k"], 0) and cal.current("k") == "x"
     assert cache.load() == {}  # written once confirmed
     costs = {"x": 3.0, "y": 1.0}  # the whole calls rank them the other way
-    ran = [_real_call(clock, cal, costs) for _ in range(5)]
-    assert ran == ["x", "y", "x", "y", "y"]
-    assert cal.confirming() == ([], 4) and cal.current("k") == "y"
+    ran = [_real_call(clock, cal, costs) for _ in range(7)]
+    assert ran == ["x", "y"] * 3 + ["y"]  # confirm_calls: 3 apiece
+    assert cal.confirming() == ([], 6) and cal.current("k") == "y"
     (choice,) = cal.choices()
     assert choice.source == "confirmed" and choice.choice == "y"
     assert choice.seconds == pytest.approx({"x": 3.0, "y": 1.0}) and choice.nbytes == 100
@@ -278,7 +295,7 @@ def clock() -> Clock:
 def test_the_real_calls_keep_the_margin_for_a_later_rank(clock: Clock) -> None:
     cal = Calibrator(timer=clock, budget_s=1e9)
     _close_sample(clock, cal)
-    for _ in range(4):  # y is 15% faster on the real calls: within the 25% margin
+    for _ in range(6):  # y is 15% faster on the real calls: within the 25% margin
         _real_call(clock, cal, {"x": 1.0, "y": 0.85})
     (choice,) = cal.choices()
     assert choice.choice == "x" and "preferred within 25% of y; real calls" in choice.reason
@@ -294,7 +311,7 @@ def test_the_sample_stays_unless_the_real_calls_beat_it_by_the_margin(
     cal = Calibrator(timer=clock, budget_s=1e9, rank_margin=0.25)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.125)}
     assert cal.choose("k", cands, 100, ranks={"x": 1, "y": 1}, confirm=True) == "x"
-    for _ in range(4):
+    for _ in range(6):
         _real_call(clock, cal, {"x": 1.0, "y": y})
     (got,) = cal.choices()
     assert got.choice == choice and got.source == "confirmed"
@@ -312,7 +329,7 @@ def test_the_real_calls_ask_the_keys_own_margin(
     cal = Calibrator(timer=clock, budget_s=1e9)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.05)}
     assert cal.choose("k", cands, 100, ranks=ranks, confirm=True) == "x"
-    for _ in range(4):
+    for _ in range(6):
         _real_call(clock, cal, {"x": 1.0, "y": 0.85})
     (got,) = cal.choices()
     assert got.choice == choice and got.source == "confirmed"
@@ -365,10 +382,10 @@ def test_one_call_per_contender_is_a_trial(clock: Clock) -> None:
 
 
 def test_the_calls_per_contender_are_the_calibrators(clock: Clock) -> None:
-    cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=3)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=4)
     _close_sample(clock, cal)
-    ran = [_real_call(clock, cal, {"x": 1.0, "y": 2.0}) for _ in range(7)]
-    assert ran == ["x", "y"] * 3 + ["x"] and cal.choices()[0].source == "confirmed"
+    ran = [_real_call(clock, cal, {"x": 1.0, "y": 2.0}) for _ in range(9)]
+    assert ran == ["x", "y"] * 4 + ["x"] and cal.choices()[0].source == "confirmed"
 
 
 def test_a_trial_with_one_contender_left_keeps_the_sample(clock: Clock, tmp_path: Path) -> None:
@@ -464,7 +481,7 @@ def test_confirm_call_runs_the_turns_then_the_verdict(clock: Clock) -> None:
     """After the trial the step keeps the verdict, drops the other candidates and asks the
     calibrator nothing more (a load must not wait for its lock, held while another thread
     measures)."""
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=2)
     _close_sample(clock, cal)
     ran: list[str] = []
     runs = {"x": clock.cost(3.0, ran, "x"), "y": clock.cost(1.0, ran, "y")}
@@ -484,7 +501,7 @@ def test_confirm_call_runs_the_turns_then_the_verdict(clock: Clock) -> None:
 def test_a_contender_that_raises_leaves_the_trial(clock: Clock) -> None:
     """A real call that raises withdraws its contender (else every later turn would hand
     it out again) and the error reaches the caller; the trial goes on without it."""
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=2)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.1), "z": clock.cost(1.2)}
     cal.choose("k", cands, 100, confirm=True)
 
@@ -533,8 +550,8 @@ def test_confirm_call_withdraws_a_contender_it_does_not_hold(clock: Clock) -> No
 
 @pytest.fixture
 def cal(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> Calibrator:
-    # the prices below are set around a 25% margin between thread counts
-    fresh = Calibrator(timer=clock, budget_s=1e9, rank_margin=0.25)
+    # the prices below are set around a 25% margin between thread counts, 2 calls apiece
+    fresh = Calibrator(timer=clock, budget_s=1e9, rank_margin=0.25, confirm_calls=2)
     monkeypatch.setattr(_calibrate, "_default", fresh)
     return fresh
 

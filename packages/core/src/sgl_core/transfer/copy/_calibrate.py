@@ -61,7 +61,7 @@ class Calibrator:
     strikes: int = 3
     min_interval_s: float = 5.0
     confirm_within: float = 0.5
-    confirm_calls: int = 2
+    confirm_calls: int = 3
     cache: DiskCache | None = None
     #: untimed before every candidate call (``_busy.settle`` for the process's calibrator):
     #: an OpenMP team's workers spin after it returns and slow the candidate timed next

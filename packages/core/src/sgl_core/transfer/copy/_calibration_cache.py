@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from sgl_core.transfer.copy._stream import stream_copy_status
+
 __all__ = [
     "CopyChoice",
     "DiskCache",
@@ -32,7 +34,7 @@ class CopyChoice:
 
     key: str
     choice: str
-    seconds: dict[str, float]  # each candidate's slowest sample round (confirmed: mean call)
+    seconds: dict[str, float]  # each candidate's slowest sample round (confirmed: median call)
     nbytes: int  # bytes one run of the sample moves (confirmed: the mean real call's)
     source: str  # "measured", "re-measured", "confirmed" (on real calls) or "disk cache"
     reason: str
@@ -71,8 +73,15 @@ def _cpu_model() -> str:
 
 
 def host_id() -> dict[str, Any]:
-    """What must match for a cached choice to apply: CPU, core count, torch."""
-    return {"cpu": _cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__}
+    """What must match for a cached choice to apply: CPU, core count, torch, and the
+    streaming copy's kernel (``SGLCORE_STREAM_COPY`` may name another one, or none: the
+    choices measured with one say nothing of another)."""
+    return {
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "stream": stream_copy_status(),
+    }
 
 
 def _entry(key: str, raw: object, path: Path, now: float) -> CopyChoice | None:

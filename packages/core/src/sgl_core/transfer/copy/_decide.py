@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import statistics
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -80,7 +81,7 @@ def confirmed(
 ) -> tuple[str, str]:
     """The choice after a trial's real calls (``seconds``, in the contenders' order) and
     why: ``decide`` over them, except that the sample's choice stays where it ran and the
-    real calls' choice is not more than ``margin`` faster than it (two calls apiece are
+    real calls' choice is not more than ``margin`` faster than it (a few calls apiece are
     noisy too: a near tie is no reason to overrule the sample, whose slowest-round charge
     guards against a strategy that stalls under load)."""
     order = list(seconds)
@@ -149,11 +150,13 @@ class Trial:
 
     def seconds(self) -> tuple[dict[str, float], int]:
         """Each timed contender's seconds for the trial's mean call, in ``order``, and that
-        call's bytes (its total time over its total bytes: a bigger call weighs more)."""
+        call's bytes: the median of its calls' seconds per byte (one call's hiccup, a
+        page fault or a preempted thread, must not decide a lasting choice; a contender
+        slow on most of its calls still loses)."""
         got = {c: v for c, v in self.timed.items() if v}
         calls = [x for v in got.values() for x in v]
         mean = sum(n for n, _ in calls) // max(len(calls), 1)
-        per = {c: sum(t for _, t in v) / sum(n for n, _ in v) * mean for c, v in got.items()}
+        per = {c: statistics.median(t / n for n, t in v) * mean for c, v in got.items()}
         return per, mean
 
 
