@@ -237,6 +237,40 @@ def test_a_withdrawn_turn_is_void_and_a_mark_names_its_contender() -> None:
     assert trials.open["k"].timed == {"a": [], "b": []} and trials.recorded == 0
 
 
+def test_the_call_that_measured_gets_no_turn_once() -> None:
+    """``sampled``: this thread's next turn of that key is void (the call that ran the
+    sample runs its choice, untimed: its bytes are cache-hot), once; other keys and other
+    threads' turns are given; inside a measurement the void turn waits for the real call."""
+    trials = Trials()
+    _open(trials, "k", ["a", "b"])
+    _open(trials, "j", ["a", "b"])
+    trials.sampled("k")
+    assert trials.turn("j") == "a"  # another key
+    other: list[str | None] = []
+    worker = threading.Thread(target=lambda: other.append(trials.turn("k")))
+    worker.start()
+    worker.join()
+    assert other == ["a"]  # another thread
+    with trials.measuring():
+        assert trials.turn("k") is None
+    assert trials.turn("k") is None  # the void turn, after the measurement
+    trials.record("k", "a", 10, 1.0)
+    assert trials.open["k"].timed["a"] == []  # no turn given: nothing recorded
+    assert trials.turn("k") == "a"  # once only
+
+
+def test_a_trial_starts_after_the_call_that_measured(clock: Clock) -> None:
+    """``choose`` opens the trial and voids the measuring thread's next turn; another
+    thread's real call takes a turn at once."""
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(1.2)}, 100, confirm=True)
+    other: list[str | None] = []
+    worker = threading.Thread(target=lambda: other.append(cal.turn("k")))
+    worker.start()
+    worker.join()
+    assert other == ["x"] and cal.turn("k") is None and cal.turn("k") == "x"
+
+
 def test_nothing_is_recorded_while_the_thread_measures() -> None:
     """A mark left by a turn that was never reported (a skipped or failed call) does not
     let a call made inside a sample count."""
@@ -256,7 +290,9 @@ def _close_sample(clock: Clock, cal: Calibrator, confirm: bool = True) -> str:
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.2)}
     if not confirm:  # choose's default
         return cal.choose("k", cands, 100)
-    return cal.choose("k", cands, 100, confirm=True)
+    chosen = cal.choose("k", cands, 100, confirm=True)
+    assert cal.turn("k") is None  # the call that measured runs the sample's choice, untimed
+    return chosen
 
 
 def _real_call(clock: Clock, cal: Calibrator, costs: dict[str, float], nbytes: int = 100) -> str:
@@ -311,6 +347,7 @@ def test_the_sample_stays_unless_the_real_calls_beat_it_by_the_margin(
     cal = Calibrator(timer=clock, budget_s=1e9, rank_margin=0.25)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.125)}
     assert cal.choose("k", cands, 100, ranks={"x": 1, "y": 1}, confirm=True) == "x"
+    assert cal.turn("k") is None  # the measuring call: no turn
     for _ in range(6):
         _real_call(clock, cal, {"x": 1.0, "y": y})
     (got,) = cal.choices()
@@ -329,6 +366,7 @@ def test_the_real_calls_ask_the_keys_own_margin(
     cal = Calibrator(timer=clock, budget_s=1e9)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.05)}
     assert cal.choose("k", cands, 100, ranks=ranks, confirm=True) == "x"
+    assert cal.turn("k") is None  # the measuring call: no turn
     for _ in range(6):
         _real_call(clock, cal, {"x": 1.0, "y": 0.85})
     (got,) = cal.choices()
@@ -410,6 +448,7 @@ def test_a_withdrawn_sample_choice_stands(clock: Clock, tmp_path: Path) -> None:
     cal = Calibrator(timer=clock, budget_s=1e9, cache=cache)
     cands = {"1": clock.cost(1.25), "2": clock.cost(1.125), "0": clock.cost(1.0)}
     assert cal.choose("k", cands, 100, ranks={"1": 0, "2": 0, "0": 0}, confirm=True) == "0"
+    assert cal.turn("k") is None  # the measuring call: no turn
     assert cal.turn("k") == "1"
     cal.observe("k", 100, 2.0, ran="1")
     cal.withdraw("k", "0")
@@ -504,6 +543,7 @@ def test_a_contender_that_raises_leaves_the_trial(clock: Clock) -> None:
     cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=2)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.1), "z": clock.cost(1.2)}
     cal.choose("k", cands, 100, confirm=True)
+    assert cal.turn("k") is None  # the measuring call: no turn
 
     def broken() -> None:
         raise RuntimeError("y fails on real calls")
@@ -585,13 +625,13 @@ def test_an_auto_copy_confirms_a_close_sample_on_its_calls(
         return {1: 1.0 * blocks, 2: 0.6 + 0.3 * blocks, 0: 5.0 * blocks}[threads]
 
     calls, dst, src = _priced_blocks(monkeypatch, clock, price)
-    for _ in range(5):
+    for _ in range(6):
         for d in dst:
             d.zero_()
         copy_blocks(dst, src, threads=-1)
         assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
     whole = [t for t, n in calls if n == 2]
-    assert whole == [1, 2, 1, 2, 2]
+    assert whole == [1, 1, 2, 1, 2, 2]  # the measuring call runs the sample's 1, untimed
     key = f"copy cpu->cpu {_bucket(dst[0].numel() * 4)} contiguous"
     (choice,) = cal.choices()
     assert choice.key == key and choice.source == "confirmed" and choice.choice == "2"
@@ -609,13 +649,14 @@ def test_a_busy_machine_withdraws_the_team_from_a_trial(
         return {1: 1.3, 2: 1.2, 0: 1.0}[threads] * blocks  # the team first, all close
 
     calls, dst, src = _priced_blocks(monkeypatch, clock, price)
-    for _ in range(5):
+    for _ in range(6):
         copy_blocks(dst, src, threads=-1)
         assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
     whole = [t for t, n in calls if n == 2]
-    # turns 1, 2, then the team's: withdrawn, and the sample's runner-up without it runs
-    # (1, within the margin of 2), unrecorded; then turns 1, 2 again
-    assert whole == [1, 2, 1, 1, 2]
+    # the measuring call runs the sample's choice, 2, untimed; turns 1, 2, then the
+    # team's: withdrawn, and the sample's runner-up without it runs (1, within the margin
+    # of 2), unrecorded; then turns 1, 2 again
+    assert whole == [2, 1, 2, 1, 1, 2]
     assert cal.skipped() == {f"copy cpu->cpu {_bucket(280000 * 4)} contiguous": ("1", 1)}
     (choice,) = cal.choices()
     assert choice.source == "confirmed" and set(choice.seconds) == {"1", "2"}

@@ -370,9 +370,10 @@ def test_stacked_backups_confirm_a_close_path_on_the_real_backups(
     """Slices 1.9 against runs 2.0 (close): the backups alternate the two paths, each
     checked bit-exact through the loads, until each ran twice; then the faster."""
     _, seen = _spy_stacked_paths(monkeypatch, {"copy_slices": 1.9, "copy_runs": 2.0}, 2)
-    got = _stacked_backups(CopyTuning(stacked_min_run_bytes=0), seen, 4)
-    # the first (untracked) backup ran runs; then slices, runs, slices; then slices
-    assert got == ["copy_slices", "copy_runs", "copy_slices", "copy_slices"]
+    got = _stacked_backups(CopyTuning(stacked_min_run_bytes=0), seen, 5)
+    # the first (untracked) backup measured and ran the sample's slices, untimed; then
+    # runs, slices, runs, slices; then slices
+    assert got == ["copy_runs", "copy_slices", "copy_runs", "copy_slices", "copy_slices"]
     (stacked,) = [c for c in copy_calibration() if c.key.startswith("stacked ")]
     assert stacked.source == "confirmed" and stacked.choice == "slices"
 
@@ -381,7 +382,8 @@ def test_backup_path_confirms_a_close_sample_on_the_real_backups(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The sample (the same whole part, repeated) has slices 1.0 against runs 1.2; the
-    real backups take turns (runs first, the sample's order) and find slices at 3.0:
+    real backups after the measuring one take turns (runs first, the sample's order) and
+    find slices at 3.0:
     runs is chosen, and each real backup is timed and reported as the path it ran."""
     now, ran = [0.0], []
     costs = {"runs": 1.2, "slices": 1.0}
@@ -400,9 +402,11 @@ def test_backup_path_confirms_a_close_sample_on_the_real_backups(
     costs["slices"] = 3.0
     ran.clear()
     first()
-    for _ in range(6):
+    for _ in range(7):
         backup_path(slices, path("runs"), AUTO, "x", AUTO_MIN_BYTES)()
-    assert ran == ["runs", "slices"] * 3 + ["runs"]  # 3 real calls apiece, then the verdict
+    # the measuring call runs the sample's slices, untimed (its bytes are cache-hot);
+    # then 3 real calls apiece, then the verdict
+    assert ran == ["slices"] + ["runs", "slices"] * 3 + ["runs"]
     (choice,) = copy_calibration()
     assert choice.source == "confirmed" and choice.choice == "runs"
     assert choice.seconds == pytest.approx({"runs": 1.2, "slices": 3.0})

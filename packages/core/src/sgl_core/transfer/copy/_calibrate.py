@@ -46,11 +46,10 @@ class Calibrator:
     least ``min_interval_s`` after the measurement, make the key stale.
 
     A ``choose(..., confirm=True)`` whose sample leaves more than one candidate within
-    ``confirm_within`` of the fastest is confirmed on real calls: its caller runs
-    ``turn(key)`` and reports it (``observe(..., ran=)``) until each of those ran
+    ``confirm_within`` of the fastest is confirmed on the next real calls: their callers run
+    ``turn(key)`` and report it (``observe(..., ran=)``) until each of those ran
     ``confirm_calls`` times (0: the sample decides); then the real calls overrule the
-    sample's choice only with one more than the key's margin faster (``_decide.confirmed``).
-    """
+    sample's choice only with one more than the key's margin faster (``_decide.confirmed``)."""
 
     timer: Callable[[], float] = time.perf_counter
     rounds: int = 3
@@ -138,6 +137,7 @@ class Calibrator:
             near = contenders(choice.seconds, choice.choice, self.confirm_within)
             if confirm and near and self.confirm_calls > 0:
                 self._trials.open[key] = Trial(order=near, calls=self.confirm_calls, ranks=ranks)
+                self._trials.sampled(key)  # this call's bytes are cache-hot: no turn
             else:
                 self._trials.open.pop(key, None)
                 if self.cache is not None:

@@ -164,13 +164,13 @@ class Trial:
 class Trials:
     """The keys under a real-call trial, and what each thread's real calls may record.
 
-    A timed call counts only for the turn the same thread was given (``turn``: that key
-    and contender), and only if the thread recorded no other trial's call since: a
-    trial's turn nested inside it (a stacked backup's slices step, itself confirmed) made
-    its time another's too. No turn is given and nothing is recorded while the thread
-    measures a sample (``measuring``): a trial runs on real calls only, and a sample that
-    ran a trial's turns would time them as well. Not locked: the calibrator calls it
-    under its lock.
+    The call that measured a key's sample gets no turn (``sampled``). A timed call counts
+    only for the turn the same thread was given (``turn``: that key and contender), and
+    only if the thread recorded no other trial's call since: a trial's turn nested inside
+    it (a stacked backup's slices step, itself confirmed) made its time another's too. No
+    turn is given and nothing is recorded while the thread measures a sample
+    (``measuring``): a trial runs on real calls only, and a sample that ran a trial's
+    turns would time them as well. Not locked: the calibrator calls it under its lock.
     """
 
     open: dict[str, Trial] = dataclasses.field(default_factory=dict)
@@ -182,8 +182,16 @@ class Trials:
         records, depth."""
         local = self._local
         if not hasattr(local, "marks"):
-            local.marks, local.records, local.depth = {}, 0, 0
+            local.marks, local.records, local.depth, local.sampled = {}, 0, 0, set()
         return local.marks, local.records, local.depth
+
+    def sampled(self, key: str) -> None:
+        """This thread just measured ``key``'s sample, on the real call it is making: that
+        call gets no turn (its next ``turn(key)`` is None: it runs the sample's choice,
+        untimed). The sample copied that call's own bytes and left them in the caches, so
+        a contender timed there would run cache-hot (BENCHMARKS.md)."""
+        self._state()
+        self._local.sampled.add(key)
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:
@@ -199,6 +207,10 @@ class Trials:
         """``key``'s turn for this thread's next real call (None: no trial, or measuring)."""
         trial = self.open.get(key)
         marks, records, depth = self._state()
+        sampled: set[str] = self._local.sampled
+        if key in sampled and not depth:
+            sampled.discard(key)
+            return None
         if trial is None or depth:
             return None
         name = trial.turn()
