@@ -246,7 +246,9 @@ def test_cpu_backup_runs_are_measured_against_torch_run_copies(
             _real(*args, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(module, name, spy)
-    monkeypatch.setattr(_calibrate, "_default", Calibrator(timer=lambda: now[0], budget_s=1e9))
+    # the samples decide (no real-call trial: the slices' candidates all cost the same here)
+    cal = Calibrator(timer=lambda: now[0], budget_s=1e9, confirm_calls=0)
+    monkeypatch.setattr(_calibrate, "_default", cal)
     if limit is not None:
         monkeypatch.setattr(_direct_load, "SLICES_MAX_RUN_BYTES", limit)
     backend = AscendBackend(tuning=CopyTuning(gather_below_page_run_bytes=0))
