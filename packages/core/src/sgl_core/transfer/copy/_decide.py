@@ -179,7 +179,7 @@ class Trials:
 
     def _state(self) -> tuple[dict[str, tuple[int, str]], int, int]:
         """This thread's turns out (key -> its count of records then, the contender),
-        records, depth."""
+        records, depth (its ``sampled`` keys are made here too)."""
         local = self._local
         if not hasattr(local, "marks"):
             local.marks, local.records, local.depth, local.sampled = {}, 0, 0, set()
@@ -204,7 +204,8 @@ class Trials:
             self._local.depth -= 1
 
     def turn(self, key: str) -> str | None:
-        """``key``'s turn for this thread's next real call (None: no trial, or measuring)."""
+        """``key``'s turn for this thread's next real call (None: no trial, measuring, or
+        the call that measured the sample)."""
         trial = self.open.get(key)
         marks, records, depth = self._state()
         sampled: set[str] = self._local.sampled
