@@ -186,6 +186,32 @@ AREAS: dict[str, Area] = {
             "sgl_core.transfer._direct_load.x_backup_path__*",
         ),
     ),
+    # the streaming team: a kept table's parts taken once each, by seated threads
+    "team": Area(
+        modules=(
+            "sgl_core/transfer/copy/_stream_team.py",
+            "sgl_core/transfer/copy/_stream.py",
+            "sgl_core/transfer/copy/_steps.py",
+            "sgl_core/transfer/copy/_copy.py",
+        ),
+        tests=(
+            CORE + "test_stream_team.py",
+            CORE + "test_stream_copy.py",
+            CORE + "test_stream_kernels.py",
+            CORE + "test_copy_threads.py",
+            CORE + "test_load_steps.py",
+        ),
+        functions=(
+            "sgl_core.transfer.copy._stream_team.x_*",
+            "sgl_core.transfer.copy._stream_team.xǁTeamǁ*",
+            "sgl_core.transfer.copy._stream_team.xǁ_Helperǁ*",
+            "sgl_core.transfer.copy._stream.x_map_page__*",
+            "sgl_core.transfer.copy._stream.x_check_table__*",
+            "sgl_core.transfer.copy._steps.x__stream_step__*",
+            "sgl_core.transfer.copy._copy.x_shutdown_copy_threads__*",
+            "sgl_core.transfer.copy._copy.x_at_shutdown__*",
+        ),
+    ),
     # the busy-core check: a calibrated ATen team runs only with a free core per thread
     "busy": Area(
         modules=(

@@ -84,6 +84,33 @@ def test_background_load_prints_quiet_and_loaded_tables(
         assert r["best_ratio"] > 0 and len(r["ratio_rounds"]) == r["samples"]
 
 
+def test_each_phase_prints_and_writes_how_its_team_calls_went(
+    spawned: Spawned,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The streaming team's calls per phase (``team_calls`` before and after): the quiet
+    phase's on the team, the loaded phase's on one thread; a phase with none prints none."""
+    zero = {"team": 0, "busy": 0, "led": 0, "none": 0}
+    counts = iter([zero, {**zero, "team": 5}, {**zero, "team": 5}, {**zero, "team": 5, "busy": 7}])
+    monkeypatch.setattr(_hicache_cmd, "team_calls", lambda: next(counts))
+    out = tmp_path / "h.json"
+    assert main(["hicache", *TINY, "--background-load", "1", "--json", str(out)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "streaming team:" in ln]
+    assert lines == [
+        "  streaming team: 5 call(s) on the team, 0 on one thread (cores busy); over the "
+        "pool: 0 (another thread led), 0 (no team)",
+        "  streaming team: 0 call(s) on the team, 7 on one thread (cores busy); over the "
+        "pool: 0 (another thread led), 0 (no team)",
+    ]
+    doc = json.loads(out.read_text())
+    assert doc["stream_team"] == {"quiet": {**zero, "team": 5}, "loaded": {**zero, "busy": 7}}
+    counts = iter([zero, zero])
+    assert main(["hicache", *TINY]) == 0
+    assert "streaming team:" not in capsys.readouterr().out
+
+
 def test_the_busy_processes_are_stopped_when_the_run_fails(
     spawned: Spawned, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -233,13 +233,18 @@ def _spy(
 ) -> list[float]:
     """A fake clock that ``memmove_each``/``copy_slices``/``stream_each`` advance by
     ``costs`` (per call, read at the call), as the process's calibrator (``confirm_calls``
-    0: the samples decide)."""
+    0: the samples decide). The streaming team (``team_each``: a kept table on several
+    threads) costs ``stream_each``'s per thread, as a part per thread did."""
     now = [0.0]
-    for name in costs:
+    names = [(name, name) for name in costs]
+    if "stream_each" in costs:
+        names.append(("team_each", "stream_each"))
+    for name, priced in names:
         real = getattr(_steps, name)
+        team = name == "team_each"  # (ops, bounds, threads)
 
-        def spy(*args: Any, _real: Any = real, _name: str = name) -> None:
-            now[0] += costs[_name]
+        def spy(*args: Any, _real: Any = real, _name: str = priced, _team: bool = team) -> None:
+            now[0] += costs[_name] * (args[2] if _team else 1)
             _real(*args)
 
         monkeypatch.setattr(_steps, name, spy)

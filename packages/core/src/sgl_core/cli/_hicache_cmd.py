@@ -28,6 +28,7 @@ from sgl_core.cli._report import Progress, Record, print_table, write_outputs
 from sgl_core.kv._enums import HostLayout
 from sgl_core.transfer.copy._calibrate import copy_calibration, default_calibrator
 from sgl_core.transfer.copy._stream import stream_copy_status
+from sgl_core.transfer.copy._stream_team import team_calls
 
 __all__ = ["BUSY_CODE", "add_parser", "busy_processes", "run"]
 
@@ -198,8 +199,9 @@ def run(args: argparse.Namespace) -> int:
     phases = [("quiet", 0)] + ([(f"loaded ({busy} busy process(es))", busy)] if busy else [])
     records: list[Record] = []
     skipped: dict[str, dict[str, dict[str, object]]] = {}  # phase -> key -> ran, calls
+    teamed: dict[str, dict[str, int]] = {}  # phase -> way -> calls (the streaming team)
     for phase, count in phases:
-        before = default_calibrator().skipped()
+        before, team_before = default_calibrator().skipped(), team_calls()
         phase_load = _load()
         name = phase.split()[0]
         progress = Progress(len(plan.cases) * (cfg.warmup + cfg.repeats), f"hicache {name}")
@@ -235,6 +237,14 @@ def run(args: argparse.Namespace) -> int:
             f"call(s), which ran {v['ran']}"
             for key, v in skipped[name].items()
         ]
+        teamed[name] = {k: n - team_before[k] for k, n in team_calls().items()}
+        if any(teamed[name].values()):
+            t = teamed[name]
+            calibration.append(
+                f"  streaming team: {t['team']} call(s) on the team, {t['busy']} on one thread "
+                f"(cores busy); over the pool: {t['led']} (another thread led), {t['none']} "
+                "(no team)"
+            )
         print("\n".join([*calibration, *table.target_lines(got, plan.interpreted)]))
     print("\n".join([*table.batch_lines(records), *table.legend(records, plan.interpreted)]))
     exact = all(r.bit_exact is not False for r in records)
@@ -260,5 +270,6 @@ def run(args: argparse.Namespace) -> int:
         background_load=busy,
         copy_calibration=[dataclasses.asdict(c) for c in fitted],
         copy_team_skipped=skipped,
+        stream_team=teamed,
         stream_copy=stream_copy_status(),
     )

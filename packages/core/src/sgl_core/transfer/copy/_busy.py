@@ -229,10 +229,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def team_fits() -> bool:
-    """Whether ATen's intra-op team (``torch.get_num_threads()``) fits on the CPUs this
-    process may use now (``CoreWatch.team_fits`` of the process's watch); True where
-    their number is unknown (the measured choice runs)."""
+def team_fits(threads: int | None = None, watch: CoreWatch | None = None) -> bool:
+    """Whether a team of ``threads`` (default: ATen's intra-op team,
+    ``torch.get_num_threads()``) fits on the CPUs this process may use now
+    (``CoreWatch.team_fits`` of ``watch``, default the process's watch); True where their
+    number is unknown (the measured choice runs)."""
     mask = affinity()
     cpus = len(mask) if mask else os.cpu_count()
-    return not cpus or _watch.team_fits(torch.get_num_threads(), cpus)
+    count = torch.get_num_threads() if threads is None else threads
+    return not cpus or (watch or _watch).team_fits(count, cpus)

@@ -23,6 +23,7 @@ from sgl_core.transfer.copy._pieces import split_parts, split_pieces, wide_dtype
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 
 __all__ = [
+    "at_shutdown",
     "byte_view",
     "copy_batched",
     "copy_blocks",
@@ -94,12 +95,23 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def shutdown_copy_threads() -> None:
-    """Stop the copy threads (idle ones exit; the next threaded copy starts new ones)."""
+    """Stop the copy threads (idle ones exit; the next threaded copy starts new ones), and
+    the streaming team's helpers (``at_shutdown``)."""
     global _executor
     with _executor_lock:
         executor, _executor = _executor, None
     if executor is not None:
         executor.shutdown(wait=True)
+    for stop in _shutdown_hooks:
+        stop()
+
+
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def at_shutdown(stop: Callable[[], None]) -> None:
+    """Have ``shutdown_copy_threads`` call ``stop`` too (threads this module does not own)."""
+    _shutdown_hooks.append(stop)
 
 
 def _after_fork_in_child() -> None:

@@ -1,7 +1,6 @@
 """Per-layer loads (and CPU run-copy backups) as bound copy steps: the primitive and its
 arguments, built once per layer. The primitives, and how a step's thread count is fixed
-when it is built: docs/design.md, "Loads as bound copy steps" and "Copy threads, calibrated".
-"""
+when it is built: docs/design.md, "Loads as bound copy steps" and "Copy threads, calibrated"."""
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ from sgl_core.transfer.copy._stream_table import (
     rows_table,
     slice_ops,
 )
+from sgl_core.transfer.copy._stream_team import team_bounds, team_each
 from sgl_core.transfer.copy._tuning import AUTO, AUTO_MIN_BYTES
 from sgl_core.transfer.copy._turns import confirm_call
 
@@ -62,9 +62,7 @@ class Step:
     parts: tuple[tuple[Any, ...], ...]
 
     def start_rest(self) -> list[Future[None]]:
-        """Submit ``parts[1:]`` to the copy threads (none for a one-thread step)."""
-        if len(self.parts) < 2:
-            return []
+        """Submit ``parts[1:]`` to the copy threads (none, and no pool, for one part)."""
         return [_pool().submit(self.fn, *p) for p in self.parts[1:]]
 
     def run(self) -> None:
@@ -127,8 +125,10 @@ def _split(items: Sequence[Any], threads: int) -> tuple[tuple[Any, ...], ...]:
 
 
 def _stream_step(ops: np.ndarray[Any, Any], threads: int) -> Step:
-    ranges = split_parts(ops.shape[0], threads) or [(0, 0)]  # a step has at least one part
-    return Step(stream_each, tuple((ops[a:b],) for a, b in ranges))
+    """A kept table by the streaming copy: this thread alone, or its team (``team_each``)."""
+    if threads < 2:
+        return Step(stream_each, ((ops,),))
+    return Step(team_each, ((ops, team_bounds(ops.shape[0], threads), threads),))
 
 
 def memmove_step(

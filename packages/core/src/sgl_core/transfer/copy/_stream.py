@@ -48,7 +48,9 @@ from sgl_core.transfer.copy._stream_code import KERNELS, Kernel
 __all__ = [
     "CPUINFO",
     "ENV_VAR",
+    "check_table",
     "cpu_flags",
+    "map_page",
     "pick_kernel",
     "stream_copy",
     "stream_copy_status",
@@ -93,9 +95,9 @@ def pick_kernel(asked: str, flags: frozenset[str]) -> Kernel | str:
     return f"{asked} asked for ({ENV_VAR}), and the CPU's flags do not list {named[0].flag}"
 
 
-def _map_code(libc: Any, code: bytes) -> Gather | str:
-    """``code`` in a fresh page via ``libc``'s mmap/mprotect: the function, or why not.
-    The page is never unmapped (one per process; the function is kept for good)."""
+def map_page(libc: Any, code: bytes) -> int | str:
+    """``code`` in a fresh page via ``libc``'s mmap/mprotect: the page's address, or why
+    not. The page is never unmapped (one per process and build; its code is kept for good)."""
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int, ctypes.c_long]  # fmt: skip
@@ -107,6 +109,14 @@ def _map_code(libc: Any, code: bytes) -> Gather | str:
     ctypes.memmove(page, code, len(code))
     if libc.mprotect(page, _PAGE, _PROT_RX) != 0:
         return f"mprotect to read+execute refused (errno {ctypes.get_errno()})"
+    return int(page)
+
+
+def _map_code(libc: Any, code: bytes) -> Gather | str:
+    """The gather ``code`` maps to (``map_page``), or why not."""
+    page = map_page(libc, code)
+    if isinstance(page, str):
+        return page
     fn: Gather = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)(page)
     return fn
 
@@ -146,10 +156,16 @@ def stream_copy_status() -> str:
 def stream_each(ops: np.ndarray[Any, np.dtype[np.uint64]]) -> None:
     """Copy every (dst, src, len) row of ``ops`` (raw CPU addresses; unchecked, blocks
     must not overlap) with the streaming gather, which must be loaded."""
+    check_table(ops)(ops.ctypes.data, ops.shape[0])  # n = 0 returns at once
+
+
+def check_table(ops: np.ndarray[Any, Any]) -> Gather:
+    """The loaded gather, once ``ops`` is a table it may be given: a ValueError for any
+    other array, a RuntimeError where the streaming copy is not loaded."""
     if ops.dtype != np.uint64 or ops.ndim != 2 or ops.shape[1] != 3 or not ops.flags.c_contiguous:
         got = f"{ops.dtype} {ops.shape}"
         raise ValueError(f"ops must be a C-ordered (n, 3) uint64 table, got {got}")
     fn = stream_copy()
     if fn is None:
         raise RuntimeError(f"the streaming copy is not loaded: {stream_copy_status()}")
-    fn(ops.ctypes.data, ops.shape[0])  # n = 0 returns at once
+    return fn

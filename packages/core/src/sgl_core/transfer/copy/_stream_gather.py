@@ -69,8 +69,9 @@ def stream_shared(
     """``copy(ops)`` (``_stream.stream_each``, as the caller names it) on ``threads``
     threads that take ranges of the table of about ``SHARE_BYTES`` each in turn
     (``_copy._share``), for a stacked backup's table, built per call
-    (``_steps._stream_built``). A per-layer load keeps its fixed split (a ~0.3 ms call:
-    taking ranges measured slower there), and so does a row gather (a page-1 backup: no
-    faster), BENCHMARKS.md."""
+    (``_steps._stream_built``), and for a per-layer load's kept table where the streaming
+    team does not take it (``_stream_team.team_each``: another thread leads it, or it
+    has no code). A row gather (a page-1 backup) keeps its fixed split (no faster),
+    BENCHMARKS.md."""
     ranges = int(ops[:, 2].sum()) // SHARE_BYTES  # an empty table sums to 0
     _copy._share(threads, ops.shape[0], lambda a, b: copy(ops[a:b]), ranges)
