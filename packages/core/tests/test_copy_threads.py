@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -225,21 +227,28 @@ def _child(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     queue.put(all(torch.equal(bits(d), bits(s)) for d, s in zip(dsts, srcs, strict=True)))
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_copies_with_threads_of_its_own() -> None:
-    dsts, srcs = blocks_case()
-    copy_pieces(dsts, srcs, 3)  # the parent's pool exists and has threads
-    assert _copy._executor is not None
+def forked_result(child_fn: Callable[[Any], None]) -> object:
+    """What ``child_fn(queue)`` puts in the queue, run in a forked child that must end
+    within a minute with exit status 0 (a child stuck on the parent's threads fails)."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    child = ctx.Process(target=_child, args=(queue,))
+    child = ctx.Process(target=child_fn, args=(queue,))
     child.start()
     child.join(60)
     alive = child.is_alive()
     if alive:
         child.kill()
-    assert not alive, "the child hung on the parent's copy threads"
-    assert child.exitcode == 0 and queue.get(timeout=5) is True
+    assert not alive, "the child hung on the parent's threads"
+    assert child.exitcode == 0
+    return queue.get(timeout=5)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_copies_with_threads_of_its_own() -> None:
+    dsts, srcs = blocks_case()
+    copy_pieces(dsts, srcs, 3)  # the parent's pool exists and has threads
+    assert _copy._executor is not None
+    assert forked_result(_child) is True
 
 
 @pytest.mark.parametrize(

@@ -109,13 +109,19 @@ def test_each_kernel_reads_no_table_entry_past_the_last(kernel: Kernel) -> None:
 def test_each_kernel_is_what_its_assembly_source_assembles_to(
     tmp_path: Path, kernel: Kernel
 ) -> None:
+    assert assembled(tmp_path, kernel.asm)[0] == kernel.code
+
+
+def assembled(tmp_path: Path, asm: str) -> tuple[bytes, Path]:
+    """``asm`` through GNU ``as``: its ``.text`` bytes and the object file (skips where
+    ``as`` does not target x86-64)."""
     if subprocess.run(["as", "--version"], check=True, capture_output=True).stdout.find(b"x86") < 0:
         pytest.skip("as does not target x86-64")
     src, obj, raw = tmp_path / "g.s", tmp_path / "g.o", tmp_path / "g.bin"
-    src.write_text(kernel.asm, encoding="ascii")
+    src.write_text(asm, encoding="ascii")
     subprocess.run(["as", "-o", str(obj), str(src)], check=True)
     subprocess.run(["objcopy", "-O", "binary", "-j", ".text", str(obj), str(raw)], check=True)
-    assert raw.read_bytes() == kernel.code
+    return raw.read_bytes(), obj
 
 
 def test_the_kernels_are_listed_by_preference_and_only_sse2_needs_no_flag() -> None:

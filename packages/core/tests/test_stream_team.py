@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_copy_threads import forked_result
+from test_stream_kernels import assembled
 
 from sgl_core.transfer.copy import _copy, _stream, _stream_team, _team_code
 from sgl_core.transfer.copy._stream_team import Team, team_bounds, team_each
@@ -91,13 +93,8 @@ def own_team() -> Iterator[Callable[[Recorder], Team]]:
 
 @pytest.mark.skipif(shutil.which("as") is None or shutil.which("objcopy") is None, reason="no as")
 def test_the_team_code_is_what_its_source_assembles_to(tmp_path: Path) -> None:
-    if subprocess.run(["as", "--version"], check=True, capture_output=True).stdout.find(b"x86") < 0:
-        pytest.skip("as does not target x86-64")
-    src, obj, raw = tmp_path / "t.s", tmp_path / "t.o", tmp_path / "t.bin"
-    src.write_text(TEAM.asm, encoding="ascii")
-    subprocess.run(["as", "-o", str(obj), str(src)], check=True)
-    subprocess.run(["objcopy", "-O", "binary", "-j", ".text", str(obj), str(raw)], check=True)
-    assert raw.read_bytes() == TEAM.code
+    code, obj = assembled(tmp_path, TEAM.asm)
+    assert code == TEAM.code
     names = subprocess.run(["nm", str(obj)], check=True, capture_output=True, text=True).stdout
     at = {line.split()[2]: int(line.split()[0], 16) for line in names.splitlines()}
     assert (at["lead"], at["wait"], at["serve"]) == (TEAM.lead, TEAM.wait, TEAM.serve)
@@ -361,16 +358,7 @@ def test_a_forked_child_starts_a_team_of_its_own() -> None:
     ops, *_kept = _table(40)
     team_each(ops, team_bounds(40, 2), 2)
     _parent[0] = _stream_team.stream_team()
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_child, args=(queue,))
-    child.start()
-    child.join(60)
-    alive = child.is_alive()
-    if alive:
-        child.kill()
-    assert not alive, "the child hung on the parent's team"
-    assert child.exitcode == 0 and queue.get(timeout=5) is True
+    assert forked_result(_child) is True
 
 
 def test_a_busy_machine_copies_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
