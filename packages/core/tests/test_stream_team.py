@@ -204,22 +204,32 @@ def test_the_lead_takes_every_part_a_helper_does_not(
 def test_a_helper_asleep_is_woken_by_the_next_call(
     own_team: Callable[[Recorder], Team], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_stream_team, "SERVE_PAUSES", 50)  # it sleeps at once
+    """The next call rings a sleeping helper's bell, and the helper takes parts of it. A
+    helper the scheduler runs late may find them all taken (beside a busy machine): the
+    property is asked of a few calls, each made while the helper sleeps."""
+    shipped = _stream_team.SERVE_PAUSES
     ops, *_kept = _table(8)
-    helper_id: list[int | None] = []
     lead = threading.get_ident()
-    rec = Recorder(ops, delay=lambda who: 0.02 if who == lead else 0.0)
+    rec = Recorder(ops, delay=lambda who: 0.05 if who == lead else 0.0)
     team = own_team(rec)
-    assert team.run(ops, team_bounds(8, 2), 2)
-    helper = team.helpers[0]
-    deadline = time.monotonic() + 10
-    while not helper.asleep and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert helper.asleep
-    rec.calls.clear()
-    helper_id.append(helper.thread.ident)
-    assert team.run(ops, team_bounds(8, 2), 2)  # the lead's parts are slow: the helper joins
-    assert helper_id[0] in {who for who, _, _ in rec.calls}
+    joined = False
+    for _ in range(5):
+        monkeypatch.setattr(_stream_team, "SERVE_PAUSES", 50)  # it sleeps at once
+        assert team.run(ops, team_bounds(8, 2), 2)
+        helper = team.helpers[0]
+        deadline = time.monotonic() + 10
+        while not helper.asleep and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert helper.asleep
+        # woken, it spins as shipped: a bell rung before the call is posted must not find
+        # the helper asleep again by the time it is (50 pauses end in a microsecond)
+        monkeypatch.setattr(_stream_team, "SERVE_PAUSES", shipped)
+        rec.calls.clear()
+        assert team.run(ops, team_bounds(8, 2), 2)  # the lead's parts are slow
+        if helper.thread.ident in {who for who, _, _ in rec.calls}:
+            joined = True
+            break
+    assert joined
 
 
 @pytest.mark.usefixtures("quiet")
