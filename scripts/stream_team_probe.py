@@ -25,11 +25,11 @@ import sys
 import time
 from collections.abc import Callable
 
-from trial_calls_probe import _bench
+from trial_calls_probe import pinned_bench
 
 from sgl_core.transfer.copy import _calibrate, _stream_team
 from sgl_core.transfer.copy._busy import settle
-from sgl_core.transfer.copy._calibrate import Calibrator, CopyChoice
+from sgl_core.transfer.copy._calibrate import Calibrator
 
 BUSY = "while True: pass"
 
@@ -43,13 +43,7 @@ def main() -> int:
     args = ap.parse_args()
     cal = Calibrator(settle=settle, confirm_calls=3)
     _calibrate._default = cal
-    bench = _bench(args.layout, args.page)
-    bench.sgl_load()  # learn the keys, then pin them on fresh pools (a built step keeps its choice)
-    for key in [c.key for c in cal.choices() if "per load" in c.key]:
-        cal._choices[key] = CopyChoice(key, "stream2", {"stream2": 1.0}, 1, "measured", "pin")
-        cal._trials.open.pop(key, None)
-    del bench
-    bench = _bench(args.layout, args.page)
+    bench = pinned_bench(args.layout, args.page, cal, "stream2")
     exact = bench.verify(bench.sgl_backup, bench.sgl_load, bench.backup_t)
 
     team = _stream_team.stream_team

@@ -34,6 +34,16 @@ def _bench(layout: str, page: int) -> _Bench:
     return _Bench(case, HicacheConfig(shuffle_host=True))
 
 
+def pinned_bench(layout: str, page: int, cal: Calibrator, pin: str) -> _Bench:
+    """The case on fresh pools with every per-load key of ``cal`` pinned to ``pin``: the
+    keys are learnt on a first bench's load (a built step keeps its choice)."""
+    _bench(layout, page).sgl_load()
+    for key in [c.key for c in cal.choices() if "per load" in c.key]:
+        cal._choices[key] = CopyChoice(key, pin, {pin: 1.0}, 1, "measured", "pin")
+        cal._trials.open.pop(key, None)
+    return _bench(layout, page)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layout", default="layer_first")
@@ -42,13 +52,9 @@ def main() -> int:
     args = ap.parse_args()
     cal = Calibrator(settle=settle, confirm_calls=3 if args.pin else 10**6)
     _calibrate._default = cal
-    bench = _bench(args.layout, args.page)
-    if args.pin:  # learn the keys, then pin them on fresh pools (a built step keeps its choice)
-        bench.sgl_load()
-        for key in [c.key for c in cal.choices() if "per load" in c.key]:
-            cal._choices[key] = CopyChoice(key, args.pin, {args.pin: 1.0}, 1, "measured", "pin")
-            cal._trials.open.pop(key, None)
-        del bench
+    if args.pin:
+        bench = pinned_bench(args.layout, args.page, cal, args.pin)
+    else:
         bench = _bench(args.layout, args.page)
     exact = bench.verify(bench.sgl_backup, bench.sgl_load, bench.backup_t)
     times = []
