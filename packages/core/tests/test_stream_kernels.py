@@ -48,7 +48,7 @@ _LENGTHS = (0, 1, 16, 31, 63, 64, 65, 80, 96, 127, 128, 656, 1152, 4096 + 48, 18
 def test_each_kernel_is_bit_exact_over_alignments_and_lengths(kernel: Kernel) -> None:
     """Every (offset, length) pair, each piece in a slot of its own with a gap, sources at
     odd offsets too: every piece lands exactly and no byte outside the pieces moves. More
-    than four triples, so the prefetch of the triple four ahead runs."""
+    than eight triples, so the prefetch of the triple eight ahead runs."""
     gather = _mapped(kernel)
     rng = np.random.default_rng(3)
     slot = 32 << 10
@@ -75,8 +75,8 @@ def test_each_kernel_is_bit_exact_over_alignments_and_lengths(kernel: Kernel) ->
 @pytest.mark.parametrize("kernel", KERNELS, ids=[k.name for k in KERNELS])
 def test_each_kernel_reads_no_table_entry_past_the_last(kernel: Kernel) -> None:
     """The table's last entry ends where a page the process may not read begins: every
-    count from 0 to 11 copies its triples and reads nothing past them (the look-ahead
-    to the triple four ahead stops four from the end; a read past would fault)."""
+    count from 0 to 19 copies its triples and reads nothing past them (the look-ahead
+    to the triple eight ahead stops eight from the end; a read past would fault)."""
     gather = _mapped(kernel)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
@@ -88,9 +88,9 @@ def test_each_kernel_reads_no_table_entry_past_the_last(kernel: Kernel) -> None:
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     try:
         assert libc.mprotect(page + 4096, 4096, 0) == 0  # the second page: no access
-        src = np.arange(12 * 64, dtype=np.uint8)
-        for n in range(12):
-            dst = np.zeros(12 * 64, dtype=np.uint8)
+        src = np.arange(20 * 64, dtype=np.uint8)
+        for n in range(20):
+            dst = np.zeros(20 * 64, dtype=np.uint8)
             ops = _stream_table.ops_table(
                 [dst.ctypes.data + 64 * i for i in range(n)],
                 [src.ctypes.data + 64 * i for i in range(n)],

@@ -3,21 +3,22 @@
 and a test re-assembles each where ``as`` is installed). ``_stream`` maps the first of
 ``KERNELS`` the CPU runs.
 
-Both kernels do the same: for each (dst, src, len) triple, a ``prefetcht0`` of the first
-2 KiB of the source of the triple four ahead; non-temporal stores in 64-byte steps while
-the destination is aligned for them and 64 or more bytes remain; ``rep movsb`` for the
-rest (and for a destination not even 16-byte aligned); one ``sfence`` at the end, so
-every store is visible before it returns. They differ in the width of a step's loads and
-stores: ``sse2`` moves 16 bytes at a time (every x86-64 CPU), ``avx2`` 32 bytes where the
-destination is 32-byte aligned and 16 (VEX-encoded) where it is 16-byte aligned only (a
-656-byte DeepSeek-V3.2 row), then clears the vector registers' upper halves
-(``vzeroupper``), so SSE code that runs after it pays no transition. The wider steps
-copied scattered pages measurably faster on the dev VM (BENCHMARKS.md, "AVX2 streaming
-stores").
+Both kernels do the same: for each (dst, src, len) triple, a ``prefetcht1`` (into the
+level-2 cache) of the first 2 KiB of the source of the triple eight ahead; non-temporal
+stores in 64-byte steps while the destination is aligned for them and 64 or more bytes
+remain; ``rep movsb`` for the rest (and for a destination not even 16-byte aligned); one
+``sfence`` at the end, so every store is visible before it returns. They differ in the
+width of a step's loads and stores: ``sse2`` moves 16 bytes at a time (every x86-64 CPU),
+``avx2`` 32 bytes where the destination is 32-byte aligned and 16 (VEX-encoded) where it
+is 16-byte aligned only (a 656-byte DeepSeek-V3.2 row), then clears the vector registers'
+upper halves (``vzeroupper``), so SSE code that runs after it pays no transition. The
+wider steps copied scattered pages measurably faster on the dev VM (BENCHMARKS.md, "AVX2
+streaming stores"); so did the level-2 prefetch eight ahead, against a ``prefetcht0``
+four ahead (BENCHMARKS.md, "The gather's prefetch").
 
 Only caller-saved registers are used (rdi rsi rdx rcx r8 r9 r11, vector registers 0-3);
 the SysV ABI clears the direction flag at every call, so ``rep movsb`` runs forward.
-Entry i+4's source is at [r11+104] and its length at [r11+112] (24-byte entries); a
+Entry i+8's source is at [r11+200] and its length at [r11+208] (24-byte entries); a
 prefetch never faults.
 """
 
@@ -38,7 +39,7 @@ class Kernel(NamedTuple):
 
 
 #: Both kernels' start: the loop over the triples (rdx left; r11 the next one), the
-#: prefetch of the first 2 KiB of the source of the triple four ahead, and one triple
+#: prefetch of the first 2 KiB of the source of the triple eight ahead, and one triple
 #: read into rdi (dst), rsi (src) and rcx (len); label 9 ends the call
 _TRIPLE = """\
     .intel_syntax noprefix
@@ -49,15 +50,15 @@ gather:
     test rdx, rdx
     jz 9f
 1:
-    cmp rdx, 4
+    cmp rdx, 8
     jbe 4f
-    mov r8, [r11+104]
-    mov r9, [r11+112]
+    mov r8, [r11+200]
+    mov r9, [r11+208]
     cmp r9, 2048
     jbe 5f
     mov r9d, 2048
 5:
-    prefetcht0 [r8]
+    prefetcht1 [r8]
     add r8, 64
     sub r9, 64
     ja 5b
@@ -100,11 +101,11 @@ SSE2 = Kernel(
     ret
 """,
     bytes.fromhex(
-        "4989fb4889f24885d20f84890000004883fa0476254d8b43684d8b4b704981f9000800007606"
-        "41b900080000410f18084983c0404983e94077f2498b3b498b7308498b4b104983c31840f6c7"
-        "0f753e4883f9407238f30f6f06f30f6f4e10f30f6f5620f30f6f5e30660fe707660fe74f1066"
-        "0fe75720660fe75f304883c6404883c7404883e9404883f94073c8f3a448ffca0f8577ffffff"
-        "0faef8c3"
+        "4989fb4889f24885d20f848f0000004883fa08762b4d8b83c80000004d8b8bd00000004981f9"
+        "00080000760641b900080000410f18104983c0404983e94077f2498b3b498b7308498b4b1049"
+        "83c31840f6c70f753e4883f9407238f30f6f06f30f6f4e10f30f6f5620f30f6f5e30660fe707"
+        "660fe74f10660fe75720660fe75f304883c6404883c7404883e9404883f94073c8f3a448ffca"
+        "0f8571ffffff0faef8c3"
     ),
 )
 
@@ -155,12 +156,12 @@ AVX2 = Kernel(
     ret
 """,
     bytes.fromhex(
-        "4989fb4889f24885d20f84b80000004883fa0476254d8b43684d8b4b704981f9000800007606"
-        "41b900080000410f18084983c0404983e94077f2498b3b498b7308498b4b104983c3184883f9"
-        "40726a40f6c71f7526c5fe6f06c5fe6f4e20c5fde707c5fde74f204883c6404883c7404883e9"
-        "404883f94073dceb3e40f6c70f7538c5fa6f06c5fa6f4e10c5fa6f5620c5fa6f5e30c5f9e707"
-        "c5f9e74f10c5f9e75720c5f9e75f304883c6404883c7404883e9404883f94073c8f3a448ffca"
-        "0f854bffffffc5f8770faef8c3"
+        "4989fb4889f24885d20f84be0000004883fa08762b4d8b83c80000004d8b8bd00000004981f9"
+        "00080000760641b900080000410f18104983c0404983e94077f2498b3b498b7308498b4b1049"
+        "83c3184883f940726a40f6c71f7526c5fe6f06c5fe6f4e20c5fde707c5fde74f204883c64048"
+        "83c7404883e9404883f94073dceb3e40f6c70f7538c5fa6f06c5fa6f4e10c5fa6f5620c5fa6f"
+        "5e30c5f9e707c5f9e74f10c5f9e75720c5f9e75f304883c6404883c7404883e9404883f94073"
+        "c8f3a448ffca0f8545ffffffc5f8770faef8c3"
     ),
 )
 
