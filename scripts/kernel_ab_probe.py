@@ -16,7 +16,6 @@ both trees' results bit-exact against each other first.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import importlib.util
 import statistics
@@ -60,28 +59,12 @@ def main() -> None:
     dev = torch.ones(probe.LAYERS, 2 * probe.TOKENS * probe.ROW, dtype=torch.uint8)
     host = torch.randint(0, 256, (4 * probe.TOKENS * probe.LAYERS * probe.ROW,), dtype=torch.uint8)
     layers = probe.layer_ops(args.page, args.layout, dev.data_ptr(), host.data_ptr())
-    tables = []
-    for ops in layers:
-        flat = (ctypes.c_uint64 * (3 * len(ops)))(*(x for op in ops for x in op))
-        tables.append((flat, ctypes.addressof(flat), len(ops)))
+    tables = probe.tables_of(layers)
     helpers = {side: probe.Helper(g) for side, g in gathers.items()}
-
-    def one(gather: probe.Gather) -> None:
-        for _, addr, n in tables:
-            gather(addr, n)
-
-    def two(gather: probe.Gather, helper: probe.Helper) -> None:
-        for _, addr, n in tables:
-            half = n // 2
-            helper.job = (addr + 24 * half, n - half)
-            helper.go.release()
-            gather(addr, half)
-            helper.done.acquire()
-
     fns: dict[str, Callable[[], None]] = {}
     for side, gather in gathers.items():
-        fns[f"{side} 1 thread"] = functools.partial(one, gather)
-        fns[f"{side} 2 threads"] = functools.partial(two, gather, helpers[side])
+        fns[f"{side} 1 thread"] = functools.partial(probe.on_one, tables, gather)
+        fns[f"{side} 2 threads"] = functools.partial(probe.on_two, tables, gather, helpers[side])
     results = []
     for side in gathers:
         dev.zero_()

@@ -121,6 +121,35 @@ class Helper:
             self.done.release()
 
 
+#: per layer: (the table's ctypes array, kept alive; its address; its triples)
+Table = tuple[ctypes.Array[ctypes.c_uint64], int, int]
+
+
+def tables_of(layers: list[Pieces]) -> list[Table]:
+    """Each layer's pieces as a (dst, src, len) uint64 table the gather reads."""
+    tables = []
+    for ops in layers:
+        flat = (ctypes.c_uint64 * (3 * len(ops)))(*(x for op in ops for x in op))
+        tables.append((flat, ctypes.addressof(flat), len(ops)))
+    return tables
+
+
+def on_one(tables: list[Table], gather: Gather) -> None:
+    """Every layer's table on this thread."""
+    for _, addr, n in tables:
+        gather(addr, n)
+
+
+def on_two(tables: list[Table], gather: Gather, helper: Helper) -> None:
+    """Every layer's table in halves: the second on ``helper``, the first here."""
+    for _, addr, n in tables:
+        half = n // 2
+        helper.job = (addr + 24 * half, n - half)
+        helper.go.release()
+        gather(addr, half)
+        helper.done.acquire()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("page", type=int, nargs="?", default=64)
@@ -142,10 +171,7 @@ def main() -> None:
     dev = torch.ones(LAYERS, 2 * TOKENS * ROW, dtype=torch.uint8)
     host = torch.randint(0, 256, (4 * TOKENS * LAYERS * ROW,), dtype=torch.uint8)
     layers = layer_ops(args.page, args.layout, dev.data_ptr(), host.data_ptr())
-    tables = []
-    for ops in layers:
-        flat = (ctypes.c_uint64 * (3 * len(ops)))(*(x for op in ops for x in op))
-        tables.append((flat, ctypes.addressof(flat), len(ops)))
+    tables = tables_of(layers)
     scratch = torch.empty(64 << 20, dtype=torch.uint8)
     ref_src = torch.full((TOKENS * LAYERS * ROW,), 3, dtype=torch.uint8)
     ref_dst = torch.empty_like(ref_src)
@@ -155,18 +181,6 @@ def main() -> None:
         for ops in layers:
             for d, s, n in ops:
                 ctypes.memmove(d, s, n)
-
-    def nt1(gather: Gather) -> None:
-        for _, addr, n in tables:
-            gather(addr, n)
-
-    def nt2(gather: Gather, helper: Helper) -> None:
-        for _, addr, n in tables:
-            half = n // 2
-            helper.job = (addr + 24 * half, n - half)
-            helper.go.release()
-            gather(addr, half)
-            helper.done.acquire()
 
     def ref1() -> None:
         threads = torch.get_num_threads()
@@ -179,8 +193,8 @@ def main() -> None:
 
     fns: dict[str, Callable[[], None]] = {"ref1": ref1, "ref2": ref2, "memmove": memmove}
     for name, gather in gathers.items():
-        fns[f"nt1-{name}"] = functools.partial(nt1, gather)
-        fns[f"nt2-{name}"] = functools.partial(nt2, gather, helpers[name])
+        fns[f"nt1-{name}"] = functools.partial(on_one, tables, gather)
+        fns[f"nt2-{name}"] = functools.partial(on_two, tables, gather, helpers[name])
     times: dict[str, list[float]] = {k: [] for k in fns}
     for r in range(args.rounds):
         for name, fn in fns.items():
