@@ -14,10 +14,10 @@ stores in 64-byte steps where the destination is aligned for them, ``rep movsb``
 rest, one ``sfence`` at the end. Before each triple it prefetches the first 2 KiB of the
 source of the triple eight ahead into the level-2 cache: a row of 1152 bytes 70 KiB from
 the previous one (a ``page_first`` or page-1 copy) starts on a page the hardware
-prefetchers have not reached, and its latency is what such a copy waits for; the level-2
-cache holds more lines in flight than the level-1 (a ``prefetcht0`` four ahead gathered
-such rows slower, BENCHMARKS.md); longer blocks are streams the hardware prefetchers find
-themselves (prefetching whole 64 KiB blocks made those slower).
+prefetchers have not reached, and its latency is what such a copy waits for (a
+``prefetcht0`` four ahead, into the level-1 cache, gathered such rows slower,
+BENCHMARKS.md); longer blocks are streams the hardware prefetchers find themselves
+(prefetching whole 64 KiB blocks made those slower).
 Blocks must not overlap (no memmove semantics): a load's device and host sides are
 different buffers. The kernel is the first of ``KERNELS`` whose CPU flag
 ``/proc/cpuinfo`` lists (``avx2``, else ``sse2``, which every x86-64 CPU runs), or the one
