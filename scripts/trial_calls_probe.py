@@ -7,6 +7,8 @@ trial never ends: every per-layer load call takes the next contender's turn. Pri
 contender's first calls and the median of its later ones, and the whole loads' GB/s.
 ``--pin NAME`` instead fixes every per-load key to one candidate (``stream1``,
 ``stream2``, ``1``, ...) and prints the whole loads' GB/s only: the steady state.
+The trial times its first calls (``--warmup-s 0``, as these figures were taken); the
+calibrator's own warm-up is ``Calibrator.confirm_warmup_s``.
 
     python scripts/trial_calls_probe.py [--layout layer_first] [--page 16] [--pin NAME]
 """
@@ -49,8 +51,10 @@ def main() -> int:
     ap.add_argument("--layout", default="layer_first")
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--pin", default=None)
+    ap.add_argument("--warmup-s", type=float, default=0.0, help="the trial's untimed warm-up")
     args = ap.parse_args()
-    cal = Calibrator(settle=settle, confirm_calls=3 if args.pin else 10**6)
+    calls = 3 if args.pin else 10**6
+    cal = Calibrator(settle=settle, confirm_calls=calls, confirm_warmup_s=args.warmup_s)
     _calibrate._default = cal
     if args.pin:
         bench = pinned_bench(args.layout, args.page, cal, args.pin)

@@ -257,6 +257,8 @@ def test_one_candidate_is_chosen_without_timing(clock: FakeClock) -> None:
     assert cal.choices() == [only]
     cal.forget()
     assert cal.choices() == []
+    assert cal.choose("k", {"only": boom}, nbytes=3, confirm=True) == "only"  # no trial
+    assert cal.confirming() == ([], 0) and cal.choices() == [only]
 
 
 # ------------------------------------------------------------------ disk cache

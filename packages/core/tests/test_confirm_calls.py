@@ -83,9 +83,37 @@ def test_a_withdrawn_contender_leaves_the_trial() -> None:
     trial.withdraw("a")
     trial.withdraw("z")  # not a contender: nothing changes
     assert trial.order == ["b", "c"] and trial.timed == {"b": [], "c": []}
+    assert trial.ran == {"b": 0, "c": 0}
     assert not trial.done() and trial.turn() == "b"
     trial.withdraw("c")
     assert trial.done()  # one left
+
+
+def test_the_warm_up_calls_run_in_turn_untimed() -> None:
+    """The calls of the first 1.5 s, both contenders' together, alternate and count as
+    recorded, but only the later ones are timed."""
+    trial = Trial(order=["a", "b"], calls=2, warmup_s=1.5)
+    ran = []
+    for seconds in (1.0, 1.0, 0.5, 0.7, 0.5, 0.7):  # the warm-up ends after the second
+        ran.append(trial.turn())
+        assert trial.record(ran[-1], 10, seconds)
+    assert ran == ["a", "b", "a", "b", "a", "b"] and trial.done()
+    assert trial.timed == {"a": [(10, 0.5)] * 2, "b": [(10, 0.7)] * 2}
+    assert trial.ran == {"a": 3, "b": 3} and trial.warm == 2.0
+    assert not trial.record("c", 10, 1.0) and not trial.record("a", 10, 0.0)
+    assert trial.ran == {"a": 3, "b": 3}  # an ignored call is no call
+
+
+def test_after_the_warm_up_the_fewest_timed_calls_go_first() -> None:
+    """A warm-up that ends after an odd number of calls: b, with fewer calls, goes first,
+    and then they alternate again."""
+    trial = Trial(order=["a", "b"], calls=2, warmup_s=1.0)
+    trial.record("a", 10, 1.0)  # the whole warm-up
+    turns = []
+    for _ in range(4):
+        turns.append(trial.turn())
+        trial.record(turns[-1], 10, 0.5)
+    assert turns == ["b", "a", "b", "a"] and trial.done()
 
 
 def test_the_seconds_of_the_mean_call_are_each_contenders_median_per_byte() -> None:
@@ -262,7 +290,7 @@ def test_the_call_that_measured_gets_no_turn_once() -> None:
 def test_a_trial_starts_after_the_call_that_measured(clock: Clock) -> None:
     """``choose`` opens the trial and voids the measuring thread's next turn; another
     thread's real call takes a turn at once."""
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(1.2)}, 100, confirm=True)
     other: list[str | None] = []
     worker = threading.Thread(target=lambda: other.append(cal.turn("k")))
@@ -283,6 +311,8 @@ def test_nothing_is_recorded_while_the_thread_measures() -> None:
 
 
 # ---------------------------------------------------------------- the calibrator
+
+# (confirm_warmup_s=0: the trials below time their first calls; the warm-up has its own tests)
 
 
 def _close_sample(clock: Clock, cal: Calibrator, confirm: bool = True) -> str:
@@ -305,7 +335,7 @@ def _real_call(clock: Clock, cal: Calibrator, costs: dict[str, float], nbytes: i
 
 def test_a_close_sample_is_decided_by_the_real_calls(clock: Clock, tmp_path: Path) -> None:
     cache = DiskCache(tmp_path / "cal.json")
-    cal = Calibrator(timer=clock, budget_s=1e9, cache=cache)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, cache=cache)
     assert _close_sample(clock, cal) == "x"
     assert cal.confirming() == (["k"], 0) and cal.current("k") == "x"
     assert cache.load() == {}  # written once confirmed
@@ -329,7 +359,7 @@ def clock() -> Clock:
 
 
 def test_the_real_calls_keep_the_margin_for_a_later_rank(clock: Clock) -> None:
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     _close_sample(clock, cal)
     for _ in range(6):  # y is 15% faster on the real calls: within the 25% margin
         _real_call(clock, cal, {"x": 1.0, "y": 0.85})
@@ -344,7 +374,7 @@ def test_the_sample_stays_unless_the_real_calls_beat_it_by_the_margin(
     """One rank: the real calls' fastest must be more than the rank margin (25% here)
     faster than the sample's choice to overrule it (x 1.0 s: 0.8 s is exactly 25% faster
     and does not)."""
-    cal = Calibrator(timer=clock, budget_s=1e9, rank_margin=0.25)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, rank_margin=0.25)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.125)}
     assert cal.choose("k", cands, 100, ranks={"x": 1, "y": 1}, confirm=True) == "x"
     assert cal.turn("k") is None  # the measuring call: no turn
@@ -363,7 +393,7 @@ def test_the_real_calls_ask_the_keys_own_margin(
     """y 15% faster on the real calls: beyond the default rank margin (10%) it overrules
     the sample's x where the key has ranks (a CPU thread count), within the default
     margin (25%) it does not where the candidates are in preference order (a CUDA path)."""
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.05)}
     assert cal.choose("k", cands, 100, ranks=ranks, confirm=True) == "x"
     assert cal.turn("k") is None  # the measuring call: no turn
@@ -392,13 +422,13 @@ def test_confirmed_keeps_the_sample_only_where_it_ran() -> None:
 
 
 def test_no_trial_without_confirm_or_calls_or_a_close_runner_up(clock: Clock) -> None:
-    plain = Calibrator(timer=clock, budget_s=1e9)
+    plain = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     _close_sample(clock, plain, confirm=False)
     assert plain.confirming() == ([], 0) and plain.turn("k") is None
-    off = Calibrator(timer=clock, budget_s=1e9, confirm_calls=0)
+    off = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, confirm_calls=0)
     _close_sample(clock, off)
     assert off.confirming() == ([], 0) and off.choices()[0].source == "measured"
-    far = Calibrator(timer=clock, budget_s=1e9, confirm_within=0.1)
+    far = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, confirm_within=0.1)
     _close_sample(clock, far)  # 1.2 is not within 10% of 1.0
     assert far.confirming() == ([], 0)
 
@@ -406,21 +436,86 @@ def test_no_trial_without_confirm_or_calls_or_a_close_runner_up(clock: Clock) ->
 def test_the_samples_choice_contends_even_outside_the_bound(clock: Clock) -> None:
     """x, the earlier rank, is chosen within the 25% margin of y; with a 10% bound only y
     is near the fastest, and x contends anyway (a trial without the choice would be none)."""
-    cal = Calibrator(timer=clock, budget_s=1e9, confirm_within=0.1)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, confirm_within=0.1)
     cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(0.875)}, 100, confirm=True)
     assert cal.current("k") == "x" and cal.confirming() == (["k"], 0)
     assert cal._trials.open["k"].order == ["x", "y"]
 
 
+def _rounds(clock: Clock, seconds: list[float]) -> Callable[[], None]:
+    """A candidate whose calls cost ``seconds`` in turn, after an untimed 1 s warm-up."""
+    costs = iter([1.0, *seconds])
+
+    def run() -> None:
+        clock.now += next(costs)
+
+    return run
+
+
+def test_one_stalled_round_does_not_keep_a_close_candidate_out_of_the_trial(
+    clock: Clock,
+) -> None:
+    """y stalls in one round of three (a descheduled thread): its slowest round loses the
+    sample, but its median round is within 50% of x's, so its real calls are tried; slow
+    in two rounds of three, it stays out."""
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
+    stalled = {"x": _rounds(clock, [1.2] * 3), "y": _rounds(clock, [1.0, 5.0, 1.0])}
+    assert cal.choose("k", stalled, 100, confirm=True) == "x"
+    assert cal.confirming() == (["k"], 0) and cal._trials.open["k"].order == ["x", "y"]
+    (choice,) = cal.choices()
+    assert choice.seconds == pytest.approx({"x": 1.2, "y": 5.0})  # decided by the slowest
+    tried = "; median rounds of the contenders x: 1200.000 ms, y: 1000.000 ms"
+    assert choice.reason.endswith(tried)
+    slow = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
+    twice = {"x": _rounds(clock, [1.2] * 3), "y": _rounds(clock, [1.0, 5.0, 5.0])}
+    assert slow.choose("k", twice, 100, confirm=True) == "x"
+    assert slow.confirming() == ([], 0) and "median rounds" not in slow.choices()[0].reason
+
+
+def test_of_two_rounds_the_faster_opens_the_trial(clock: Clock) -> None:
+    """The budget spent after two rounds: y's median round is the faster of its two (the
+    mean, 3 s, would keep it out)."""
+    cal = Calibrator(timer=clock, budget_s=5.0)
+    cands = {"x": _rounds(clock, [1.2, 1.2, 9.0]), "y": _rounds(clock, [1.0, 5.0, 9.0])}
+    assert cal.choose("k", cands, 100, confirm=True) == "x"
+    assert cal._trials.open["k"].order == ["x", "y"]
+    assert cal.choices()[0].seconds == pytest.approx({"x": 1.2, "y": 5.0})
+
+
+def test_a_sample_cut_short_tries_on_its_rounds(clock: Clock) -> None:
+    """With the budget spent after one round, each candidate's one round is its slowest
+    and its median: y, 1.6 x the fastest, is not tried."""
+    cal = Calibrator(timer=clock, budget_s=0.5)
+    cands = {"x": _rounds(clock, [1.0, 9.0]), "y": _rounds(clock, [1.6, 0.1])}
+    assert cal.choose("k", cands, 100, confirm=True) == "x"
+    assert cal.confirming() == ([], 0)
+    assert cal.choices()[0].seconds == pytest.approx({"x": 1.0, "y": 1.6})
+
+
+def test_a_trial_warms_up_for_the_calibrators_seconds(clock: Clock) -> None:
+    """By default the calls of a trial's first 5 ms are not timed: x's 4 ms call and y's
+    2 ms call here; then 3 timed calls apiece."""
+    cal = Calibrator(timer=clock, budget_s=1e9)
+    _close_sample(clock, cal)
+    assert cal._trials.open["k"].warmup_s == 0.005
+    ran = [_real_call(clock, cal, {"x": 0.004, "y": 0.002}) for _ in range(9)]
+    assert ran == ["x", "y"] * 4 + ["y"] and cal.current("k") == "y"
+    assert cal.choices()[0].seconds == pytest.approx({"x": 0.004, "y": 0.002})
+    assert cal.confirming() == ([], 8)  # the warm-up calls are recorded calls too
+    longer = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0.25)
+    _close_sample(clock, longer)
+    assert longer._trials.open["k"].warmup_s == 0.25
+
+
 def test_one_call_per_contender_is_a_trial(clock: Clock) -> None:
-    cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=1)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, confirm_calls=1)
     _close_sample(clock, cal)
     ran = [_real_call(clock, cal, {"x": 1.0, "y": 2.0}) for _ in range(3)]
     assert ran == ["x", "y", "x"] and cal.choices()[0].source == "confirmed"
 
 
 def test_the_calls_per_contender_are_the_calibrators(clock: Clock) -> None:
-    cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=4)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, confirm_calls=4)
     _close_sample(clock, cal)
     ran = [_real_call(clock, cal, {"x": 1.0, "y": 2.0}) for _ in range(9)]
     assert ran == ["x", "y"] * 4 + ["x"] and cal.choices()[0].source == "confirmed"
@@ -428,7 +523,7 @@ def test_the_calls_per_contender_are_the_calibrators(clock: Clock) -> None:
 
 def test_a_trial_with_one_contender_left_keeps_the_sample(clock: Clock, tmp_path: Path) -> None:
     cache = DiskCache(tmp_path / "cal.json")
-    cal = Calibrator(timer=clock, budget_s=1e9, cache=cache)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, cache=cache)
     _close_sample(clock, cal)
     _real_call(clock, cal, {"x": 5.0, "y": 1.0})  # x timed once
     cal.withdraw("k", "y")
@@ -445,7 +540,7 @@ def test_a_withdrawn_sample_choice_stands(clock: Clock, tmp_path: Path) -> None:
     choice stands, cached; the other contenders do not decide among themselves (a
     passing busy moment must not become the lasting choice)."""
     cache = DiskCache(tmp_path / "cal.json")
-    cal = Calibrator(timer=clock, budget_s=1e9, cache=cache)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, cache=cache)
     cands = {"1": clock.cost(1.25), "2": clock.cost(1.125), "0": clock.cost(1.0)}
     assert cal.choose("k", cands, 100, ranks={"1": 0, "2": 0, "0": 0}, confirm=True) == "0"
     assert cal.turn("k") is None  # the measuring call: no turn
@@ -458,7 +553,7 @@ def test_a_withdrawn_sample_choice_stands(clock: Clock, tmp_path: Path) -> None:
 
 
 def test_observe_compares_only_the_choices_own_calls(clock: Clock) -> None:
-    cal = Calibrator(timer=clock, budget_s=1e9, strikes=1, min_interval_s=0.0)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, strikes=1, min_interval_s=0.0)
     cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(5.0)}, 100, confirm=True)
     assert cal.confirming() == ([], 0)  # y is not within 50%
     assert not cal.observe("k", 100, 1e3, ran="y")  # another candidate: not a strike
@@ -468,7 +563,7 @@ def test_observe_compares_only_the_choices_own_calls(clock: Clock) -> None:
 
 
 def test_a_trial_call_is_no_strike(clock: Clock) -> None:
-    cal = Calibrator(timer=clock, budget_s=1e9, strikes=1, min_interval_s=0.0)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, strikes=1, min_interval_s=0.0)
     _close_sample(clock, cal)
     assert cal.turn("k") == "x"
     assert not cal.observe("k", 100, 1e3, ran="x")  # recorded in the trial, not compared
@@ -478,20 +573,20 @@ def test_a_trial_call_is_no_strike(clock: Clock) -> None:
 def test_withdrawing_from_an_unknown_key_does_nothing(clock: Clock) -> None:
     """E.g. a candidate that raised after another thread forgot every choice: the
     withdrawal must not raise over the copy's own error."""
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     cal.withdraw("never measured", "x")
     assert cal.choices() == [] and cal.confirming() == ([], 0)
 
 
 def test_forget_ends_every_trial(clock: Clock) -> None:
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     _close_sample(clock, cal)
     cal.forget()
     assert cal.confirming() == ([], 0) and cal.turn("k") is None
 
 
 def test_a_new_measurement_without_a_close_runner_up_ends_the_trial(clock: Clock) -> None:
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     _close_sample(clock, cal)
     cal._stale["k"] = "test"  # measured again: y is now far behind
     cal.choose("k", {"x": clock.cost(1.0), "y": clock.cost(9.0)}, 100, confirm=True)
@@ -501,7 +596,7 @@ def test_a_new_measurement_without_a_close_runner_up_ends_the_trial(clock: Clock
 def test_a_sample_does_not_take_a_trials_turns(clock: Clock) -> None:
     """A candidate measured by one key may run a copy another key is confirming: that key
     gives no turn inside the measurement (its choice runs, unrecorded)."""
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     _close_sample(clock, cal)
     inner: list[str | None] = []
 
@@ -520,7 +615,7 @@ def test_confirm_call_runs_the_turns_then_the_verdict(clock: Clock) -> None:
     """After the trial the step keeps the verdict, drops the other candidates and asks the
     calibrator nothing more (a load must not wait for its lock, held while another thread
     measures)."""
-    cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=2)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, confirm_calls=2)
     _close_sample(clock, cal)
     ran: list[str] = []
     runs = {"x": clock.cost(3.0, ran, "x"), "y": clock.cost(1.0, ran, "y")}
@@ -540,7 +635,7 @@ def test_confirm_call_runs_the_turns_then_the_verdict(clock: Clock) -> None:
 def test_a_contender_that_raises_leaves_the_trial(clock: Clock) -> None:
     """A real call that raises withdraws its contender (else every later turn would hand
     it out again) and the error reaches the caller; the trial goes on without it."""
-    cal = Calibrator(timer=clock, budget_s=1e9, confirm_calls=2)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0, confirm_calls=2)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.1), "z": clock.cost(1.2)}
     cal.choose("k", cands, 100, confirm=True)
     assert cal.turn("k") is None  # the measuring call: no turn
@@ -564,7 +659,7 @@ def test_a_contender_that_raises_leaves_the_trial(clock: Clock) -> None:
 def test_confirm_call_keeps_nothing_while_the_trial_runs(clock: Clock) -> None:
     """Inside another key's measurement no turn is given, and the trial is not over: the
     call runs the sample's choice and keeps nothing."""
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     _close_sample(clock, cal)
     ran: list[str] = []
     runs = {"x": clock.cost(1.0, ran, "x"), "y": clock.cost(1.2, ran, "y")}
@@ -578,7 +673,7 @@ def test_confirm_call_keeps_nothing_while_the_trial_runs(clock: Clock) -> None:
 
 
 def test_confirm_call_withdraws_a_contender_it_does_not_hold(clock: Clock) -> None:
-    cal = Calibrator(timer=clock, budget_s=1e9)
+    cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     _close_sample(clock, cal)
     ran: list[str] = []
     settled: list[str] = []
@@ -591,7 +686,9 @@ def test_confirm_call_withdraws_a_contender_it_does_not_hold(clock: Clock) -> No
 @pytest.fixture
 def cal(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> Calibrator:
     # the prices below are set around a 25% margin between thread counts, 2 calls apiece
-    fresh = Calibrator(timer=clock, budget_s=1e9, rank_margin=0.25, confirm_calls=2)
+    fresh = Calibrator(
+        timer=clock, budget_s=1e9, confirm_warmup_s=0, rank_margin=0.25, confirm_calls=2
+    )
     monkeypatch.setattr(_calibrate, "_default", fresh)
     return fresh
 

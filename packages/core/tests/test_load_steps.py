@@ -304,7 +304,10 @@ def _spy_stacked_paths(
             _real(*args, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(module, name, spy)
-    cal = Calibrator(timer=lambda: now[0], budget_s=1e9, confirm_calls=confirm_calls)
+    # (confirm_warmup_s=0: the trials time their first calls)
+    cal = Calibrator(
+        timer=lambda: now[0], budget_s=1e9, confirm_calls=confirm_calls, confirm_warmup_s=0
+    )
     monkeypatch.setattr(_calibrate, "_default", cal)
     # the streaming copy would cost nothing on this clock (it runs neither spied copy)
     monkeypatch.setattr(_steps, "stream_copy", lambda: None)

@@ -250,7 +250,10 @@ def _spy(
         monkeypatch.setattr(_steps, name, spy)
     monkeypatch.setattr(_copy, "_workers", 1)
     monkeypatch.setattr(_steps, "AUTO_MIN_BYTES", 0)  # measure small steps too
-    cal = Calibrator(timer=lambda: now[0], budget_s=1e9, confirm_calls=confirm_calls)
+    # (confirm_warmup_s=0: the trials time their first calls)
+    cal = Calibrator(
+        timer=lambda: now[0], budget_s=1e9, confirm_calls=confirm_calls, confirm_warmup_s=0
+    )
     monkeypatch.setattr(_calibrate, "_default", cal)
     return now
 

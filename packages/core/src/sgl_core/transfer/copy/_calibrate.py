@@ -6,6 +6,7 @@ calibrated": the CPU copy threads and the CUDA copy paths).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -38,7 +39,7 @@ class Calibrator:
     """Measured choices per key; thread-safe (one lock, held while measuring).
 
     A candidate's time is its slowest of ``rounds`` rounds within ``budget_s``
-    (``slowest_rounds``). A candidate of a later rank must beat the earlier ranks by more
+    (``timed_rounds``). A candidate of a later rank must beat the earlier ranks by more
     than the key's margin (``rank_margin`` with ``choose``'s ``ranks``, the CPU thread
     counts; ``margin`` in preference order, the CUDA paths); within a rank the fastest
     wins. A real copy below ``drop`` x the figure (the best real copy since the key was
@@ -46,10 +47,11 @@ class Calibrator:
     least ``min_interval_s`` after the measurement, make the key stale.
 
     A ``choose(..., confirm=True)`` whose sample leaves more than one candidate within
-    ``confirm_within`` of the fastest is confirmed on the next real calls: their callers run
-    ``turn(key)`` and report it (``observe(..., ran=)``) until each of those ran
-    ``confirm_calls`` times (0: the sample decides); then the real calls overrule the
-    sample's choice only with one more than the key's margin faster (``_decide.confirmed``)."""
+    ``confirm_within`` of the fastest by median rounds (``contenders``) is confirmed on the
+    next real calls: their callers run ``turn(key)`` and report it (``observe(..., ran=)``)
+    until each ran ``confirm_calls`` times after ``confirm_warmup_s`` of untimed calls (0
+    calls: the sample decides); the real calls then overrule the sample only with one
+    more than the key's margin faster (``confirmed``)."""
 
     timer: Callable[[], float] = time.perf_counter
     rounds: int = 3
@@ -61,6 +63,7 @@ class Calibrator:
     min_interval_s: float = 5.0
     confirm_within: float = 0.5
     confirm_calls: int = 3
+    confirm_warmup_s: float = 0.005  # a trial's first real calls, not timed (``Trial``)
     cache: DiskCache | None = None
     #: untimed before every candidate call (``_busy.settle`` for the process's calibrator):
     #: an OpenMP team's workers spin after it returns and slow the candidate timed next
@@ -113,10 +116,9 @@ class Calibrator:
         speed alone. Without them each candidate is a rank of its own, in the mapping's
         order, and a later one must win by ``margin``.
 
-        ``cold``, when given, runs untimed before every candidate call and outside the
-        budget: what makes a sample that repeats the same bytes see them as the real
-        copy does (a per-layer load's step evicts the caches: the real loads go from
-        layer to layer, and a cache-hot repeat measured 2x their speed).
+        ``cold``, when given, runs untimed before every candidate call, outside the budget:
+        a sample that repeats the same bytes then sees them as the real copy does (a
+        per-layer load's step evicts the caches: a cache-hot repeat ran 2x the real loads).
 
         ``confirm``: the caller runs ``turn(key)`` on its real calls and reports them with
         ``observe(..., ran=)``, so a close sample is confirmed there (the class's doc);
@@ -130,13 +132,18 @@ class Calibrator:
                 missing = sorted(candidates.keys() - ranks.keys())
                 raise ValueError(f"{key}: no rank for candidate(s) {', '.join(missing)}")
             with self._trials.measuring():
-                choice = self._measure(key, candidates, nbytes, cold, ranks)
+                choice, medians = self._measure(key, candidates, nbytes, cold, ranks)
+            near = contenders(medians, choice.choice, self.confirm_within)
+            trial = confirm and bool(near) and self.confirm_calls > 0
+            if trial:
+                tried = f"median rounds of the contenders {_decide.listed(medians, near)}"
+                choice = dataclasses.replace(choice, reason=f"{choice.reason}; {tried}")
             self._choices[key] = choice
             self._stale.pop(key, None)
             self._seen.pop(key, None)
-            near = contenders(choice.seconds, choice.choice, self.confirm_within)
-            if confirm and near and self.confirm_calls > 0:
-                self._trials.open[key] = Trial(order=near, calls=self.confirm_calls, ranks=ranks)
+            if trial:
+                calls, warm = self.confirm_calls, self.confirm_warmup_s
+                self._trials.open[key] = Trial(order=near, calls=calls, ranks=ranks, warmup_s=warm)
                 self._trials.sampled(key)  # this call's bytes are cache-hot: no turn
             else:
                 self._trials.open.pop(key, None)
@@ -170,8 +177,7 @@ class Calibrator:
         The figure a copy is compared with is the best real copy of the key since it was
         measured (a sample is small and may sit in cache, so its own GB/s would overstate
         a whole call), and at least half the sample's (a choice slow from its first real
-        call on is noticed too).
-        """
+        call on is noticed too)."""
         with self._lock:
             if key in self._trials.open:
                 self._settle(key, self._trials.record(key, ran or "", nbytes, seconds))
@@ -191,10 +197,8 @@ class Calibrator:
             self._seen[key] = (seen, strikes)
             if strikes < self.strikes or self.timer() - known.measured_at < self.min_interval_s:
                 return False
-            self._stale[key] = (
-                f"observed {gbps:.3g} GB/s < {self.drop} x the best since measured, "
-                f"{best:.3g} GB/s, {strikes} times"
-            )
+            why = f"observed {gbps:.3g} GB/s < {self.drop} x the best since measured"
+            self._stale[key] = f"{why}, {best:.3g} GB/s, {strikes} times"
             return True
 
     def skip(
@@ -209,10 +213,8 @@ class Calibrator:
         run well now: the one ``choose`` would have picked from the same measurement
         without it (and, given ``among``, from those this call offers; ``ranks`` as
         ``choose`` was given them), or ``default`` when there is none (``key`` unknown, or
-        measured with ``without`` alone).
-        Counted per key (``skipped``); not a new choice: the next call asks again, and
-        the call's time is not reported with ``observe``.
-        """
+        measured with ``without`` alone). Counted per key (``skipped``); not a new choice:
+        the next call asks again, and the call's time is not reported with ``observe``."""
         with self._lock:
             known = self._choices.get(key)
             rest = {} if known is None else known.seconds.copy()
@@ -241,22 +243,21 @@ class Calibrator:
         nbytes: int,
         cold: Callable[[], None] | None,
         ranks: Mapping[str, int] | None,
-    ) -> CopyChoice:
+    ) -> tuple[CopyChoice, dict[str, float]]:  # the choice, and each one's median round
         order = list(candidates)
         if len(order) == 1:
-            only = order[0]
-            return CopyChoice(
-                key, only, {only: 1.0}, nbytes, "measured", f"{only} (only candidate)", self.timer()
-            )
-        seconds = _decide.slowest_rounds(
-            candidates, self.rounds, self.budget_s, self.timer, [cold, self.settle]
-        )
+            one = {order[0]: 1.0}
+            why = f"{order[0]} (only candidate)"
+            return CopyChoice(key, order[0], one, nbytes, "measured", why, self.timer()), one
+        untimed = [cold, self.settle]
+        rounds = _decide.timed_rounds(candidates, self.rounds, self.budget_s, self.timer, untimed)
+        seconds = {c: max(v) for c, v in rounds.items()}
         chosen, reason = decide(seconds, order, self._margin(ranks), ranks)
         stale = self._stale.get(key)
+        reason += f"; re-measured: {stale}" if stale else ""
         source = "re-measured" if stale else "measured"
-        if stale:
-            reason += f"; re-measured: {stale}"
-        return CopyChoice(key, chosen, seconds, nbytes, source, reason, self.timer())
+        medians = {c: statistics.median_low(v) for c, v in rounds.items()}  # of 2: the faster
+        return CopyChoice(key, chosen, seconds, nbytes, source, reason, self.timer()), medians
 
     def _settle(self, key: str, trial: Trial | None) -> None:
         """After ``key``'s trial (None: not over), its real calls decide (``confirmed``; the
@@ -267,8 +268,8 @@ class Calibrator:
         seconds, mean = trial.seconds()
         choice = sample
         if len(seconds) > 1:
-            margin, ranks = self._margin(trial.ranks), trial.ranks
-            chosen, why = _decide.confirmed(seconds, sample.choice, margin, ranks)
+            margin = self._margin(trial.ranks)
+            chosen, why = _decide.confirmed(seconds, sample.choice, margin, trial.ranks)
             reason = f"{why}; the sample chose {sample.reason}"
             choice = CopyChoice(key, chosen, seconds, mean, "confirmed", reason, self.timer())
         self._choices[key] = choice  # (nothing seen yet: a trial's calls are not compared)
@@ -277,9 +278,8 @@ class Calibrator:
 
     def _load_disk(self) -> None:
         loaded, self._loaded = self._loaded, True
-        if loaded or self.cache is None:
-            return
-        self._choices.update(self.cache.load(self.timer()))
+        if not loaded and self.cache is not None:
+            self._choices.update(self.cache.load(self.timer()))
 
 
 _default: Calibrator | None = None

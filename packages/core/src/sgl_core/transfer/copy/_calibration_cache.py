@@ -60,8 +60,11 @@ ENV_VAR = "SGLCORE_COPY_CALIBRATION"
 # sample's alone); v7: a backup's streaming table in source order (a v6 stacked backup
 # may keep torch's run copies against the slower item-order table); v8: the streaming copy
 # moves 32 bytes a step where the CPU has AVX2, and a later thread-count rank must win by
-# 10% (a v7 choice was measured with the 16-byte kernel and kept one thread within 25%)
-FORMAT = "sgl-core copy calibration v8"
+# 10% (a v7 choice was measured with the 16-byte kernel and kept one thread within 25%);
+# v9: a trial's contenders are judged by their median sample round, and its first real
+# calls warm the cores up untimed (a v8 sample's choice stood alone where one stalled round
+# kept a close candidate out, and a v8 trial timed the team on cores back from idle)
+FORMAT = "sgl-core copy calibration v9"
 
 
 def _cpu_model() -> str:

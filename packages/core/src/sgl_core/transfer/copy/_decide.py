@@ -17,22 +17,23 @@ import statistics
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-__all__ = ["Trial", "Trials", "confirmed", "contenders", "decide", "slowest_rounds"]
+__all__ = ["Trial", "Trials", "confirmed", "contenders", "decide", "listed", "timed_rounds"]
 
 
-def slowest_rounds(
+def timed_rounds(
     candidates: Mapping[str, Callable[[], None]],
     rounds: int,
     budget_s: float,
     timer: Callable[[], float],
     untimed: Sequence[Callable[[], None] | None],
-) -> dict[str, float]:
-    """Each candidate's slowest of ``rounds`` timed round-robin rounds, after one untimed
+) -> dict[str, list[float]]:
+    """Each candidate's seconds in ``rounds`` timed round-robin rounds, after one untimed
     warm-up round (threads, caches, allocations), cut short once the candidates' own
     time passes ``budget_s`` (each keeps at least one round). ``untimed`` run before
     every candidate call, outside the budget (``Calibrator.choose``'s ``cold``, its
-    ``settle``). The slowest round: a strategy that now and then waits for a busy core
-    (an OpenMP team) must not win on one lucky round."""
+    ``settle``). A sample decides by each candidate's slowest round (a strategy that now
+    and then waits for a busy core, an OpenMP team, must not win on one lucky round) and
+    opens a real-call trial by the median (``contenders``)."""
     samples: dict[str, list[float]] = {c: [] for c in candidates}
     spent = 0.0
     for round_no in range(rounds + 1):
@@ -48,7 +49,7 @@ def slowest_rounds(
                 samples[name].append(took)
         if round_no and spent > budget_s:
             break
-    return {c: max(v) for c, v in samples.items()}
+    return samples
 
 
 def decide(
@@ -69,10 +70,11 @@ def decide(
     chosen = next(c for c in leaders if seconds[c] <= best * (1 + margin))
     fastest = min(order, key=lambda c: seconds[c])
     why = "fastest" if chosen == fastest else f"preferred within {margin:.0%} of {fastest}"
-    return chosen, f"{chosen} ({why}; {what} {_listed(seconds, order)})"
+    return chosen, f"{chosen} ({why}; {what} {listed(seconds, order)})"
 
 
-def _listed(seconds: Mapping[str, float], order: Sequence[str]) -> str:
+def listed(seconds: Mapping[str, float], order: Sequence[str]) -> str:
+    """``order``'s ``seconds``, in ms: ``"a: 1.000 ms, b: 2.000 ms"``."""
     return ", ".join(f"{c}: {seconds[c] * 1e3:.3f} ms" for c in order)
 
 
@@ -94,14 +96,15 @@ def confirmed(
         return chosen, why
     return (
         sample,
-        f"{sample} (kept within {margin:.0%} of {chosen}; real calls {_listed(seconds, order)})",
+        f"{sample} (kept within {margin:.0%} of {chosen}; real calls {listed(seconds, order)})",
     )
 
 
 def contenders(seconds: Mapping[str, float], chosen: str, within: float) -> list[str]:
     """The candidates a real-call trial compares, in the sample's order: each whose
-    sample time is within ``within`` of the fastest, the sample's choice always; fewer
-    than two: no trial."""
+    sample time (its median round, the faster of two: one stalled round, a thread
+    descheduled, does not keep a candidate close in the others out) is within ``within``
+    of the fastest, the sample's choice always; fewer than two: no trial."""
     best = min(seconds.values())
     near = [c for c, t in seconds.items() if c == chosen or t <= best * (1 + within)]
     return near if len(near) > 1 else []
@@ -112,37 +115,48 @@ class Trial:
     """Real calls of one key, timed per contender until each ran ``calls`` times.
 
     ``turn`` names the contender the next call runs: the one with the fewest timed
-    calls, earlier on a tie, so the contenders alternate (a, b, a, b) and a phase of
-    load falls on each. A contender that may not run now (ATen's team without free
-    cores) is ``withdraw``-n: the trial goes on without it.
+    calls, then the fewest calls, earlier on a tie, so the contenders alternate (a, b, a,
+    b) and a phase of load falls on each. The calls of the first ``warmup_s`` seconds,
+    all contenders' together, run in turn but are not timed: cores idle before the trial
+    (the sample waits until the process's other threads sleep) reach their working speed
+    only after a few milliseconds of work. A contender that may not run now (ATen's team
+    without free cores) is ``withdraw``-n: the trial goes on without it.
     """
 
     order: list[str]  # the contenders, in the sample's order
     calls: int  # timed real calls per contender
     ranks: Mapping[str, int] | None = None  # as the sample was decided
+    warmup_s: float = 0.0
     # contender -> [(bytes, seconds)] of its timed real calls
     timed: dict[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
+    ran: dict[str, int] = dataclasses.field(default_factory=dict)  # calls, warm-up too
+    warm: float = 0.0  # the warm-up calls' seconds so far
 
     def __post_init__(self) -> None:
         self.timed = {c: [] for c in self.order}
+        self.ran = dict.fromkeys(self.order, 0)
 
     def turn(self) -> str:
         """The contender the next real call runs."""
-        return min(self.order, key=lambda c: len(self.timed[c]))
+        return min(self.order, key=lambda c: (len(self.timed[c]), self.ran[c]))
 
     def record(self, name: str, nbytes: int, seconds: float) -> bool:
-        """One real call of contender ``name``; False: ignored (another name, no bytes or
-        no time)."""
+        """One real call of contender ``name`` (timed once the warm-up is over); False:
+        ignored (another name, no bytes or no time)."""
         if name not in self.timed or seconds <= 0 or nbytes <= 0:
             return False
-        self.timed[name].append((nbytes, seconds))
+        self.ran[name] += 1
+        if self.warm < self.warmup_s:
+            self.warm += seconds
+        else:
+            self.timed[name].append((nbytes, seconds))
         return True
 
     def withdraw(self, name: str) -> None:
         """Go on without ``name`` (not a contender: nothing changes)."""
         if name in self.order:
             self.order.remove(name)
-            del self.timed[name]
+            del self.timed[name], self.ran[name]
 
     def done(self) -> bool:
         """Every contender ran ``calls`` times, or at most one is left."""
