@@ -62,7 +62,8 @@ def test_the_fastest_candidate_wins_and_the_choice_is_explained(clock: FakeClock
     assert choice.key == "copy k" and choice.source == "measured"
     assert choice.seconds == {"1": 0.5, "2": 0.125, "0": 0.25}
     assert choice.gbps == pytest.approx(1.0)
-    assert choice.reason.startswith("2 (fastest; slowest rounds 1: 500.000 ms, 2: 125.000 ms")
+    why = "2 (fastest; slowest rounds 1: 500.000 ms, 2: 125.000 ms, 0: 250.000 ms)"
+    assert choice.reason == why  # the whole reason: nothing appended to a first measurement
 
 
 def test_the_slowest_round_counts_and_the_warm_up_round_does_not(clock: FakeClock) -> None:
