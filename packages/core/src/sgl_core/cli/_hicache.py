@@ -27,7 +27,7 @@ __all__ = ["BASELINES", "Case", "HicacheConfig", "Transfer", "per_page", "per_to
 
 DIRECTIONS = ("backup", "load")
 #: at most this many untimed backup-and-load rounds while a copy calibration is confirmed
-SETTLE_ROUNDS = 12
+SETTLE_ROUNDS = 24
 Component = tuple[torch.Tensor, torch.Tensor]
 
 
