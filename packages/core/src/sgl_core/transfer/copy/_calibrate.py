@@ -134,14 +134,9 @@ class Calibrator:
             with self._trials.measuring():
                 choice, medians = self._measure(key, candidates, nbytes, cold, ranks)
             near = contenders(medians, choice.choice, self.confirm_within)
-            trial = confirm and bool(near) and self.confirm_calls > 0
-            if trial:
+            if confirm and near and self.confirm_calls > 0:
                 tried = f"median rounds of the contenders {_decide.listed(medians, near)}"
                 choice = dataclasses.replace(choice, reason=f"{choice.reason}; {tried}")
-            self._choices[key] = choice
-            self._stale.pop(key, None)
-            self._seen.pop(key, None)
-            if trial:
                 calls, warm = self.confirm_calls, self.confirm_warmup_s
                 self._trials.open[key] = Trial(order=near, calls=calls, ranks=ranks, warmup_s=warm)
                 self._trials.sampled(key)  # this call's bytes are cache-hot: no turn
@@ -149,6 +144,9 @@ class Calibrator:
                 self._trials.open.pop(key, None)
                 if self.cache is not None:
                     self.cache.store(choice)
+            self._choices[key] = choice
+            self._stale.pop(key, None)
+            self._seen.pop(key, None)
             return choice.choice
 
     def turn(self, key: str) -> str | None:
