@@ -116,6 +116,31 @@ def test_after_the_warm_up_the_fewest_timed_calls_go_first() -> None:
     assert turns == ["b", "a", "b", "a"] and trial.done()
 
 
+def test_a_contender_on_several_threads_runs_in_pairs_timed_the_second_time() -> None:
+    """Ranks are thread counts: b (2) and c (0, ATen's team: the last rank, 3) run twice
+    in a row after the warm-up, their first call of a pair untimed; a (1) once."""
+    trial = Trial(order=["a", "b", "c"], calls=2, ranks={"a": 1, "b": 2, "c": 3}, warmup_s=0.5)
+    ran, costs = [], {"a": 1.0, "b": 0.9, "c": 0.8}
+    while not trial.done():
+        ran.append(trial.turn())
+        assert trial.record(ran[-1], 10, costs[ran[-1]] + 0.1 * (ran[-2:] != ran[-1:] * 2))
+    # the warm-up: a (not a pair's); then by the fewest timed calls, then calls: b b, c c,
+    # a, and a again (its warm-up call was a call), b b, c c
+    assert ran == ["a", "b", "b", "c", "c", "a", "a", "b", "b", "c", "c"]
+    assert trial.timed == {"a": [(10, 1.1), (10, 1.0)], "b": [(10, 0.9)] * 2, "c": [(10, 0.8)] * 2}
+    assert trial.ran == {"a": 3, "b": 4, "c": 4} and trial.lead == ""
+
+
+def test_a_withdrawn_or_ignored_first_call_of_a_pair_leaves_no_pair() -> None:
+    trial = Trial(order=["a", "b", "c"], calls=1, ranks={"a": 1, "b": 2, "c": 2})
+    trial.record("a", 10, 1.0)
+    assert trial.turn() == "b" and trial.record("b", 10, 1.0)  # the first of b's pair
+    assert trial.lead == "b" and trial.turn() == "b" and not trial.timed["b"]
+    trial.withdraw("b")
+    assert trial.turn() == "c" and not trial.record("c", 10, 0.0)  # ignored: no pair
+    assert trial.lead == "b" and trial.turn() == "c"
+
+
 def test_the_seconds_of_the_mean_call_are_each_contenders_median_per_byte() -> None:
     trial = Trial(order=["a", "b", "c"], calls=2)
     trial.record("a", 100, 1.0)  # 0.01 s a byte
@@ -392,12 +417,13 @@ def test_the_real_calls_ask_the_keys_own_margin(
 ) -> None:
     """y 15% faster on the real calls: beyond the default rank margin (10%) it overrules
     the sample's x where the key has ranks (a CPU thread count), within the default
-    margin (25%) it does not where the candidates are in preference order (a CUDA path)."""
+    margin (25%) it does not where the candidates are in preference order (a CUDA path).
+    (With ranks, y on two threads takes its turns in pairs: 9 calls.)"""
     cal = Calibrator(timer=clock, budget_s=1e9, confirm_warmup_s=0)
     cands = {"x": clock.cost(1.0), "y": clock.cost(1.05)}
     assert cal.choose("k", cands, 100, ranks=ranks, confirm=True) == "x"
     assert cal.turn("k") is None  # the measuring call: no turn
-    for _ in range(6):
+    for _ in range(9):
         _real_call(clock, cal, {"x": 1.0, "y": 0.85})
     (got,) = cal.choices()
     assert got.choice == choice and got.source == "confirmed"
@@ -722,13 +748,15 @@ def test_an_auto_copy_confirms_a_close_sample_on_its_calls(
         return {1: 1.0 * blocks, 2: 0.6 + 0.3 * blocks, 0: 5.0 * blocks}[threads]
 
     calls, dst, src = _priced_blocks(monkeypatch, clock, price)
-    for _ in range(6):
+    for _ in range(8):
         for d in dst:
             d.zero_()
         copy_blocks(dst, src, threads=-1)
         assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
     whole = [t for t, n in calls if n == 2]
-    assert whole == [1, 1, 2, 1, 2, 2]  # the measuring call runs the sample's 1, untimed
+    # the measuring call runs the sample's 1, untimed; then 1, and 2 twice (the first
+    # untimed: two threads), twice; then the verdict, 2
+    assert whole == [1, *[1, 2, 2] * 2, 2]
     key = f"copy cpu->cpu {_bucket(dst[0].numel() * 4)} contiguous"
     (choice,) = cal.choices()
     assert choice.key == key and choice.source == "confirmed" and choice.choice == "2"
@@ -746,14 +774,14 @@ def test_a_busy_machine_withdraws_the_team_from_a_trial(
         return {1: 1.3, 2: 1.2, 0: 1.0}[threads] * blocks  # the team first, all close
 
     calls, dst, src = _priced_blocks(monkeypatch, clock, price)
-    for _ in range(6):
+    for _ in range(9):
         copy_blocks(dst, src, threads=-1)
         assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
     whole = [t for t, n in calls if n == 2]
-    # the measuring call runs the sample's choice, 2, untimed; turns 1, 2, then the
-    # team's: withdrawn, and the sample's runner-up without it runs (1, within the margin
-    # of 2), unrecorded; then turns 1, 2 again
-    assert whole == [2, 1, 2, 1, 1, 2]
+    # the measuring call runs the sample's choice, 2, untimed; turns 1, 2 (twice: two
+    # threads), then the team's: withdrawn, and the sample's runner-up without it runs (1,
+    # within the margin of 2), unrecorded; then turns 1, 2 (twice); then the verdict, 2
+    assert whole == [2, 1, 2, 2, 1, 1, 2, 2, 2]
     assert cal.skipped() == {f"copy cpu->cpu {_bucket(280000 * 4)} contiguous": ("1", 1)}
     (choice,) = cal.choices()
     assert choice.source == "confirmed" and set(choice.seconds) == {"1", "2"}

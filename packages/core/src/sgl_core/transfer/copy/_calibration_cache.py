@@ -63,8 +63,10 @@ ENV_VAR = "SGLCORE_COPY_CALIBRATION"
 # 10% (a v7 choice was measured with the 16-byte kernel and kept one thread within 25%);
 # v9: a trial's contenders are judged by their median sample round, and its first real
 # calls warm the cores up untimed (a v8 sample's choice stood alone where one stalled round
-# kept a close candidate out, and a v8 trial timed the team on cores back from idle)
-FORMAT = "sgl-core copy calibration v9"
+# kept a close candidate out, and a v8 trial timed the team on cores back from idle);
+# v10: a trial times a contender on several threads on the second of two calls in a row
+# (a v9 trial timed the team's first call after the other contenders')
+FORMAT = "sgl-core copy calibration v10"
 
 
 def _cpu_model() -> str:

@@ -119,8 +119,12 @@ class Trial:
     b) and a phase of load falls on each. The calls of the first ``warmup_s`` seconds,
     all contenders' together, run in turn but are not timed: cores idle before the trial
     (the sample waits until the process's other threads sleep) reach their working speed
-    only after a few milliseconds of work. A contender that may not run now (ATen's team
-    without free cores) is ``withdraw``-n: the trial goes on without it.
+    only after a few milliseconds of work. After that, a contender on several threads
+    (``ranks`` above 1) runs twice in a row, timed the second time (``lead``): its helper
+    threads idle through the others' calls, and the first of the two busies them again,
+    as a run of its own calls keeps them once the key has settled. A contender that may
+    not run now (ATen's team without free cores) is ``withdraw``-n: the trial goes on
+    without it.
     """
 
     order: list[str]  # the contenders, in the sample's order
@@ -131,6 +135,7 @@ class Trial:
     timed: dict[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
     ran: dict[str, int] = dataclasses.field(default_factory=dict)  # calls, warm-up too
     warm: float = 0.0  # the warm-up calls' seconds so far
+    lead: str = ""  # the contender on several threads whose untimed first call just ran
 
     def __post_init__(self) -> None:
         self.timed = {c: [] for c in self.order}
@@ -138,6 +143,8 @@ class Trial:
 
     def turn(self) -> str:
         """The contender the next real call runs."""
+        if self.lead in self.timed:
+            return self.lead
         return min(self.order, key=lambda c: (len(self.timed[c]), self.ran[c]))
 
     def record(self, name: str, nbytes: int, seconds: float) -> bool:
@@ -146,10 +153,14 @@ class Trial:
         if name not in self.timed or seconds <= 0 or nbytes <= 0:
             return False
         self.ran[name] += 1
+        threads = 1 if self.ranks is None else self.ranks[name]
         if self.warm < self.warmup_s:
             self.warm += seconds
+        elif threads > 1 and name != self.lead:
+            self.lead = name  # its first call of a pair: not timed
         else:
             self.timed[name].append((nbytes, seconds))
+            self.lead = ""
         return True
 
     def withdraw(self, name: str) -> None:
