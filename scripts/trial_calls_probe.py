@@ -8,7 +8,9 @@ contender's first calls and the median of its later ones, and the whole loads' G
 ``--pin NAME`` instead fixes every per-load key to one candidate (``stream1``,
 ``stream2``, ``1``, ...) and prints the whole loads' GB/s only: the steady state.
 The trial times its first calls (``--warmup-s 0``, as these figures were taken); the
-calibrator's own warm-up is ``Calibrator.confirm_warmup_s``.
+calibrator's own warm-up is ``Calibrator.confirm_warmup_s``. Since ``Trial.lead``, a
+contender on several threads (``stream2``) is timed on the second call of each pair: its
+first calls printed here are those second calls (BENCHMARKS.md's figures predate it).
 
     python scripts/trial_calls_probe.py [--layout layer_first] [--page 16] [--pin NAME]
 """
